@@ -1,0 +1,44 @@
+# The two commands a new machine needs: `make demo` and `make test`. Everything they need is
+# installed by `make setup`, which both run first and which is cached after its first run.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup tools system-packages demo test test-unit lint bench clean
+
+setup: $(STAMP) system-packages tools
+
+$(STAMP): pyproject.toml
+	@echo "==> Python environment in $(VENV)"
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
+	@$(PY) -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+# Prometheus, promtool and Alertmanager come from Debian's packages.
+system-packages:
+	@bash hack/system-packages.sh
+
+tools:
+	@bash hack/build-tools.sh all
+
+demo: setup
+	@$(VENV)/bin/gpumon demo
+
+test: setup
+	@$(VENV)/bin/pytest -q -ra $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "no tests were collected"; exit 1; fi; exit $$rc
+
+test-unit: $(STAMP)
+	@$(VENV)/bin/pytest -q -m unit $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/mypy
+
+bench: setup
+	@$(VENV)/bin/python -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,63 @@
+"""The ``gpumon`` command: one sub-command per program, each defined in its own package.
+
+A command module exposes ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``
+and imports its heavy dependencies inside ``run``, so ``gpumon --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from gpumon import __version__
+from gpumon.config import ConfigError
+
+COMMANDS: dict[str, str] = {
+    "exporter": "gpumon.exporter.command",
+    "simulate": "gpumon.devices.simulate_command",
+    "devcluster": "gpumon.devcluster.command",
+}
+
+
+def _command_module(path: str) -> ModuleType:
+    return importlib.import_module(path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpumon",
+        description="GPU fleet monitor and remediation controller for Kubernetes.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpumon {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, path in COMMANDS.items():
+        try:
+            mod = _command_module(path)
+        except ModuleNotFoundError as e:
+            if e.name != path:
+                raise
+            continue
+        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    v = sub.add_parser("version", help="print the version and exit")
+    v.set_defaults(_run=lambda _args: print(f"gpumon {__version__}") or 0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except ConfigError as e:
+        print(f"gpumon {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

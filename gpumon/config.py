@@ -1,0 +1,222 @@
+"""Configuration models for every knob, and the one way they are loaded.
+
+Sources, highest first: command-line flags > environment (``GPUMON_…``, nested with ``__``,
+e.g. ``GPUMON_SAMPLING__FAST_INTERVAL_SECONDS``) > YAML file (``--config``). Invalid input
+raises :class:`ConfigError`, whose message names every bad field; the CLI prints it and exits
+with code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from gpumon.devices.model import HealthState
+
+DEFAULT_EXPORTER_PORT = 9842
+"""Neither nvidia_gpu_exporter's 9835 nor dcgm-exporter's 9400 (docs/configuration.md)."""
+
+
+class ConfigError(Exception):
+    """Configuration that cannot be used; the message is meant for a person."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LogConfig(_Section):
+    format: Literal["text", "json"] = "text"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class SamplingConfig(_Section):
+    fast_interval_seconds: float = Field(1.0, gt=0, le=3600)
+    slow_interval_seconds: float = Field(10.0, gt=0, le=86400)
+    call_timeout_seconds: float = Field(2.0, gt=0, le=60)
+
+    @model_validator(mode="after")
+    def _slow_not_faster(self) -> SamplingConfig:
+        if self.slow_interval_seconds < self.fast_interval_seconds:
+            raise ValueError("slow_interval_seconds must be >= fast_interval_seconds")
+        return self
+
+
+class HealthConfig(_Section):
+    xid_overrides: dict[int, HealthState] = Field(default_factory=dict)
+    unknown_xid_state: HealthState = HealthState.DEGRADED
+    xid_window_seconds: float = Field(600.0, gt=0)
+    temperature_degraded_celsius: float = Field(87.0, gt=0, lt=200)
+    temperature_unhealthy_celsius: float = Field(95.0, gt=0, lt=200)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> HealthConfig:
+        if self.temperature_unhealthy_celsius < self.temperature_degraded_celsius:
+            raise ValueError("temperature_unhealthy_celsius must be >= temperature_degraded_celsius")
+        return self
+
+
+class SimulationConfig(_Section):
+    gpus: int = Field(8, ge=1, le=64)
+    model: str = "A100-SXM4-80GB"
+    seed: int = 0
+    scenario: Path | None = None
+
+
+class TlsConfig(_Section):
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> TlsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
+
+class AuthConfig(_Section):
+    basic_username: str | None = None
+    basic_password: SecretStr | None = None
+    bearer_token_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> AuthConfig:
+        if (self.basic_username is None) != (self.basic_password is None):
+            raise ValueError("basic_username and basic_password go together")
+        return self
+
+
+class PodsConfig(_Section):
+    """Per-pod attribution (kubelet pod-resources, /proc cgroups, pod annotations)."""
+
+    enabled: bool = True
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    host_proc: Path = Path("/proc")
+    resource_names: tuple[str, ...] = ("nvidia.com/gpu",)
+    resource_prefixes: tuple[str, ...] = ("nvidia.com/mig-",)
+    max_series: int = Field(4096, ge=1)
+    api: bool = True
+
+
+def _default_node_name() -> str:
+    return os.environ.get("NODE_NAME") or socket.gethostname()
+
+
+class _Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="GPUMON_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+
+class ExporterConfig(_Settings):
+    node_name: str = Field(default_factory=_default_node_name, min_length=1)
+    listen_address: str = "0.0.0.0"
+    port: int = Field(DEFAULT_EXPORTER_PORT, ge=0, le=65535)
+    metrics_profile: Literal["native", "dcgm", "both"] = "native"
+    backend: Literal["nvml", "simulated"] = "nvml"
+    nvml_library: Path | None = None
+    sampling: SamplingConfig = SamplingConfig()
+    health: HealthConfig = HealthConfig()
+    simulation: SimulationConfig = SimulationConfig()
+    pods: PodsConfig = PodsConfig()
+    tls: TlsConfig = TlsConfig()
+    auth: AuthConfig = AuthConfig()
+    log: LogConfig = LogConfig()
+
+    @field_validator("listen_address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        if not v or any(c.isspace() for c in v):
+            raise ValueError("must be a host name or IP address")
+        return v
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], data: Mapping[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._data = dict(data)
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return self._data
+
+
+def read_yaml_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"config file {path} is not valid YAML{where}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def format_validation_error(err: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for e in err.errors(include_url=False):
+        loc = ".".join(str(p) for p in (*([prefix] if prefix else []), *e["loc"]))
+        msg = e["msg"].removeprefix("Value error, ")
+        shown = ""
+        if "input" in e and not isinstance(e["input"], dict | list) and e["type"] != "missing":
+            shown = f" (got {e['input']!r})"
+        lines.append(f"  {loc or '(top level)'}: {msg}{shown}")
+    return "invalid configuration:\n" + "\n".join(lines)
+
+
+def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"sampling.fast_interval_seconds": 2}`` -> ``{"sampling": {"fast_interval_seconds": 2}}``."""
+    out: dict[str, Any] = {}
+    for dotted, value in flat.items():
+        *parents, leaf = dotted.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def load(model: type[S], *, flags: Mapping[str, Any] | None = None, config_file: Path | None = None) -> S:
+    """Build ``model`` from flags > environment > YAML file, or raise :class:`ConfigError`."""
+    file_data = read_yaml_file(config_file) if config_file is not None else {}
+
+    class _Loaded(model):  # type: ignore[valid-type,misc]
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, _YamlSource(settings_cls, file_data))
+
+    try:
+        loaded = _Loaded(**nest(flags or {}))
+        # Hand back the declared type, not the loader subclass.
+        return model.model_construct(_fields_set=loaded.model_fields_set, **dict(loaded))
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e)) from None
+    except ValueError as e:  # malformed environment values (e.g. bad JSON in a nested var)
+        raise ConfigError(f"invalid configuration: {e}") from None

@@ -1,0 +1,202 @@
+"""Frozen values describing GPUs, their processes, Xid events and health verdicts.
+
+Purely data: no I/O, no clocks. Optional fields are ``None`` when the device does not support
+the measurement (NVML ``NOT_SUPPORTED``); exposition leaves such series out rather than
+inventing zeros.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+
+class HealthState(enum.StrEnum):
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    UNHEALTHY = "unhealthy"
+    LOST = "lost"
+
+    @property
+    def rank(self) -> int:
+        return _HEALTH_RANK[self]
+
+
+_HEALTH_RANK = {
+    HealthState.HEALTHY: 0,
+    HealthState.DEGRADED: 1,
+    HealthState.UNHEALTHY: 2,
+    HealthState.LOST: 3,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DriverInfo:
+    driver_version: str
+    cuda_version: str
+    nvml_version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    index: int
+    uuid: str
+    model: str
+    pci_bus_id: str
+    serial: str | None = None
+    mig_mode: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryInfo:
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+    reserved_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    pid: int
+    used_memory_bytes: int | None
+    sm_utilization_ratio: float | None = None
+    memory_utilization_ratio: float | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    gpu_instance: int
+    compute_instance: int
+    profile: str
+    uuid: str
+    memory: MemoryInfo | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FastFields:
+    """Cheap per-tick measurements (default cadence 1 s)."""
+
+    memory: MemoryInfo | None = None
+    utilization_ratio: float | None = None
+    memory_utilization_ratio: float | None = None
+    temperature_gpu_celsius: float | None = None
+    temperature_memory_celsius: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules: float | None = None
+    sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+    # Clock event reasons currently active, by short name ("thermal", "power", "hw_slowdown", ...);
+    # None when the device cannot report them.
+    throttle_reasons: frozenset[str] | None = None
+    processes: tuple[ProcessSample, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SlowFields:
+    """Expensive or slowly changing counters (default cadence 10 s)."""
+
+    pcie_replays: int | None = None
+    ecc_corrected: int | None = None
+    ecc_uncorrected: int | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    row_remap_pending: bool | None = None
+    row_remap_failure: bool | None = None
+    mig_instances: tuple[MigInstance, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    uuid: str
+    xid: int
+    timestamp: float
+    index: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HealthReason:
+    """Why a GPU is not healthy: a stable code (``XidFatal``, ``EccUncorrectable``,
+    ``RowRemapFailure``, ``RowRemapPending``, ``GpuLost``, ``Thermal``, ...) and a human detail."""
+
+    code: str
+    detail: str
+    state: HealthState
+
+
+@dataclass(frozen=True, slots=True)
+class HealthVerdict:
+    state: HealthState
+    reasons: tuple[HealthReason, ...] = ()
+
+    @property
+    def reason(self) -> str:
+        return self.reasons[0].code if self.reasons else ""
+
+    @property
+    def detail(self) -> str:
+        return "; ".join(r.detail for r in self.reasons)
+
+
+HEALTHY = HealthVerdict(HealthState.HEALTHY)
+
+_EMPTY_COUNTS: Mapping[int, int] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """Everything known about one GPU at one moment: the latest fast and slow fields merged."""
+
+    identity: GpuIdentity
+    fast: FastFields | None
+    slow: SlowFields | None
+    health: HealthVerdict
+    sampled_at: float
+    # Every Xid seen since the exporter started, by code: counters, never only the last one.
+    xid_counts: Mapping[int, int] = field(default_factory=lambda: _EMPTY_COUNTS)
+    lost: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    namespace: str
+    pod: str
+    container: str
+    uid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PodGpuUsage:
+    """One container's use of one GPU, as attributed by the exporter."""
+
+    ref: PodRef
+    gpu_index: int
+    gpu_uuid: str
+    used_memory_bytes: int | None = None
+    utilization_ratio: float | None = None
+    allocated_memory_bytes: int | None = None
+    allocated_core_ratio: float | None = None
+    # Whole-device assignments seen in kubelet pod-resources, by resource name.
+    allocated_resources: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """An immutable picture of a node's GPUs, built once per sampling tick."""
+
+    node: str
+    driver: DriverInfo | None
+    gpus: tuple[GpuSample, ...]
+    pods: tuple[PodGpuUsage, ...]
+    taken_at: float
+    backend_up: bool
+    complete: bool
+
+    def gpu(self, index: int) -> GpuSample | None:
+        for g in self.gpus:
+            if g.identity.index == index:
+                return g
+        return None

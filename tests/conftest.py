@@ -1,0 +1,21 @@
+"""Test tiers by folder: tests/unit -> `unit`, tests/nvml -> `nvml`, tests/prometheus ->
+`prometheus`, tests/cluster -> `cluster`, tests/e2e -> `e2e`. Run one tier with `-m NAME`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+_TIERS = ("unit", "nvml", "prometheus", "cluster", "e2e")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(__file__).parent
+    for item in items:
+        try:
+            tier = Path(item.fspath).relative_to(root).parts[0]
+        except ValueError:
+            continue
+        if tier in _TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
