@@ -23,8 +23,9 @@ system-packages:
 tools:
 	@bash hack/build-tools.sh all
 
+# Until the full demo exists: the exporter on 8 simulated GPUs; its log says where the metrics are.
 demo: setup
-	@$(VENV)/bin/gpumon demo
+	@$(VENV)/bin/gpumon exporter --backend simulated --simulate-gpus 8
 
 test: setup
 	@$(VENV)/bin/pytest -q -ra $(PYTEST_ARGS); rc=$$?; \

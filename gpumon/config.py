@@ -12,7 +12,7 @@ import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -104,6 +104,8 @@ class PodsConfig(_Section):
     resource_prefixes: tuple[str, ...] = ("nvidia.com/mig-",)
     max_series: int = Field(4096, ge=1)
     api: bool = True
+    # The gpushare device plugin's --memory-unit: what one aliyun.com/gpu-mem unit means.
+    gpushare_memory_unit: Literal["GiB", "MiB"] = "GiB"
 
 
 def _default_node_name() -> str:
@@ -215,7 +217,7 @@ def load(model: type[S], *, flags: Mapping[str, Any] | None = None, config_file:
     try:
         loaded = _Loaded(**nest(flags or {}))
         # Hand back the declared type, not the loader subclass.
-        return model.model_construct(_fields_set=loaded.model_fields_set, **dict(loaded))
+        return cast(S, model.model_construct(_fields_set=loaded.model_fields_set, **dict(loaded)))
     except ValidationError as e:
         raise ConfigError(format_validation_error(e)) from None
     except ValueError as e:  # malformed environment values (e.g. bad JSON in a nested var)

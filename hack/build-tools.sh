@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real parts the tests and the demo run against, from the Go module proxy, into a
 # cache outside the repository keyed by version. Idempotent: a part whose stamp file exists is
-# not rebuilt. Usage: hack/build-tools.sh [all|kube|etcd|kwok|mocknvml|crds]...
+# not rebuilt. Usage: hack/build-tools.sh [all|kube|etcd|kwok|mocknvml|crds|helm]...
 set -euo pipefail
 
 K8S_VERSION=v1.36.3
@@ -12,6 +12,7 @@ KWOK_VERSION=v0.8.0
 MOCKNVML_VERSION=v0.3.1-0.20260821154203-3b2b865d91b1
 CAPI_VERSION=v1.13.5
 PROMOP_VERSION=v0.93.0
+HELM_VERSION=v3.21.4
 
 CACHE="${GPUMON_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpumon/tools}"
 export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
@@ -131,6 +132,12 @@ build_mocknvml() {
   local out="$CACHE/mocknvml-$MOCKNVML_VERSION"
   [ -f "$out/.done" ] && { log "mock NVML $MOCKNVML_VERSION cached in $out"; return; }
   log "NVIDIA mock NVML $MOCKNVML_VERSION (cgo shared library)"
+  # `||` around this function turns off errexit inside it, so check the one step known to fail.
+  local why
+  if ! why=$(go mod download -json "github.com/NVIDIA/k8s-test-infra@$MOCKNVML_VERSION" 2>&1); then
+    log "  the module proxy does not serve github.com/NVIDIA/k8s-test-infra: $(grep -o '"Error": *"[^"]*"' <<<"$why" | head -1)"
+    return 1
+  fi
   local dir; dir=$(module_dir "mocknvml-$MOCKNVML_VERSION")
   (
     cd "$dir"
@@ -175,7 +182,24 @@ GO
       github.com/NVIDIA/k8s-test-infra/cmd/nvml-mock-ctl || log "  nvml-mock-ctl not built (optional)"
     cp "$mdir"/pkg/gpu/mocknvml/configs/*.yaml "$out/configs/"
     chmod -R u+w "$out/configs"
-  )
+  ) || return 1
+  touch "$out/.done"
+}
+
+build_helm() {
+  local out="$CACHE/helm-$HELM_VERSION"
+  [ -f "$out/.done" ] && { log "helm $HELM_VERSION cached in $out"; return; }
+  log "helm $HELM_VERSION"
+  mkdir -p "$out/bin"
+  # Without the Kubernetes version stamped in, `helm template` and `helm lint` assume 1.20
+  # (.Capabilities.KubeVersion); stamp the minor of the control plane the tests run.
+  local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+  local ld="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  ld+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+  for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+    ld+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$minor"
+  done
+  CGO_ENABLED=0 GOBIN="$out/bin" with_progress "helm" go install -trimpath -ldflags "$ld" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   touch "$out/.done"
 }
 
@@ -202,11 +226,11 @@ for p in "${parts[@]}"; do
   case "$p" in
     # The proxy answers 403 for github.com/NVIDIA/k8s-test-infra (docs/decisions.md): the NVML
     # tests skip with that reason until it serves the module, so its failure is not fatal here.
-    all) fetch_crds; build_kwok; build_etcd; build_kube
+    all) fetch_crds; build_kwok; build_etcd; build_kube; build_helm
          build_mocknvml || log "mock NVML unavailable: NVML backend tests will be skipped" ;;
     kube) build_kube ;; etcd) build_etcd ;; kwok) build_kwok ;;
-    mocknvml) build_mocknvml ;; crds) fetch_crds ;;
-    *) echo "unknown part: $p (all|kube|etcd|kwok|mocknvml|crds)" >&2; exit 2 ;;
+    mocknvml) build_mocknvml ;; crds) fetch_crds ;; helm) build_helm ;;
+    *) echo "unknown part: $p (all|kube|etcd|kwok|mocknvml|crds|helm)" >&2; exit 2 ;;
   esac
 done
 log "tools ready in $CACHE"

@@ -75,6 +75,22 @@ class MigInstance:
     memory: MemoryInfo | None = None
 
 
+# NVML clock event ("throttle") reasons by short name, with their nvmlClocksEventReason* bit.
+CLOCK_EVENT_REASONS: Mapping[str, int] = MappingProxyType(
+    {
+        "gpu_idle": 0x1,
+        "applications_clocks_setting": 0x2,
+        "sw_power_cap": 0x4,
+        "hw_slowdown": 0x8,
+        "sync_boost": 0x10,
+        "sw_thermal": 0x20,
+        "hw_thermal": 0x40,
+        "hw_power_brake": 0x80,
+        "display_clock_setting": 0x100,
+    }
+)
+
+
 @dataclass(frozen=True, slots=True)
 class FastFields:
     """Cheap per-tick measurements (default cadence 1 s)."""
@@ -89,7 +105,7 @@ class FastFields:
     energy_joules: float | None = None
     sm_clock_hertz: float | None = None
     memory_clock_hertz: float | None = None
-    # Clock event reasons currently active, by short name ("thermal", "power", "hw_slowdown", ...);
+    # Clock event reasons currently active, by short name (keys of CLOCK_EVENT_REASONS);
     # None when the device cannot report them.
     throttle_reasons: frozenset[str] | None = None
     processes: tuple[ProcessSample, ...] = ()
@@ -158,6 +174,8 @@ class GpuSample:
     # Every Xid seen since the exporter started, by code: counters, never only the last one.
     xid_counts: Mapping[int, int] = field(default_factory=lambda: _EMPTY_COUNTS)
     lost: bool = False
+    # The most recent Xid code, what dcgm-exporter's DCGM_FI_DEV_XID_ERRORS reports.
+    last_xid: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +199,9 @@ class PodGpuUsage:
     allocated_core_ratio: float | None = None
     # Whole-device assignments seen in kubelet pod-resources, by resource name.
     allocated_resources: tuple[str, ...] = ()
+    # True when the container's processes use this GPU although no source allocated it to the
+    # pod (only set when the allocation view is authoritative for the pod).
+    unallocated: bool = False
 
 
 @dataclass(frozen=True, slots=True)

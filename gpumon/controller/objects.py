@@ -1,0 +1,239 @@
+"""Slim, frozen views of the API objects the controller reads, built from raw JSON.
+
+The caches keep only these (never full objects): a Node keeps its labels, gpumon's own
+annotations, taints, cordon and the ``GpuUnhealthy`` condition; a Pod keeps what drain and
+PDB matching need. Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from gpumon.controller.contract import CONDITION_TYPE, MIRROR_POD_ANNOTATION
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+_KEPT_ANNOTATION_PREFIXES = ("gpumon.io/", "breaker.gpumon.io/")
+
+
+def to_rfc3339(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def from_rfc3339(text: str) -> float | None:
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except (ValueError, AttributeError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    effect: str
+    value: str | None = None
+    time_added: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"key": self.key, "effect": self.effect}
+        if self.value is not None:
+            out["value"] = self.value
+        if self.time_added is not None:
+            out["timeAdded"] = self.time_added
+        return out
+
+    @staticmethod
+    def from_json(obj: Mapping[str, Any]) -> Taint:
+        return Taint(
+            key=str(obj.get("key", "")),
+            effect=str(obj.get("effect", "")),
+            value=obj.get("value"),
+            time_added=obj.get("timeAdded"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    status: str
+    reason: str
+    message: str
+    last_transition_time: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    name: str
+    uid: str
+    resource_version: str
+    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    # gpumon's annotations only.
+    annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+    gpu_condition: Condition | None = None
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def node_from_json(obj: Mapping[str, Any]) -> NodeView:
+    meta = _meta(obj)
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    annotations = meta.get("annotations") or {}
+    condition = None
+    for c in status.get("conditions") or ():
+        if c.get("type") == CONDITION_TYPE:
+            condition = Condition(
+                status=str(c.get("status", "")),
+                reason=str(c.get("reason", "")),
+                message=str(c.get("message", "")),
+                last_transition_time=c.get("lastTransitionTime"),
+            )
+    return NodeView(
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        resource_version=str(meta.get("resourceVersion", "")),
+        labels=MappingProxyType(dict(meta.get("labels") or {})),
+        annotations=MappingProxyType(
+            {k: v for k, v in annotations.items() if k.startswith(_KEPT_ANNOTATION_PREFIXES)}
+        ),
+        taints=tuple(Taint.from_json(t) for t in spec.get("taints") or ()),
+        unschedulable=bool(spec.get("unschedulable", False)),
+        gpu_condition=condition,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class GpuResources:
+    """Which extended resources make a pod a GPU pod."""
+
+    names: frozenset[str] = frozenset({"nvidia.com/gpu"})
+    prefixes: tuple[str, ...] = ("nvidia.com/mig-",)
+
+    def matches(self, resource: str) -> bool:
+        return resource in self.names or resource.startswith(self.prefixes)
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    namespace: str
+    name: str
+    uid: str
+    node_name: str
+    phase: str = "Pending"
+    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    owner_kind: str | None = None  # the controlling owner's kind
+    mirror: bool = False
+    terminating: bool = False
+    uses_gpu: bool = False
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+def _requests_gpu(spec: Mapping[str, Any], resources: GpuResources) -> bool:
+    for group in ("containers", "initContainers"):
+        for c in spec.get(group) or ():
+            res = c.get("resources") or {}
+            for kind in ("limits", "requests"):
+                if any(resources.matches(r) for r in res.get(kind) or {}):
+                    return True
+    return False
+
+
+def pod_from_json(obj: Mapping[str, Any], resources: GpuResources) -> PodView:
+    meta = _meta(obj)
+    spec = obj.get("spec") or {}
+    owner = next((o for o in meta.get("ownerReferences") or () if o.get("controller")), None)
+    return PodView(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        node_name=str(spec.get("nodeName") or ""),
+        phase=str((obj.get("status") or {}).get("phase", "Pending")),
+        labels=MappingProxyType(dict(meta.get("labels") or {})),
+        owner_kind=owner.get("kind") if owner else None,
+        mirror=MIRROR_POD_ANNOTATION in (meta.get("annotations") or {}),
+        terminating=meta.get("deletionTimestamp") is not None,
+        uses_gpu=_requests_gpu(spec, resources),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    key: str
+    operator: str  # In, NotIn, Exists, DoesNotExist
+    values: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSelector:
+    match_labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    expressions: tuple[Requirement, ...] = ()
+    # A PDB with a null selector selects nothing; an empty one selects every pod.
+    null: bool = False
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        if self.null:
+            return False
+        if any(labels.get(k) != v for k, v in self.match_labels.items()):
+            return False
+        for r in self.expressions:
+            present = r.key in labels
+            ok = {
+                "In": present and labels.get(r.key) in r.values,
+                "NotIn": not present or labels.get(r.key) not in r.values,
+                "Exists": present,
+                "DoesNotExist": not present,
+            }.get(r.operator, False)
+            if not ok:
+                return False
+        return True
+
+    @staticmethod
+    def from_json(obj: Mapping[str, Any] | None) -> LabelSelector:
+        if obj is None:
+            return LabelSelector(null=True)
+        return LabelSelector(
+            match_labels=MappingProxyType(dict(obj.get("matchLabels") or {})),
+            expressions=tuple(
+                Requirement(str(e.get("key")), str(e.get("operator")), frozenset(e.get("values") or ()))
+                for e in obj.get("matchExpressions") or ()
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PdbView:
+    namespace: str
+    name: str
+    selector: LabelSelector
+    disruptions_allowed: int
+
+    def covers(self, pod: PodView) -> bool:
+        return pod.namespace == self.namespace and self.selector.matches(pod.labels)
+
+
+def pdb_from_json(obj: Mapping[str, Any]) -> PdbView:
+    meta = _meta(obj)
+    return PdbView(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        selector=LabelSelector.from_json((obj.get("spec") or {}).get("selector")),
+        disruptions_allowed=int((obj.get("status") or {}).get("disruptionsAllowed", 0)),
+    )
+
+
+def pdbs_covering(pod: PodView, pdbs: Sequence[PdbView]) -> tuple[PdbView, ...]:
+    return tuple(p for p in pdbs if p.covers(pod))

@@ -1,0 +1,523 @@
+"""Judge GPUs against rules: a pure function of (signals, previous state, now, policy).
+
+Purely computational, no I/O and no clock: the caller passes ``now``.
+
+Per GPU (or per node, for node-scoped rules) and per rule, a small state machine:
+
+- *pending*: the condition holds, but not yet for the rule's ``for``;
+- *firing*: it held for ``for``; the GPU counts as degraded or unhealthy;
+- *clearing*: firing, but the condition is false; it stops firing once it has stayed false
+  for ``recover_after`` (hysteresis), unless the GPU is flapping (fired ``flap_max_onsets``
+  times within ``flap_window``), in which case recovery waits until old onsets age out.
+
+A stale or missing reading is *unknown*: it never starts or advances a condition (pending
+timers reset), never counts toward recovery (the clearing timer restarts), and never ends a
+firing rule: unknown data holds the last verdict and never causes remediation.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import operator
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from gpumon.controller.signals import FleetSignals, GpuReading, NodeReading, Signal
+from gpumon.controller.verdicts import Finding, GpuRecord, GpuVerdict, NodeVerdict, Severity, SignalStatus
+from gpumon.devices.health import HealthPolicy, classify_xid
+from gpumon.devices.model import HealthState
+
+NODE_TARGET = ""
+"""Key of the node itself among a node's targets (node-scoped rules)."""
+
+
+class Scope(enum.StrEnum):
+    GPU = "gpu"
+    NODE = "node"
+
+
+class Op(enum.StrEnum):
+    GT = ">"
+    GE = ">="
+    LT = "<"
+    LE = "<="
+    EQ = "=="
+    NE = "!="
+
+
+_COMPARE: Mapping[Op, Callable[[float, float], bool]] = MappingProxyType(
+    {
+        Op.GT: operator.gt,
+        Op.GE: operator.ge,
+        Op.LT: operator.lt,
+        Op.LE: operator.le,
+        Op.EQ: operator.eq,
+        Op.NE: operator.ne,
+    }
+)
+
+# Condition reasons when a rule names none (xid rules take the Xid's class reason).
+DEFAULT_REASONS: Mapping[Signal, str] = MappingProxyType(
+    {
+        Signal.TEMPERATURE: "Thermal",
+        Signal.ECC_UNCORRECTABLE: "EccUncorrectable",
+        Signal.ROW_REMAP_FAILURE: "RowRemapFailure",
+        Signal.GPU_LOST: "GpuLost",
+        Signal.MEMORY_UTILIZATION: "MemoryUtilization",
+        Signal.EXPORTER_HEALTH: "ExporterVerdict",
+        Signal.XID: "XidFatal",
+    }
+)
+
+RECOMMENDED_ACTIONS: Mapping[str, str] = MappingProxyType(
+    {
+        "XidFatal": "drain the node, reset the GPU (nvidia-smi -r) or reboot; replace it if the Xid recurs",
+        "EccUncorrectable": "reset the GPU to retire the bad pages; replace it if uncorrectable errors recur",
+        "EccContained": "reset the GPU when idle; replace it if errors recur",
+        "EccHighSingleBitRate": "schedule a GPU reset; watch for uncorrectable errors",
+        "RowRemapFailure": "replace the GPU: row remapping has failed",
+        "RowRemapPending": "reset the GPU to apply the pending row remap",
+        "GpuLost": "reboot the node; replace the GPU if it is lost again",
+        "Thermal": "check cooling, airflow and fans; the GPU is at or near its thermal limit",
+    }
+)
+_DEFAULT_ACTION = "investigate the GPU"
+
+
+def recommended_action(reason: str) -> str:
+    return RECOMMENDED_ACTIONS.get(reason, _DEFAULT_ACTION)
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    name: str
+    signal: Signal
+    severity: Severity
+    op: Op = Op.GE
+    threshold: float = 1.0
+    for_seconds: float = 0.0
+    recover_after_seconds: float = 900.0
+    scope: Scope = Scope.GPU
+    reason: str | None = None  # None: from the signal (or the Xid's class)
+    action: str | None = None  # None: from the reason
+    # xid rules: these codes; None: every code whose class (health.classify_xid) is this severity.
+    xids: frozenset[int] | None = None
+    query: str | None = None  # promql rules
+    node_selector: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    pools: frozenset[str] | None = None
+
+    def applies_to(self, labels: Mapping[str, str], pool: str) -> bool:
+        if self.pools is not None and pool not in self.pools:
+            return False
+        return all(labels.get(k) == v for k, v in self.node_selector.items())
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    rules: tuple[Rule, ...]
+    # Xid classes (and their per-code overrides) from NVIDIA's catalog, shared with the exporter.
+    xid_classes: HealthPolicy = field(default_factory=HealthPolicy)
+    stale_after_seconds: float = 60.0
+    flap_window_seconds: float = 3600.0
+    flap_max_onsets: int = 3
+    pool_label: str = "gpumon.io/pool"
+    # Recovery hysteresis for rules restored from a node's annotation whose rule is gone.
+    default_recover_after_seconds: float = 900.0
+
+    def rule(self, name: str) -> Rule | None:
+        for r in self.rules:
+            if r.name == name:
+                return r
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# State
+
+
+@dataclass(frozen=True, slots=True)
+class RuleState:
+    # Start of the current run of bad observations (the reading's own time): the `for` counts
+    # from here, and it is the "first bad signal" of the fault-to-taint latency.
+    first_bad_at: float | None = None
+    firing_since: float | None = None
+    # While firing: the condition has been false (on fresh data) since.
+    clear_since: float | None = None
+    finding: Finding | None = None
+
+    @property
+    def firing(self) -> bool:
+        return self.firing_since is not None
+
+
+_IDLE = RuleState()
+
+
+@dataclass(frozen=True, slots=True)
+class TargetState:
+    """One GPU (or the node itself, key :data:`NODE_TARGET`)."""
+
+    index: int
+    rules: Mapping[str, RuleState] = field(default_factory=lambda: MappingProxyType({}))
+    # Times this target went from no firing rule to some firing rule, within the flap window.
+    onsets: tuple[float, ...] = ()
+
+    @property
+    def firing(self) -> bool:
+        return any(r.firing for r in self.rules.values())
+
+    @property
+    def active(self) -> bool:
+        """Anything worth remembering: a pending or firing rule, or recent onsets."""
+        return bool(self.onsets) or any(r != _IDLE for r in self.rules.values())
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    targets: Mapping[str, TargetState] = field(default_factory=lambda: MappingProxyType({}))
+    signals: SignalStatus = SignalStatus.MISSING
+
+
+EMPTY_NODE_STATE = NodeState()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEvaluation:
+    verdict: NodeVerdict
+    state: NodeState
+    # When to evaluate again even if no new reading arrives (a `for`, a recovery, staleness).
+    next_check_at: float | None
+
+
+# ---------------------------------------------------------------------------------------------
+# Observations
+
+
+@dataclass(frozen=True, slots=True)
+class _Obs:
+    holds: bool | None  # None: unknown
+    evidence: str = ""
+    reason: str = ""
+    observed_at: float = 0.0
+
+
+_UNKNOWN = _Obs(None)
+
+
+def _xid_matches(rule: Rule, code: int, classes: HealthPolicy) -> bool:
+    if rule.xids is not None:
+        return code in rule.xids
+    state, _ = classify_xid(code, classes)
+    if state is HealthState.HEALTHY:
+        return False
+    severity = Severity.DEGRADED if state is HealthState.DEGRADED else Severity.UNHEALTHY
+    return severity is rule.severity
+
+
+def _xid_reason(codes: list[int], classes: HealthPolicy) -> str:
+    ranked = sorted((classify_xid(c, classes) for c in codes), key=lambda sc: -sc[0].rank)
+    return ranked[0][1]
+
+
+def _numeric(rule: Rule, value: float | None, label: str, unit: str, at: float) -> _Obs:
+    if value is None:
+        return _UNKNOWN
+    holds = _COMPARE[rule.op](value, rule.threshold)
+    return _Obs(holds, f"{label} {value:g}{unit} {rule.op} {rule.threshold:g}{unit}", "", at)
+
+
+def _observe_gpu(rule: Rule, g: GpuReading | None, policy: Policy) -> _Obs:
+    if g is None:
+        return _UNKNOWN
+    at = g.observed_at
+    match rule.signal:
+        case Signal.TEMPERATURE:
+            return _numeric(rule, g.temperature_celsius, "temperature", " C", at)
+        case Signal.MEMORY_UTILIZATION:
+            return _numeric(rule, g.memory_utilization_ratio, "memory utilization", "", at)
+        case Signal.ECC_UNCORRECTABLE:
+            v = None if g.ecc_uncorrectable is None else float(g.ecc_uncorrectable)
+            return _numeric(rule, v, "uncorrectable ECC errors", "", at)
+        case Signal.ROW_REMAP_FAILURE:
+            if g.row_remap_failure is None:
+                return _UNKNOWN
+            holds = _COMPARE[rule.op](float(g.row_remap_failure), rule.threshold)
+            return _Obs(holds, "row remapping failed" if g.row_remap_failure else "row remapping ok", "", at)
+        case Signal.GPU_LOST:
+            if g.lost is None:
+                return _UNKNOWN
+            holds = _COMPARE[rule.op](float(g.lost), rule.threshold)
+            return _Obs(holds, "GPU is lost" if g.lost else "GPU present", "", at)
+        case Signal.EXPORTER_HEALTH:
+            if g.health is None:
+                return _UNKNOWN
+            holds = _COMPARE[rule.op](float(g.health.state.rank), rule.threshold)
+            detail = f": {g.health.detail}" if g.health.detail else ""
+            return _Obs(holds, f"exporter verdict {g.health.state}{detail}", g.health.reason, at)
+        case Signal.XID:
+            if g.recent_xids is None:
+                return _UNKNOWN
+            codes = sorted(c for c in g.recent_xids if _xid_matches(rule, c, policy.xid_classes))
+            if not codes:
+                return _Obs(False, "", "", at)
+            evidence = "Xid " + ", ".join(str(c) for c in codes)
+            return _Obs(True, evidence, _xid_reason(codes, policy.xid_classes), at)
+        case Signal.PROMQL:
+            # Absent from the query's result while the node is fresh: "not matching" (filter-style
+            # queries such as `x > 5` return nothing when all is well).
+            value = g.custom.get(rule.name)
+            if value is None:
+                return _Obs(False, "", "", at)
+            return _numeric(rule, value, rule.name, "", at)
+
+
+def _observe_node(rule: Rule, reading: NodeReading, policy: Policy) -> _Obs:
+    if rule.signal is Signal.PROMQL:
+        value = reading.custom.get(rule.name)
+        if value is None:
+            return _Obs(False, "", "", reading.observed_at)
+        return _numeric(rule, value, rule.name, "", reading.observed_at)
+    # A per-GPU signal judged for the node: it holds when it holds on any GPU.
+    per_gpu = [(g, _observe_gpu(rule, _fresh_gpu(g, reading, policy), policy)) for g in reading.gpus]
+    bad = [(g, o) for g, o in per_gpu if o.holds]
+    if bad:
+        evidence = "; ".join(f"GPU {g.index}: {o.evidence}" for g, o in bad)
+        return _Obs(True, evidence, bad[0][1].reason, min(o.observed_at for _, o in bad))
+    if not per_gpu or any(o.holds is None for _, o in per_gpu):
+        return _UNKNOWN
+    return _Obs(False, "", "", reading.observed_at)
+
+
+def _fresh_gpu(g: GpuReading, reading: NodeReading, policy: Policy) -> GpuReading | None:
+    # A GPU's own reading can lag the node's (e.g. a slow field read timed out).
+    return g if reading.observed_at - g.observed_at <= policy.stale_after_seconds else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Stepping
+
+
+def _step(rule: Rule, st: RuleState, obs: _Obs, now: float, hold_recovery: bool) -> RuleState:
+    if obs.holds is None:
+        if not st.firing:
+            return _IDLE
+        return replace(st, clear_since=None)
+    if obs.holds:
+        first = st.first_bad_at if st.first_bad_at is not None else obs.observed_at
+        reason = rule.reason or obs.reason or DEFAULT_REASONS.get(rule.signal, "Custom")
+        if st.firing:
+            assert st.finding is not None
+            finding = replace(st.finding, evidence=obs.evidence, reason=reason)
+            return RuleState(first, st.firing_since, None, finding)
+        if now - first >= rule.for_seconds:
+            finding = Finding(
+                rule=rule.name,
+                severity=rule.severity,
+                reason=reason,
+                evidence=obs.evidence,
+                action=rule.action or recommended_action(reason),
+                since=now,
+                first_bad_at=first,
+            )
+            return RuleState(first, now, None, finding)
+        return RuleState(first_bad_at=first)
+    return _clearing(st, now, rule.recover_after_seconds, hold_recovery)
+
+
+def _clearing(st: RuleState, now: float, recover_after: float, hold_recovery: bool) -> RuleState:
+    """The condition is false on fresh data."""
+    if not st.firing:
+        return _IDLE
+    clear = st.clear_since if st.clear_since is not None else now
+    if now - clear >= recover_after and not hold_recovery:
+        return _IDLE
+    return replace(st, clear_since=clear)
+
+
+def _next_check(rule: Rule | None, st: RuleState, recover_after: float) -> float | None:
+    if st.firing:
+        return None if st.clear_since is None else st.clear_since + recover_after
+    if st.first_bad_at is not None and rule is not None:
+        return st.first_bad_at + rule.for_seconds
+    return None
+
+
+def _step_target(
+    prev: TargetState,
+    rules: Iterable[Rule],
+    observe: Callable[[Rule], _Obs],
+    now: float,
+    policy: Policy,
+) -> tuple[TargetState, list[float]]:
+    onsets = tuple(t for t in prev.onsets if now - t < policy.flap_window_seconds)
+    flapping = len(onsets) >= policy.flap_max_onsets
+    new_rules: dict[str, RuleState] = {}
+    wakeups: list[float] = []
+    seen: set[str] = set()
+    for rule in rules:
+        seen.add(rule.name)
+        st = _step(rule, prev.rules.get(rule.name, _IDLE), observe(rule), now, flapping)
+        if st != _IDLE:
+            new_rules[rule.name] = st
+        wake = _next_check(rule, st, rule.recover_after_seconds)
+        if wake is not None:
+            wakeups.append(wake)
+    # Firing rules that no longer apply (removed from config, node relabelled): their
+    # condition is gone, so they recover through the usual hysteresis.
+    for name, st in prev.rules.items():
+        if name in seen or not st.firing:
+            continue
+        st = _clearing(st, now, policy.default_recover_after_seconds, flapping)
+        if st != _IDLE:
+            new_rules[name] = st
+            wake = _next_check(None, st, policy.default_recover_after_seconds)
+            if wake is not None:
+                wakeups.append(wake)
+    state = TargetState(prev.index, MappingProxyType(new_rules), onsets)
+    if state.firing and not prev.firing:
+        state = replace(state, onsets=(*onsets, now))
+    if state.onsets:
+        wakeups.append(state.onsets[0] + policy.flap_window_seconds)
+    return state, wakeups
+
+
+def _findings(state: TargetState) -> tuple[Finding, ...]:
+    found = [r.finding for r in state.rules.values() if r.firing and r.finding is not None]
+    return tuple(sorted(found, key=lambda f: (-f.severity.rank, f.rule)))
+
+
+def _recovering(state: TargetState) -> bool:
+    firing = [r for r in state.rules.values() if r.firing]
+    return bool(firing) and all(r.clear_since is not None for r in firing)
+
+
+def signal_status(
+    reading: NodeReading | None, now: float, policy: Policy
+) -> tuple[SignalStatus, float | None]:
+    if reading is None:
+        return SignalStatus.MISSING, None
+    age = max(0.0, now - reading.observed_at)
+    return (SignalStatus.STALE if age > policy.stale_after_seconds else SignalStatus.FRESH), age
+
+
+def evaluate_node(
+    node: str,
+    labels: Mapping[str, str],
+    reading: NodeReading | None,
+    previous: NodeState,
+    now: float,
+    policy: Policy,
+) -> NodeEvaluation:
+    status, age = signal_status(reading, now, policy)
+    fresh = reading if status is SignalStatus.FRESH else None
+    pool = labels.get(policy.pool_label, "")
+    rules = [r for r in policy.rules if r.applies_to(labels, pool)]
+    gpu_rules = [r for r in rules if r.scope is Scope.GPU]
+    node_rules = [r for r in rules if r.scope is Scope.NODE]
+
+    readings = {g.uuid: g for g in fresh.gpus} if fresh is not None else {}
+    targets: dict[str, TargetState] = {}
+    wakeups: list[float] = []
+    gpu_verdicts: list[GpuVerdict] = []
+
+    # GPUs in this reading plus GPUs remembered from before: a GPU that vanished from the
+    # exporter's list is unknown, never "recovered".
+    for uuid in sorted(set(readings) | (set(previous.targets) - {NODE_TARGET})):
+        g = readings.get(uuid)
+        prev = previous.targets.get(uuid) or TargetState(index=g.index if g is not None else -1)
+        if g is not None:
+            prev = replace(prev, index=g.index)
+        g_fresh = _fresh_gpu(g, fresh, policy) if g is not None and fresh is not None else None
+        observe = functools.partial(_observe_gpu, g=g_fresh, policy=policy)
+        state, wakes = _step_target(prev, gpu_rules, observe, now, policy)
+        if state.active:
+            targets[uuid] = state
+            wakeups += wakes
+        if state.firing:
+            gpu_verdicts.append(
+                GpuVerdict(
+                    uuid=uuid,
+                    index=state.index,
+                    findings=_findings(state),
+                    recovering=_recovering(state),
+                    flapping=len(state.onsets) >= policy.flap_max_onsets,
+                )
+            )
+
+    prev_node = previous.targets.get(NODE_TARGET) or TargetState(index=-1)
+    node_state, wakes = _step_target(
+        prev_node,
+        node_rules,
+        lambda r: _observe_node(r, fresh, policy) if fresh is not None else _UNKNOWN,
+        now,
+        policy,
+    )
+    if node_state.active:
+        targets[NODE_TARGET] = node_state
+        wakeups += wakes
+    if targets and reading is not None and status is SignalStatus.FRESH:
+        # Going stale must be noticed even if nothing else happens.
+        wakeups.append(reading.observed_at + policy.stale_after_seconds)
+
+    verdict = NodeVerdict(
+        node=node,
+        signals=status,
+        age_seconds=age,
+        gpus=tuple(gpu_verdicts),
+        node_findings=_findings(node_state),
+        node_recovering=_recovering(node_state),
+    )
+    future = [w for w in wakeups if w > now]
+    return NodeEvaluation(
+        verdict=verdict,
+        state=NodeState(MappingProxyType(targets), status),
+        next_check_at=min(future) if future else None,
+    )
+
+
+def evaluate(
+    signals: FleetSignals,
+    labels: Mapping[str, Mapping[str, str]],
+    previous: Mapping[str, NodeState],
+    now: float,
+    policy: Policy,
+) -> dict[str, NodeEvaluation]:
+    """Every node in ``labels`` (the nodes the cluster has), judged on its latest reading."""
+    return {
+        node: evaluate_node(
+            node, node_labels, signals.nodes.get(node), previous.get(node, EMPTY_NODE_STATE), now, policy
+        )
+        for node, node_labels in labels.items()
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Restoring state after a restart or a leader change
+
+
+def restore_state(records: Iterable[GpuRecord], policy: Policy) -> NodeState:
+    """A node's state rebuilt from what gpumon wrote on it: its rules keep firing (since their
+    first-seen time), so recovery still waits out the full hysteresis after a restart."""
+    targets: dict[str, TargetState] = {}
+    for g in records:
+        rules: dict[str, RuleState] = {}
+        for name in g.rules:
+            rule = policy.rule(name)
+            severity = rule.severity if rule is not None else g.severity
+            reason = (rule.reason if rule is not None else None) or g.reason
+            finding = Finding(
+                rule=name,
+                severity=severity,
+                reason=reason,
+                evidence=g.evidence,
+                action=(rule.action if rule is not None else None) or recommended_action(reason),
+                since=g.first_seen,
+                first_bad_at=g.first_seen,
+            )
+            rules[name] = RuleState(g.first_seen, g.first_seen, None, finding)
+        if rules:
+            index = -1 if g.index is None else g.index
+            targets[g.uuid or NODE_TARGET] = TargetState(index, MappingProxyType(rules))
+    return NodeState(MappingProxyType(targets), SignalStatus.MISSING)

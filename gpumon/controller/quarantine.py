@@ -1,0 +1,386 @@
+"""Quarantine and recovery of a Node: a pure planner, and a thin actuator that applies its plan.
+
+:func:`plan_node` compares what the node carries with what the verdict asks for and returns
+the smallest writes that close the gap (none when they agree, so re-running it is harmless
+across restarts and leader changes). It only ever touches gpumon's own keys, records a cordon
+or a gpumon-keyed taint that was there before, and on recovery puts back exactly what it found.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpumon.controller import contract as c
+from gpumon.controller.kube import Conflict, KubeApi
+from gpumon.controller.objects import Condition, NodeView, Taint, from_rfc3339, node_from_json, to_rfc3339
+from gpumon.controller.plans import NO_PLAN, Event, NodePlan, NodeWrite, ObjectRef, PlanKind
+from gpumon.controller.verdicts import GpuRecord, NodeVerdict, Severity, SignalStatus, records_of
+
+log = logging.getLogger(__name__)
+
+_OUR_ANNOTATIONS = (
+    c.ANNOTATION_UNHEALTHY_GPUS,
+    c.ANNOTATION_QUARANTINED_AT,
+    c.ANNOTATION_CORDON_PREEXISTING,
+    c.ANNOTATION_TAINT_PREEXISTING,
+    c.ANNOTATION_DRAIN_STARTED_AT,
+)
+_MESSAGE_LIMIT = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantinePolicy:
+    # Also cordon (spec.unschedulable) unhealthy nodes; the taint alone keeps new pods away.
+    cordon: bool = False
+
+
+def node_ref(view: NodeView) -> ObjectRef:
+    return ObjectRef("Node", view.name, view.uid)
+
+
+def is_quarantined(view: NodeView) -> bool:
+    return c.ANNOTATION_QUARANTINED_AT in view.annotations
+
+
+def is_excluded(view: NodeView) -> bool:
+    return view.labels.get(c.LABEL_EXCLUDE) == "true"
+
+
+def quarantined_at(view: NodeView) -> float | None:
+    text = view.annotations.get(c.ANNOTATION_QUARANTINED_AT)
+    return from_rfc3339(text) if text else None
+
+
+def drain_started_at(view: NodeView, now: float) -> float:
+    """When the current drain began: kept while the node stays ``draining``, else now."""
+    if view.labels.get(c.LABEL_STATE) == c.NodeState.DRAINING:
+        text = view.annotations.get(c.ANNOTATION_DRAIN_STARTED_AT)
+        started = from_rfc3339(text) if text else None
+        if started is not None:
+            return started
+    return now
+
+
+def taint_effect(severity: Severity) -> str:
+    return "NoSchedule" if severity is Severity.UNHEALTHY else "PreferNoSchedule"
+
+
+# ---------------------------------------------------------------------------------------------
+# The gpumon.io/unhealthy-gpus annotation
+
+
+def records_to_json(records: tuple[GpuRecord, ...]) -> str:
+    return json.dumps(
+        [
+            {
+                "uuid": r.uuid,
+                "index": r.index,
+                "reason": r.reason,
+                "severity": r.severity.value,
+                "rules": list(r.rules),
+                "firstSeen": to_rfc3339(r.first_seen),
+                "evidence": r.evidence,
+            }
+            for r in records
+        ],
+        separators=(",", ":"),
+    )
+
+
+def records_from_json(text: str | None) -> tuple[GpuRecord, ...]:
+    """Entries gpumon wrote; anything unreadable (edited by hand, say) is skipped."""
+    if not text:
+        return ()
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return ()
+    out = []
+    for e in raw if isinstance(raw, list) else ():
+        try:
+            first_seen = from_rfc3339(str(e["firstSeen"]))
+            if first_seen is None:
+                continue
+            out.append(
+                GpuRecord(
+                    uuid=str(e["uuid"]),
+                    index=None if e.get("index") is None else int(e["index"]),
+                    reason=str(e["reason"]),
+                    severity=Severity(e["severity"]),
+                    rules=tuple(str(r) for r in e.get("rules") or ()),
+                    first_seen=first_seen,
+                    evidence=str(e.get("evidence", "")),
+                )
+            )
+        except (KeyError, TypeError, ValueError):
+            continue
+    return tuple(out)
+
+
+def _describe(r: GpuRecord) -> str:
+    what = "node" if not r.uuid else f"GPU {r.index} ({r.uuid})"
+    return f"{what}: {r.reason}" + (f" ({r.evidence})" if r.evidence else "")
+
+
+def condition_message(records: tuple[GpuRecord, ...], actions: tuple[str, ...]) -> str:
+    text = "; ".join(_describe(r) for r in records)
+    if actions:
+        text += ". Recommended: " + "; ".join(dict.fromkeys(actions))
+    return text if len(text) <= _MESSAGE_LIMIT else text[: _MESSAGE_LIMIT - 1] + "…"
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning
+
+
+@dataclass(frozen=True, slots=True)
+class _Desired:
+    taints: tuple[Taint, ...]
+    unschedulable: bool
+    label_state: str | None
+    annotations: Mapping[str, str | None]
+    condition: Condition | None  # None: leave the condition alone
+
+
+def _others(view: NodeView) -> tuple[Taint, ...]:
+    return tuple(t for t in view.taints if t.key != c.TAINT_KEY)
+
+
+def _ours(view: NodeView) -> tuple[Taint, ...]:
+    return tuple(t for t in view.taints if t.key == c.TAINT_KEY)
+
+
+def _preexisting_taints(view: NodeView) -> tuple[Taint, ...]:
+    text = view.annotations.get(c.ANNOTATION_TAINT_PREEXISTING)
+    try:
+        raw = json.loads(text) if text else []
+        return tuple(Taint.from_json(t) for t in raw)
+    except (ValueError, TypeError, AttributeError):
+        return ()
+
+
+def _stable_records(view: NodeView, wanted: tuple[GpuRecord, ...]) -> tuple[GpuRecord, ...]:
+    """Keep what is written when only evidence drifted, so a warm GPU does not cause a write
+    per evaluation."""
+    current = records_from_json(view.annotations.get(c.ANNOTATION_UNHEALTHY_GPUS))
+    if [r.identity for r in current] == [r.identity for r in wanted]:
+        return current
+    return wanted
+
+
+def _with_transition(view: NodeView, status: str, reason: str, message: str, now: float) -> Condition:
+    old = view.gpu_condition
+    since = old.last_transition_time if old is not None and old.status == status else None
+    return Condition(status, reason, message, since or to_rfc3339(now))
+
+
+def _quarantine_desired(
+    view: NodeView, verdict: NodeVerdict, now: float, phase: c.NodeState, policy: QuarantinePolicy
+) -> _Desired:
+    severity = verdict.severity
+    assert severity is not None
+    records = _stable_records(view, records_of(verdict))
+    first = not is_quarantined(view)
+    ours = Taint(c.TAINT_KEY, taint_effect(severity), severity.value)
+    current_ours = _ours(view)
+    # Keep our taint object as written (its timeAdded) when it already says the right thing.
+    taint = (
+        current_ours[0] if current_ours[1:] == () and current_ours and _same(current_ours[0], ours) else ours
+    )
+    annotations: dict[str, str | None] = {
+        c.ANNOTATION_UNHEALTHY_GPUS: records_to_json(records),
+        c.ANNOTATION_QUARANTINED_AT: to_rfc3339(now)
+        if first
+        else view.annotations[c.ANNOTATION_QUARANTINED_AT],
+        c.ANNOTATION_CORDON_PREEXISTING: (
+            str(view.unschedulable).lower()
+            if first
+            else view.annotations.get(c.ANNOTATION_CORDON_PREEXISTING)
+        ),
+    }
+    if first and current_ours:
+        annotations[c.ANNOTATION_TAINT_PREEXISTING] = json.dumps([t.to_json() for t in current_ours])
+    if phase is c.NodeState.DRAINING:
+        annotations[c.ANNOTATION_DRAIN_STARTED_AT] = to_rfc3339(drain_started_at(view, now))
+    else:
+        annotations[c.ANNOTATION_DRAIN_STARTED_AT] = None
+    label = c.NodeState.RECOVERING if verdict.recovering else phase
+    cordon = view.unschedulable or (policy.cordon and severity is Severity.UNHEALTHY)
+    actions = tuple(f.action for f in verdict.findings)
+    condition = _with_transition(view, "True", records[0].reason, condition_message(records, actions), now)
+    return _Desired((*_others(view), taint), cordon, label.value, annotations, condition)
+
+
+def _same(a: Taint, b: Taint) -> bool:
+    return (a.key, a.effect, a.value) == (b.key, b.effect, b.value)
+
+
+def _recovery_desired(view: NodeView, now: float, policy: QuarantinePolicy) -> _Desired:
+    we_cordoned = policy.cordon and view.annotations.get(c.ANNOTATION_CORDON_PREEXISTING) == "false"
+    condition = None
+    if view.gpu_condition is not None:
+        condition = _with_transition(view, "False", c.RECOVERED_REASON, "all GPUs healthy", now)
+    return _Desired(
+        taints=(*_others(view), *_preexisting_taints(view)),
+        unschedulable=False if we_cordoned else view.unschedulable,
+        label_state=None,
+        annotations=dict.fromkeys(_OUR_ANNOTATIONS),
+        condition=condition,
+    )
+
+
+def _write(view: NodeView, want: _Desired) -> NodeWrite | None:
+    meta: dict[str, Any] = {}
+    if view.labels.get(c.LABEL_STATE) != want.label_state:
+        meta["labels"] = {c.LABEL_STATE: want.label_state}
+    changed = {k: v for k, v in want.annotations.items() if view.annotations.get(k) != v}
+    if changed:
+        meta["annotations"] = changed
+    spec: dict[str, Any] = {}
+    if tuple(map(Taint.to_json, view.taints)) != tuple(map(Taint.to_json, want.taints)):
+        spec["taints"] = [t.to_json() for t in want.taints]
+    if view.unschedulable != want.unschedulable:
+        spec["unschedulable"] = want.unschedulable
+    merge: dict[str, Any] | None = None
+    if meta or spec:
+        merge = {"metadata": {**meta, "resourceVersion": view.resource_version}}
+        if spec:
+            merge["spec"] = spec
+    status: dict[str, Any] | None = None
+    cond, old = want.condition, view.gpu_condition
+    if cond is not None and (
+        old is None or (old.status, old.reason, old.message) != (cond.status, cond.reason, cond.message)
+    ):
+        status = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": c.CONDITION_TYPE,
+                        "status": cond.status,
+                        "reason": cond.reason,
+                        "message": cond.message,
+                        "lastTransitionTime": cond.last_transition_time,
+                        "lastHeartbeatTime": cond.last_transition_time,
+                    }
+                ]
+            }
+        }
+    if merge is None and status is None:
+        return None
+    return NodeWrite(view.name, merge, status)
+
+
+def _summary(verdict: NodeVerdict) -> str:
+    return "; ".join(_describe(r) for r in records_of(verdict))
+
+
+def plan_node(
+    view: NodeView,
+    verdict: NodeVerdict,
+    *,
+    now: float,
+    phase: c.NodeState = c.NodeState.QUARANTINED,
+    refusal: str | None = None,
+    policy: QuarantinePolicy = QuarantinePolicy(),
+) -> NodePlan:
+    """The writes and Events that bring ``view`` in line with ``verdict``.
+
+    ``phase`` is the drain's progress (its label value while quarantined); ``refusal`` says why
+    a *new* quarantine may not happen now (breaker open, rate limit, paused)."""
+    ref = node_ref(view)
+    severity = verdict.severity
+    quarantined = is_quarantined(view)
+    if is_excluded(view):
+        if severity is None or quarantined:
+            return NO_PLAN
+        return NodePlan(
+            PlanKind.SKIPPED,
+            events=(
+                Event(
+                    ref,
+                    "GpuQuarantineSkipped",
+                    f"node opted out ({c.LABEL_EXCLUDE}=true): {_summary(verdict)}",
+                    warning=True,
+                    key="excluded",
+                ),
+            ),
+        )
+    # Unknown signals hold everything as it is: no new quarantine, no recovery.
+    if verdict.signals is not SignalStatus.FRESH:
+        return NO_PLAN
+    if severity is None:
+        if not quarantined:
+            return NO_PLAN
+        write = _write(view, _recovery_desired(view, now, policy))
+        gpus = "; ".join(
+            _describe(r) for r in records_from_json(view.annotations.get(c.ANNOTATION_UNHEALTHY_GPUS))
+        )
+        event = Event(
+            ref,
+            "GpuRecovered",
+            f"signals good through the hysteresis; lifted quarantine ({gpus})",
+            key="recovered",
+        )
+        return NodePlan(PlanKind.RECOVER, write, (event,))
+    if not quarantined and refusal is not None:
+        return NodePlan(
+            PlanKind.REFUSED,
+            events=(
+                Event(
+                    ref, "GpuQuarantineRefused", f"{refusal}: {_summary(verdict)}", warning=True, key=refusal
+                ),
+            ),
+        )
+    write = _write(view, _quarantine_desired(view, verdict, now, phase, policy))
+    effect = taint_effect(severity)
+    if not quarantined:
+        msg = f"tainted {c.TAINT_KEY}={severity.value}:{effect}: {_summary(verdict)}"
+        return NodePlan(
+            PlanKind.QUARANTINE, write, (Event(ref, "GpuQuarantined", msg, warning=True, key="quarantined"),)
+        )
+    if write is None:
+        return NO_PLAN
+    events: tuple[Event, ...] = ()
+    if write.merge_patch is not None and "taints" in write.merge_patch.get("spec", {}):
+        msg = f"quarantine now {c.TAINT_KEY}={severity.value}:{effect}: {_summary(verdict)}"
+        events = (Event(ref, "GpuQuarantineUpdated", msg, warning=True, key=f"updated:{severity}"),)
+    return NodePlan(PlanKind.UPDATE, write, events)
+
+
+# ---------------------------------------------------------------------------------------------
+# Actuator
+
+
+async def apply_node_write(
+    api: KubeApi,
+    write: NodeWrite,
+    replan: Callable[[NodeView], NodeWrite | None],
+    attempts: int = 3,
+) -> NodeView | None:
+    """Apply a plan's writes; on 409 (the node changed since the cache saw it) re-read the node,
+    re-plan against it and try again. Returns the node as written, or None if nothing was left
+    to write."""
+    path = f"/api/v1/nodes/{write.node}"
+    current: NodeWrite | None = write
+    result: NodeView | None = None
+    for attempt in range(attempts):
+        if current is None:
+            return result
+        try:
+            if current.merge_patch is not None:
+                result = node_from_json(await api.patch(path, current.merge_patch))
+            if current.status_patch is not None:
+                result = node_from_json(
+                    await api.patch(path + "/status", current.status_patch, strategic=True)
+                )
+            return result
+        except Conflict:
+            if attempt == attempts - 1:
+                raise
+            log.info("node changed while writing; re-planning", extra={"node": write.node})
+            current = replan(node_from_json(await api.get(path)))
+    return result

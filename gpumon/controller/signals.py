@@ -1,0 +1,98 @@
+"""What the controller knows about each GPU, and the one interface its two sources implement.
+
+Purely data: a source (``signals_prometheus``, ``signals_direct``) keeps the latest
+:class:`FleetSignals` up to date in the background; policy reads it. Every reading carries the
+time it was observed, so its age is always known: a reading older than the policy's
+``stale_after`` counts as unknown, and unknown never causes remediation.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Protocol
+
+from gpumon.devices.model import HealthVerdict, PodRef
+
+
+class Signal(enum.StrEnum):
+    """What a rule can read. ``promql`` rules carry their own query (Prometheus source only)."""
+
+    TEMPERATURE = "temperature"
+    XID = "xid"
+    ECC_UNCORRECTABLE = "ecc_uncorrectable"
+    ROW_REMAP_FAILURE = "row_remap_failure"
+    GPU_LOST = "gpu_lost"
+    MEMORY_UTILIZATION = "memory_utilization"
+    EXPORTER_HEALTH = "exporter_health"
+    PROMQL = "promql"
+
+
+_NO_VALUES: Mapping[str, float] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU as last observed. ``None`` fields were not reported (unsupported or not fetched)."""
+
+    uuid: str
+    index: int
+    observed_at: float
+    temperature_celsius: float | None = None
+    memory_utilization_ratio: float | None = None
+    ecc_uncorrectable: int | None = None
+    row_remap_failure: bool | None = None
+    lost: bool | None = None
+    # The exporter's own verdict (gpumon_gpu_health), with its reasons.
+    health: HealthVerdict | None = None
+    # Xid codes seen within the source's Xid window; None when the source cannot tell.
+    recent_xids: frozenset[int] | None = None
+    # Pods the exporter attributes to this GPU (meaningful when the node's pods_attributed).
+    pods: tuple[PodRef, ...] = ()
+    # Values of gpu-scoped PromQL rules, by rule name.
+    custom: Mapping[str, float] = field(default_factory=lambda: _NO_VALUES)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReading:
+    """One node's GPUs as last observed by a source."""
+
+    node: str
+    # When the node's data was last confirmed (a heartbeat counts: it says nothing changed).
+    observed_at: float
+    gpus: tuple[GpuReading, ...]
+    # True when the exporter reports which pods use which GPU on this node.
+    pods_attributed: bool = False
+    # Values of node-scoped PromQL rules, by rule name.
+    custom: Mapping[str, float] = field(default_factory=lambda: _NO_VALUES)
+
+    def gpu(self, uuid: str) -> GpuReading | None:
+        for g in self.gpus:
+            if g.uuid == uuid:
+                return g
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSignals:
+    nodes: Mapping[str, NodeReading]
+    # False while the source itself cannot be reached (Prometheus down, API down).
+    source_up: bool = True
+
+
+EMPTY_FLEET = FleetSignals(MappingProxyType({}), source_up=False)
+
+ChangeCallback = Callable[[Iterable[str]], None]
+"""Told the names of nodes whose readings changed, so the reconciler looks at them soon."""
+
+
+class SignalSource(Protocol):
+    name: str
+
+    def current(self) -> FleetSignals:
+        """The latest readings; cheap, never blocks."""
+
+    async def run(self, on_change: ChangeCallback) -> None:
+        """Keep :meth:`current` fresh until cancelled; never raises on network failures."""

@@ -1,0 +1,314 @@
+"""Signals from the Prometheus HTTP API: a few fleet-wide instant queries per evaluation.
+
+Never one query per node: each round runs one query per built-in signal the rules use, one per
+PromQL rule, and two for freshness and pod placement, concurrently, each with a timeout and
+retries. A failed round keeps the previous readings, which then age into "stale" on their own.
+
+Freshness comes from ``timestamp(gpumon_gpu_info)``: the time Prometheus last scraped each GPU's
+exporter, so a dead exporter's last values (which Prometheus keeps returning for its lookback
+window) are recognised as old.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any
+
+import aiohttp
+
+from gpumon.controller.backoff import Backoff
+from gpumon.controller.policy import Rule, Scope
+from gpumon.controller.signals import (
+    EMPTY_FLEET,
+    ChangeCallback,
+    FleetSignals,
+    GpuReading,
+    NodeReading,
+    Signal,
+)
+from gpumon.devices.model import HealthReason, HealthState, HealthVerdict, PodRef
+
+log = logging.getLogger(__name__)
+
+FRESHNESS = "__freshness"
+PODS = "__pods"
+HEALTH_INFO = "__health_info"
+_POD_SERIES = (
+    "gpumon_pod_gpu_(allocated|memory_used_bytes|utilization_ratio|memory_allocated_bytes|core_allocated_ratio)"
+)
+
+
+def builtin_queries(xid_window_seconds: float) -> dict[Signal, str]:
+    window = f"{int(xid_window_seconds)}s"
+    return {
+        Signal.TEMPERATURE: 'gpumon_gpu_temperature_celsius{sensor="gpu"}',
+        Signal.MEMORY_UTILIZATION: "gpumon_gpu_memory_utilization_ratio",
+        Signal.ECC_UNCORRECTABLE: 'gpumon_gpu_ecc_errors_total{type="uncorrected"}',
+        Signal.ROW_REMAP_FAILURE: "gpumon_gpu_row_remap_failure",
+        Signal.EXPORTER_HEALTH: "gpumon_gpu_health == 1",
+        Signal.GPU_LOST: 'gpumon_gpu_health{state="lost"}',
+        # increase() misses a counter's first sample, and the exporter creates an Xid series only
+        # when the code is first seen: count series that did not exist a window ago as well.
+        Signal.XID: (
+            f"(increase(gpumon_gpu_xid_errors_total[{window}]) > 0) or "
+            f"(gpumon_gpu_xid_errors_total unless gpumon_gpu_xid_errors_total offset {window})"
+        ),
+    }
+
+
+def queries_for(rules: Sequence[Rule], xid_window_seconds: float) -> dict[str, str]:
+    """Query name -> PromQL for one evaluation round."""
+    builtin = builtin_queries(xid_window_seconds)
+    out: dict[str, str] = {
+        FRESHNESS: "timestamp(gpumon_gpu_info)",
+        PODS: f'group by (node, namespace, pod, container, gpu, uuid) ({{__name__=~"{_POD_SERIES}"}})',
+    }
+    signals = {r.signal for r in rules}
+    for sig in signals - {Signal.PROMQL}:
+        out[sig.value] = builtin[sig]
+    if Signal.EXPORTER_HEALTH in signals:
+        out[HEALTH_INFO] = 'gpumon_gpu_health_info{reason!=""}'
+    for r in rules:
+        if r.signal is Signal.PROMQL and r.query is not None:
+            out[f"rule:{r.name}"] = r.query
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    labels: Mapping[str, str]
+    value: float
+
+
+def parse_vector(doc: Mapping[str, Any]) -> list[Sample]:
+    """The samples of an instant-vector answer; raises ValueError for anything else."""
+    if doc.get("status") != "success":
+        raise ValueError(f"query failed: {doc.get('errorType', '')} {doc.get('error', '')}".strip())
+    data = doc.get("data") or {}
+    if data.get("resultType") != "vector":
+        raise ValueError(f"expected a vector, got {data.get('resultType')!r}")
+    out = []
+    for item in data.get("result") or ():
+        try:
+            out.append(Sample(MappingProxyType(dict(item["metric"])), float(item["value"][1])))
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+    return out
+
+
+@dataclass
+class _Gpu:
+    uuid: str
+    index: int
+    at: float
+    fields: dict[str, Any]
+
+
+def readings_from_results(
+    results: Mapping[str, Sequence[Sample]],
+    rules: Sequence[Rule],
+    *,
+    node_label: str = "node",
+    now: float,
+) -> dict[str, NodeReading]:
+    """Fold one round's answers into a reading per node (pure)."""
+    gpus: dict[tuple[str, str], _Gpu] = {}
+    by_index: dict[tuple[str, int], str] = {}
+    for s in results.get(FRESHNESS, ()):
+        node, uuid, index = s.labels.get(node_label), s.labels.get("uuid"), s.labels.get("gpu", "")
+        if not node or not uuid or not index.isdigit():
+            continue
+        gpus[(node, uuid)] = _Gpu(uuid, int(index), min(s.value, now), {})
+        by_index[(node, int(index))] = uuid
+
+    def target(labels: Mapping[str, str]) -> _Gpu | None:
+        node = labels.get(node_label, "")
+        uuid = labels.get("uuid")
+        if uuid is None and labels.get("gpu", "").isdigit():
+            uuid = by_index.get((node, int(labels["gpu"])))
+        return gpus.get((node, uuid)) if uuid else None
+
+    # Only GPUs Prometheus scrapes (they have a freshness sample) get readings. A series a GPU
+    # lacks stays None (unknown), except Xids and pods, whose absence means "none".
+    for each in gpus.values():
+        each.fields.update(recent_xids=set(), pods=[], custom={})
+    simple: dict[str, tuple[str, Callable[[float], Any]]] = {
+        Signal.TEMPERATURE.value: ("temperature_celsius", float),
+        Signal.MEMORY_UTILIZATION.value: ("memory_utilization_ratio", float),
+        Signal.ECC_UNCORRECTABLE.value: ("ecc_uncorrectable", int),
+        Signal.ROW_REMAP_FAILURE.value: ("row_remap_failure", bool),
+        Signal.GPU_LOST.value: ("lost", bool),
+    }
+    for name, (field, conv) in simple.items():
+        for s in results.get(name, ()):
+            g = target(s.labels)
+            if g is not None:
+                g.fields[field] = conv(s.value)
+    reasons: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for s in results.get(HEALTH_INFO, ()):
+        key = (s.labels.get(node_label, ""), s.labels.get("uuid", ""))
+        reasons.setdefault(key, []).append((s.labels.get("reason", ""), s.labels.get("detail", "")))
+    for s in results.get(Signal.EXPORTER_HEALTH.value, ()):
+        g = target(s.labels)
+        try:
+            state = HealthState(s.labels.get("state", ""))
+        except ValueError:
+            continue
+        if g is not None:
+            why = reasons.get((s.labels.get(node_label, ""), g.uuid), [])
+            g.fields["health"] = HealthVerdict(state, tuple(HealthReason(code, d, state) for code, d in why))
+    for s in results.get(Signal.XID.value, ()):
+        g = target(s.labels)
+        code = s.labels.get("xid", "")
+        if g is not None and code.isdigit():
+            g.fields["recent_xids"].add(int(code))
+    attributed: set[str] = set()
+    for s in results.get(PODS, ()):
+        g = target(s.labels)
+        if g is not None and s.labels.get("pod"):
+            ref = PodRef(s.labels.get("namespace", ""), s.labels["pod"], s.labels.get("container", ""))
+            g.fields["pods"].append(ref)
+            attributed.add(s.labels.get(node_label, ""))
+    node_custom: dict[str, dict[str, float]] = {}
+    for r in rules:
+        if r.signal is not Signal.PROMQL:
+            continue
+        for s in results.get(f"rule:{r.name}", ()):
+            if r.scope is Scope.NODE:
+                node_custom.setdefault(s.labels.get(node_label, ""), {})[r.name] = s.value
+            else:
+                g = target(s.labels)
+                if g is not None:
+                    g.fields["custom"][r.name] = s.value
+
+    nodes: dict[str, list[GpuReading]] = {}
+    for (node, _), g in sorted(gpus.items(), key=lambda kv: (kv[0][0], kv[1].index)):
+        f = g.fields
+        nodes.setdefault(node, []).append(
+            GpuReading(
+                uuid=g.uuid,
+                index=g.index,
+                observed_at=g.at,
+                temperature_celsius=f.get("temperature_celsius"),
+                memory_utilization_ratio=f.get("memory_utilization_ratio"),
+                ecc_uncorrectable=f.get("ecc_uncorrectable", 0)
+                if Signal.ECC_UNCORRECTABLE.value in results
+                else None,
+                row_remap_failure=f.get("row_remap_failure"),
+                lost=f.get("lost"),
+                health=f.get("health"),
+                recent_xids=frozenset(f["recent_xids"]) if Signal.XID.value in results else None,
+                pods=tuple(f["pods"]),
+                custom=MappingProxyType(dict(f["custom"])),
+            )
+        )
+    return {
+        node: NodeReading(
+            node=node,
+            observed_at=max(g.observed_at for g in gs),
+            gpus=tuple(gs),
+            pods_attributed=node in attributed,
+            custom=MappingProxyType(node_custom.get(node, {})),
+        )
+        for node, gs in nodes.items()
+    }
+
+
+QUERY_BACKOFF = Backoff(initial_seconds=0.5, max_seconds=5.0)
+_SECRET = re.compile(r"(?i)(authorization|token)=[^&\s]+")
+
+
+@dataclass(frozen=True, slots=True)
+class PrometheusSettings:
+    url: str
+    interval_seconds: float = 10.0
+    timeout_seconds: float = 5.0
+    retries: int = 2
+    xid_window_seconds: float = 600.0
+    node_label: str = "node"
+    bearer_token: str | None = None
+
+
+class PrometheusSource:
+    """A :class:`SignalSource` polling a few fleet-wide instant queries per round."""
+
+    name = "prometheus"
+
+    def __init__(
+        self,
+        settings: PrometheusSettings,
+        rules: Sequence[Rule],
+        session: aiohttp.ClientSession,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+        backoff: Backoff = QUERY_BACKOFF,
+        on_round: Callable[[bool, float], None] | None = None,
+    ) -> None:
+        self._s = settings
+        self._rules = tuple(rules)
+        self._session = session
+        self._clock = wall_clock
+        self._backoff = backoff
+        self._on_round = on_round
+        self._fleet = EMPTY_FLEET
+
+    def current(self) -> FleetSignals:
+        return self._fleet
+
+    async def _query(self, promql: str, at: float) -> list[Sample]:
+        headers = {"Authorization": f"Bearer {self._s.bearer_token}"} if self._s.bearer_token else {}
+        url = self._s.url.rstrip("/") + "/api/v1/query"
+        last: Exception | None = None
+        for attempt in range(self._s.retries + 1):
+            if attempt:
+                await asyncio.sleep(self._backoff.delay(attempt))
+            try:
+                timeout = aiohttp.ClientTimeout(total=self._s.timeout_seconds)
+                async with self._session.get(
+                    url, params={"query": promql, "time": f"{at:.3f}"}, headers=headers, timeout=timeout
+                ) as resp:
+                    doc = await resp.json(content_type=None)
+                    if resp.status >= 500:
+                        raise ValueError(f"HTTP {resp.status}")
+                    return parse_vector(doc if isinstance(doc, dict) else {})
+            except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+                last = e
+        raise ConnectionError(_SECRET.sub(r"\1=…", f"{promql!r}: {last!r}"))
+
+    async def poll_once(self) -> Iterable[str]:
+        """One round; returns the nodes whose reading changed."""
+        now = self._clock()
+        queries = queries_for(self._rules, self._s.xid_window_seconds)
+        started = time.monotonic()
+        try:
+            answers = await asyncio.gather(*(self._query(q, now) for q in queries.values()))
+        except ConnectionError as e:
+            log.warning("prometheus round failed; keeping the last readings", extra={"error": str(e)})
+            self._fleet = replace(self._fleet, source_up=False)
+            if self._on_round:
+                self._on_round(False, time.monotonic() - started)
+            return ()
+        results = dict(zip(queries, answers, strict=True))
+        nodes = readings_from_results(results, self._rules, node_label=self._s.node_label, now=now)
+        old = self._fleet.nodes
+        changed = set(nodes) ^ set(old) | {n for n in nodes if n in old and old[n] != nodes[n]}
+        self._fleet = FleetSignals(MappingProxyType(nodes), source_up=True)
+        if self._on_round:
+            self._on_round(True, time.monotonic() - started)
+        return changed
+
+    async def run(self, on_change: ChangeCallback) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            changed = await self.poll_once()
+            # Unchanged readings still age: evaluation tracks that through next_check_at.
+            if changed:
+                on_change(changed)
+            await asyncio.sleep(max(0.0, self._s.interval_seconds - (loop.time() - started)))

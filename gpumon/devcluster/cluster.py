@@ -1,0 +1,185 @@
+"""Bring a whole local control plane up and down: PKI and kubeconfigs, etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler and kwok on free loopback ports, then the CRDs.
+
+Synchronous on purpose: pytest's session fixture and the CLI both call it from the main
+thread, which must own the children (see :mod:`gpumon.devcluster.processes`)."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import yaml
+
+from gpumon.devcluster import components, kubeconfig, pki, processes
+from gpumon.devcluster.binaries import Tools, locate
+from gpumon.devcluster.components import Component, Layout, Options, Ports
+from gpumon.devcluster.health import Probe, Prober
+
+log = logging.getLogger(__name__)
+
+ADMIN_KUBECONFIG = "admin"
+_CLIENTS = {
+    ADMIN_KUBECONFIG: ("admin", pki.ADMIN.user),
+    "kube-controller-manager": ("controller_manager", pki.CONTROLLER_MANAGER.user),
+    "kube-scheduler": ("scheduler", pki.SCHEDULER.user),
+    "kwok": ("kwok", pki.KWOK.user),
+}
+
+
+class StartupError(Exception):
+    """A component did not become healthy; the message carries the tail of its log."""
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports: all sockets are held open until every port is chosen."""
+    with ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+        return ports
+
+
+@dataclass
+class DevCluster:
+    tools: Tools
+    layout: Layout
+    ports: Ports
+    components: tuple[Component, ...]
+    children: list[processes.Child] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The admin (system:masters) kubeconfig."""
+        return self.layout.kubeconfig(ADMIN_KUBECONFIG)
+
+    @property
+    def prober(self) -> Prober:
+        return Prober(self.layout.pki.ca_cert, self.layout.pki.admin_cert, self.layout.pki.admin_key)
+
+    @classmethod
+    def start(cls, root: Path, *, options: Options | None = None, tools: Tools | None = None,
+              timeout_seconds: float = 120.0, die_with_parent: bool = True) -> DevCluster:
+        """Start every component and install the CRDs; on any failure, stop what started and
+        raise :class:`StartupError`. ``root`` must be empty or absent."""
+        t0 = time.monotonic()
+        cluster = cls.prepare(root, options or Options(), tools or locate())
+        cluster.timings["prepare"] = time.monotonic() - t0
+        try:
+            cluster._run(t0 + timeout_seconds, die_with_parent)
+        except BaseException:
+            cluster.stop()
+            raise
+        cluster.timings["total"] = time.monotonic() - t0
+        log.info("devcluster ready",
+                 extra={"server": cluster.server, "seconds": round(cluster.timings["total"], 2)})
+        return cluster
+
+    @classmethod
+    def prepare(cls, root: Path, options: Options, tools: Tools) -> DevCluster:
+        root.mkdir(parents=True, exist_ok=True)
+        if any(root.iterdir()):
+            raise StartupError(f"{root} is not empty: a cluster may still be using it")
+        root = root.resolve()
+        keys = pki.generate(datetime.datetime.now(datetime.UTC))
+        layout = Layout(root, pki.write(keys, root / "pki"))
+        ports = Ports(*free_ports(6))
+        server = f"https://127.0.0.1:{ports.apiserver}"
+        for name, (attr, user) in _CLIENTS.items():
+            pair: pki.KeyPair = getattr(keys, attr)
+            kubeconfig.write(kubeconfig.build(server, keys.ca.cert_pem, pair, user), layout.kubeconfig(name))
+        layout.kwok_config.write_text(components.kwok_config([p.read_text() for p in tools.kwok_stages]))
+        return cls(tools, layout, ports, components.all_components(tools, ports, layout, options))
+
+    def _run(self, deadline: float, die_with_parent: bool) -> None:
+        for wave in sorted({c.wave for c in self.components}):
+            t = time.monotonic()
+            started = []
+            for c in (c for c in self.components if c.wave == wave):
+                child = processes.spawn(c.name, c.argv, self.layout.logs / f"{c.name}.log",
+                                        cwd=self.layout.root, die_with_parent=die_with_parent)
+                self.children.append(child)
+                started.append((c, child))
+            self._wait_healthy(started, deadline)
+            self.timings[f"wave{wave}:" + ",".join(c.name for c, _ in started)] = time.monotonic() - t
+        t = time.monotonic()
+        self.install_crds(self.tools.crds, max(1.0, deadline - time.monotonic()))
+        self.timings["crds"] = time.monotonic() - t
+
+    def _wait_healthy(self, started: Sequence[tuple[Component, processes.Child]], deadline: float) -> None:
+        prober = self.prober
+        pending = list(started)
+        last: dict[str, Probe] = {}
+        while pending:
+            for c, child in list(pending):
+                code = child.exited()
+                if code is not None:
+                    raise StartupError(
+                        f"{c.name} exited with code {code} while starting; last lines of {child.log}:\n"
+                        + processes.tail(child.log)
+                    )
+                last[c.name] = prober.probe(c.health)
+                if last[c.name].ok:
+                    pending.remove((c, child))
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                c, child = pending[0]
+                raise StartupError(
+                    f"{c.name} not healthy in time ({c.health.url}: {last[c.name].detail}); "
+                    f"last lines of {child.log}:\n" + processes.tail(child.log)
+                )
+            time.sleep(0.1)
+
+    def kubectl(self, *args: str, timeout_seconds: float = 60.0) -> str:
+        cmd = [str(self.tools.kubectl), f"--kubeconfig={self.kubeconfig}",
+               f"--cache-dir={self.layout.root / 'kubectl-cache'}", *args]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_seconds, check=False)
+        if done.returncode != 0:
+            detail = done.stderr.strip() or done.stdout.strip()
+            raise StartupError(f"kubectl {' '.join(args)} failed: {detail}")
+        return done.stdout
+
+    def install_crds(self, files: Sequence[Path], timeout_seconds: float) -> None:
+        """Server-side apply, then wait until every CRD is Established (served)."""
+        if not files:
+            return
+        names = [yaml.safe_load(p.read_text())["metadata"]["name"] for p in files]
+        files_args = [a for p in files for a in ("-f", str(p))]
+        self.kubectl("apply", "--server-side", "--field-manager=gpumon-devcluster", *files_args,
+                     timeout_seconds=timeout_seconds)
+        self.kubectl("wait", "--for=condition=Established", f"--timeout={int(timeout_seconds)}s",
+                     *(f"crd/{n}" for n in names), timeout_seconds=timeout_seconds + 5)
+
+    def health(self) -> dict[str, Probe]:
+        prober = self.prober
+        return {c.name: prober.probe(c.health) for c in self.components}
+
+    def stop(self, grace_seconds: float = 5.0) -> None:
+        # Clients first, etcd last: the API server drains its watches against a live store.
+        processes.stop([c for c in self.children if c.name != "etcd"], grace_seconds)
+        processes.stop([c for c in self.children if c.name == "etcd"], grace_seconds)
+        self.children.clear()
+
+    def __enter__(self) -> DevCluster:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+

@@ -1,0 +1,258 @@
+"""What each control-plane process is: its command line, its health endpoint and when it may
+start. Pure: built from the binaries, the ports and the file layout; nothing here runs anything.
+
+Flags follow controller-runtime envtest's kube-apiserver set (docs/devcluster.md), plus the
+request-header and proxy-client flags that let an aggregated API server (prometheus-adapter)
+be registered later."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from gpumon.devcluster.binaries import Tools
+from gpumon.devcluster.pki import FRONT_PROXY_CLIENT_NAME, PkiFiles
+
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+KWOK_NODE_ANNOTATION_VALUE = "fake"
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+POD_CIDR = "10.244.0.1/16"  # kwok hands out pod IPs from here; kept apart from the service range
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+
+@dataclass(frozen=True)
+class Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Every file a cluster's processes read or write, under one directory."""
+
+    root: Path
+    pki: PkiFiles
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.root / "etcd"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def kwok_config(self) -> Path:
+        return self.root / "kwok.yaml"
+
+    def kubeconfig(self, user: str) -> Path:
+        return self.root / f"{user}.kubeconfig"
+
+
+@dataclass(frozen=True)
+class Options:
+    # kwok renews node leases every lease/4 = 10 s; a grace of two renewals keeps a busy
+    # 2-core machine from flapping nodes NotReady while still noticing a dead node in 20 s.
+    node_monitor_grace_period_seconds: int = 20
+    node_monitor_period_seconds: int = 1
+    node_lease_duration_seconds: int = 40
+    verbosity: int = 1
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    url: str
+    client_cert: bool  # the endpoint needs the admin client certificate (the API server's does)
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    argv: tuple[str, ...]
+    health: HealthCheck
+    wave: int  # started after every component of a lower wave is healthy
+
+
+def _loopback(port: int, scheme: str = "https") -> str:
+    return f"{scheme}://127.0.0.1:{port}"
+
+
+def etcd(tools: Tools, ports: Ports, layout: Layout) -> Component:
+    client = _loopback(ports.etcd_client, "http")
+    peer = _loopback(ports.etcd_peer, "http")
+    return Component(
+        name="etcd",
+        argv=(
+            str(tools.etcd),
+            "--name=gpumon-devcluster",
+            f"--data-dir={layout.etcd_data}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=gpumon-devcluster={peer}",
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ),
+        health=HealthCheck(f"{client}/readyz", client_cert=False),
+        wave=0,
+    )
+
+
+def kube_apiserver(tools: Tools, ports: Ports, layout: Layout) -> Component:
+    pki = layout.pki
+    return Component(
+        name="kube-apiserver",
+        argv=(
+            str(tools.kube_apiserver),
+            f"--etcd-servers={_loopback(ports.etcd_client, 'http')}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            # Endpoints may not hold loopback addresses, so the `kubernetes` Service keeps none.
+            "--endpoint-reconciler-type=none",
+            f"--secure-port={ports.apiserver}",
+            f"--tls-cert-file={pki.serving_cert}",
+            f"--tls-private-key-file={pki.serving_key}",
+            f"--client-ca-file={pki.ca_cert}",
+            "--authorization-mode=RBAC",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            "--allow-privileged=true",
+            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+            f"--service-account-key-file={pki.service_account_pub}",
+            f"--service-account-signing-key-file={pki.service_account_key}",
+            f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT_NAME}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki.front_proxy_client_cert}",
+            f"--proxy-client-key-file={pki.front_proxy_client_key}",
+            "--enable-aggregator-routing=true",
+        ),
+        health=HealthCheck(f"{_loopback(ports.apiserver)}/readyz", client_cert=True),
+        wave=1,
+    )
+
+
+def _secure_serving(layout: Layout, port: int, user: str) -> tuple[str, ...]:
+    kubeconfig = layout.kubeconfig(user)
+    return (
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--tls-cert-file={layout.pki.serving_cert}",
+        f"--tls-private-key-file={layout.pki.serving_key}",
+        f"--client-ca-file={layout.pki.ca_cert}",
+        "--leader-elect=false",
+    )
+
+
+def kube_controller_manager(tools: Tools, ports: Ports, layout: Layout, options: Options) -> Component:
+    pki = layout.pki
+    return Component(
+        name="kube-controller-manager",
+        argv=(
+            str(tools.kube_controller_manager),
+            *_secure_serving(layout, ports.controller_manager, "kube-controller-manager"),
+            "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={pki.service_account_key}",
+            f"--root-ca-file={pki.ca_cert}",
+            f"--cluster-signing-cert-file={pki.ca_cert}",
+            f"--cluster-signing-key-file={pki.ca_key}",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            f"--node-monitor-period={options.node_monitor_period_seconds}s",
+            f"--node-monitor-grace-period={options.node_monitor_grace_period_seconds}s",
+        ),
+        health=HealthCheck(f"{_loopback(ports.controller_manager)}/healthz", client_cert=False),
+        wave=2,
+    )
+
+
+def kube_scheduler(tools: Tools, ports: Ports, layout: Layout) -> Component:
+    return Component(
+        name="kube-scheduler",
+        argv=(str(tools.kube_scheduler), *_secure_serving(layout, ports.scheduler, "kube-scheduler")),
+        health=HealthCheck(f"{_loopback(ports.scheduler)}/readyz", client_cert=False),
+        wave=2,
+    )
+
+
+def kwok(tools: Tools, ports: Ports, layout: Layout, options: Options) -> Component:
+    return Component(
+        name="kwok",
+        argv=(
+            str(tools.kwok),
+            f"--kubeconfig={layout.kubeconfig('kwok')}",
+            f"--config={layout.kwok_config}",
+            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}={KWOK_NODE_ANNOTATION_VALUE}",
+            f"--node-lease-duration-seconds={options.node_lease_duration_seconds}",
+            f"--server-address=127.0.0.1:{ports.kwok}",
+        ),
+        health=HealthCheck(f"{_loopback(ports.kwok, 'http')}/healthz", client_cert=False),
+        wave=2,
+    )
+
+
+def all_components(tools: Tools, ports: Ports, layout: Layout, options: Options) -> tuple[Component, ...]:
+    return (
+        etcd(tools, ports, layout),
+        kube_apiserver(tools, ports, layout),
+        kube_controller_manager(tools, ports, layout, options),
+        kube_scheduler(tools, ports, layout),
+        kwok(tools, ports, layout, options),
+    )
+
+
+# A KwokConfiguration document given in --config is not defaulted (kwok v0.8.0 defaults only
+# when none is given), and a zero parallelism makes kwok exit: spell out the module's defaults.
+KWOK_OPTIONS = {
+    "cidr": POD_CIDR,
+    "podPlayStageParallelism": 4,
+    "nodePlayStageParallelism": 4,
+    "nodeLeaseParallelism": 4,
+    "podsOnNodeSyncParallelism": 1,
+    "enablePodsOnNodeSyncListPager": True,
+    "enablePodsOnNodeSyncStreamWatch": False,
+}
+
+
+# A KwokConfiguration document given in --config is not defaulted (kwok v0.8.0 defaults only
+# when none is given), and a zero parallelism makes kwok exit: spell out the module's defaults.
+KWOK_OPTIONS = {
+    "cidr": POD_CIDR,
+    "podPlayStageParallelism": 4,
+    "nodePlayStageParallelism": 4,
+    "nodeLeaseParallelism": 4,
+    "podsOnNodeSyncParallelism": 1,
+    "enablePodsOnNodeSyncListPager": True,
+    "enablePodsOnNodeSyncStreamWatch": False,
+}
+
+
+def kwok_config(stage_texts: Sequence[str]) -> str:
+    """kwok's ``--config``: a KwokConfiguration document, then the Stage documents verbatim.
+
+    Standalone kwok loads no stages of its own, so without these nodes never become Ready."""
+    for text in stage_texts:
+        for doc in yaml.safe_load_all(text):
+            if not isinstance(doc, dict) or doc.get("kind") != "Stage":
+                raise ValueError(f"not a kwok Stage document: {str(doc)[:80]!r}")
+    head = yaml.safe_dump(
+        {
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+            "kind": "KwokConfiguration",
+            "options": KWOK_OPTIONS,
+        },
+        sort_keys=False,
+    )
+    stages = [t.strip().removeprefix("---").strip() + "\n" for t in stage_texts]
+    return "---\n".join([head, *stages])

@@ -1,0 +1,126 @@
+"""Node manifests for kwok-simulated GPU nodes, built from templates. Pure.
+
+A node carries what the GPU Operator, NFD and a device plugin would put on a real one: the
+``nvidia.com/gpu`` extended resource (or the shared-GPU resources of Alibaba's gpushare/cGPU
+device plugins), the ``nvidia.com/gpu.*`` and NFD PCI labels, and the kwok annotation that
+makes kwok act as its kubelet."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gpumon.devcluster.components import KWOK_NODE_ANNOTATION, KWOK_NODE_ANNOTATION_VALUE
+
+GPU = "nvidia.com/gpu"
+SHARED_GPU_MEMORY = "aliyun.com/gpu-mem"  # GiB, summed over the node's GPUs
+SHARED_GPU_COUNT = "aliyun.com/gpu-count"
+SHARED_GPU_CORE = "aliyun.com/gpu-core.percentage"  # 100 per GPU
+MAX_GPUS = 8
+KUBELET_VERSION = "v1.36.3"
+
+
+@dataclass(frozen=True)
+class SharedGpus:
+    """GPUs split by memory and core share instead of handed out whole."""
+
+    gpus: int
+    memory_gib_per_gpu: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.gpus <= MAX_GPUS:
+            raise ValueError(f"shared gpus must be 1..{MAX_GPUS}, got {self.gpus}")
+        if self.memory_gib_per_gpu < 1:
+            raise ValueError(f"memory_gib_per_gpu must be >= 1, got {self.memory_gib_per_gpu}")
+
+
+@dataclass(frozen=True)
+class NodeTemplate:
+    gpus: int = MAX_GPUS  # whole GPUs (nvidia.com/gpu); 0 with `shared`, or for a CPU-only node
+    shared: SharedGpus | None = None
+    product: str = "NVIDIA-A100-SXM4-80GB"
+    os: Literal["linux", "windows"] = "linux"
+    labels: Mapping[str, str] = field(default_factory=dict)  # pool labels and the like
+    taints: tuple[Mapping[str, str], ...] = ()
+    cpu: str = "96"
+    memory: str = "1Ti"
+    pods: str = "110"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.gpus <= MAX_GPUS:
+            raise ValueError(f"gpus must be 0..{MAX_GPUS}, got {self.gpus}")
+        if self.gpus and self.shared:
+            raise ValueError("a node template has whole GPUs or shared GPUs, not both")
+
+    @property
+    def gpu_count(self) -> int:
+        return self.shared.gpus if self.shared else self.gpus
+
+
+def gpu_resources(template: NodeTemplate) -> dict[str, str]:
+    """The extended resources the node's device plugin advertises once it is up."""
+    if template.shared:
+        s = template.shared
+        return {
+            SHARED_GPU_MEMORY: str(s.gpus * s.memory_gib_per_gpu),
+            SHARED_GPU_COUNT: str(s.gpus),
+            SHARED_GPU_CORE: str(100 * s.gpus),
+        }
+    return {GPU: str(template.gpus)} if template.gpus else {}
+
+
+def labels(name: str, template: NodeTemplate) -> dict[str, str]:
+    out = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": template.os,
+        "kubernetes.io/arch": "amd64",
+        "type": "kwok",
+    }
+    if template.gpu_count:
+        out |= {
+            "nvidia.com/gpu.present": "true",
+            "feature.node.kubernetes.io/pci-10de.present": "true",
+            "nvidia.com/gpu.product": template.product,
+            "nvidia.com/gpu.count": str(template.gpu_count),
+        }
+    return out | dict(template.labels)
+
+
+def manifest(name: str, template: NodeTemplate, *, gpus_allocatable: bool = True,
+             annotations: Mapping[str, str] | None = None,
+             extra_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A Node body to create. With ``gpus_allocatable=False`` the node joins without its GPU
+    resources, as a real node does before its device plugin registers."""
+    base = {"cpu": template.cpu, "memory": template.memory, "pods": template.pods}
+    resources = base | (gpu_resources(template) if gpus_allocatable else {})
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": labels(name, template) | dict(extra_labels or {}),
+            "annotations": {KWOK_NODE_ANNOTATION: KWOK_NODE_ANNOTATION_VALUE, **(annotations or {})},
+        },
+        "spec": {"taints": [dict(t) for t in template.taints]} if template.taints else {},
+        "status": {
+            "capacity": dict(resources),
+            "allocatable": dict(resources),
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": template.os,
+                "kubeletVersion": KUBELET_VERSION,
+            },
+        },
+    }
+
+
+def gpus_allocatable_patch(template: NodeTemplate) -> dict[str, Any]:
+    """The status patch that makes a node's GPUs schedulable (its device plugin registered)."""
+    resources = gpu_resources(template)
+    return {"status": {"capacity": resources, "allocatable": resources}}
+
+
+def has_gpus_allocatable(node_status_allocatable: Mapping[str, str] | None, template: NodeTemplate) -> bool:
+    have = node_status_allocatable or {}
+    return all(key in have for key in gpu_resources(template))

@@ -1,0 +1,166 @@
+"""The pool simulator's loop: reads each simulated MachineDeployment and its Nodes, asks
+:func:`gpumon.devcluster.poolplan.plan` what to do, and does it through the API.
+
+It polls (every ``interval_seconds``, sooner when a boot or a GPU delay ends) instead of
+watching: it is a test stand-in for a cloud provider, and a scale request is noticed within
+half a second, well inside what any autoscaling test waits for."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpumon.devcluster import capi, nodes
+from gpumon.devcluster.poolplan import (
+    BOOTING_ANNOTATION,
+    JOINED_AT_ANNOTATION,
+    POOL_LABEL,
+    Plan,
+    PoolNode,
+    Timing,
+    decode_boots,
+    encode_boots,
+    plan,
+)
+
+log = logging.getLogger(__name__)
+_MERGE_PATCH = "application/merge-patch+json"
+
+
+@dataclass(frozen=True)
+class SimulatedPool:
+    namespace: str
+    name: str  # the MachineDeployment; also its Nodes' POOL_LABEL value, so unique per cluster
+    template: nodes.NodeTemplate
+    timing: Timing = field(default_factory=Timing)
+
+
+def _ignore(status: int, e: ApiException) -> None:
+    if e.status != status:
+        raise e
+
+
+def _pool_node(node: Any, template: nodes.NodeTemplate) -> PoolNode:
+    annotations = node.metadata.annotations or {}
+    try:
+        joined_at = float(annotations[JOINED_AT_ANNOTATION])
+    except (KeyError, ValueError):
+        joined_at = node.metadata.creation_timestamp.timestamp()
+    return PoolNode(
+        name=node.metadata.name,
+        joined_at=joined_at,
+        gpus_allocatable=nodes.has_gpus_allocatable(node.status and node.status.allocatable, template),
+        marked_for_deletion=capi.DELETE_MACHINE_ANNOTATION in annotations,
+    )
+
+
+class PoolSimulator:
+    def __init__(self, api: client.ApiClient, pools: Sequence[SimulatedPool], *,
+                 clock: Callable[[], float] = time.time, interval_seconds: float = 0.5) -> None:
+        # Wall-clock time: boot and join times are kept in the cluster and outlive this process.
+        self._core = client.CoreV1Api(api)
+        self._custom = client.CustomObjectsApi(api)
+        self._pools = tuple(pools)
+        self._clock = clock
+        self._interval = interval_seconds
+
+    async def step(self, pool: SimulatedPool) -> float | None:
+        """One reconcile of one pool; returns seconds until its next timed event."""
+        try:
+            md = await self._custom.get_namespaced_custom_object(
+                capi.GROUP, capi.VERSION, pool.namespace, capi.MACHINE_DEPLOYMENTS, pool.name
+            )
+        except ApiException as e:
+            _ignore(404, e)
+            return None
+        listed = await self._core.list_node(label_selector=f"{POOL_LABEL}={pool.name}")
+        annotations = md["metadata"].get("annotations") or {}
+        now = self._clock()
+        desired = int(md["spec"].get("replicas", 1))  # Cluster API's default
+        p = plan(pool.name, desired, [_pool_node(n, pool.template) for n in listed.items],
+                 decode_boots(annotations.get(BOOTING_ANNOTATION)), pool.timing, now)
+        await self._apply(pool, md, desired, p, now)
+        return p.wake_in
+
+    async def _apply(self, pool: SimulatedPool, md: dict[str, Any], desired: int, p: Plan,
+                     now: float) -> None:
+        for name in p.join:
+            body = nodes.manifest(
+                name, pool.template, gpus_allocatable=p.join_with_gpus,
+                annotations={
+                    JOINED_AT_ANNOTATION: repr(now),
+                    # What Cluster API puts on the Nodes of its Machines.
+                    "cluster.x-k8s.io/cluster-name": md["spec"]["clusterName"],
+                    "cluster.x-k8s.io/cluster-namespace": pool.namespace,
+                    "cluster.x-k8s.io/machine": name,
+                    "cluster.x-k8s.io/owner-kind": "MachineDeployment",
+                    "cluster.x-k8s.io/owner-name": pool.name,
+                },
+                extra_labels={POOL_LABEL: pool.name},
+            )
+            try:
+                await self._core.create_node(body)
+                log.info("pool node joined", extra={"pool": pool.name, "node": name})
+            except ApiException as e:
+                _ignore(409, e)
+        for name in p.delete:
+            try:
+                await self._core.delete_node(name)
+                log.info("pool node deleted", extra={"pool": pool.name, "node": name})
+            except ApiException as e:
+                _ignore(404, e)
+        for name in p.enable_gpus:
+            try:
+                await self._core.patch_node_status(name, nodes.gpus_allocatable_patch(pool.template))
+            except ApiException as e:
+                _ignore(404, e)
+        booting = encode_boots(p.boots)
+        if (md["metadata"].get("annotations") or {}).get(BOOTING_ANNOTATION) != booting:
+            await self._custom.patch_namespaced_custom_object(
+                capi.GROUP, capi.VERSION, pool.namespace, capi.MACHINE_DEPLOYMENTS, pool.name,
+                {"metadata": {"annotations": {BOOTING_ANNOTATION: booting}}}, _content_type=_MERGE_PATCH,
+            )
+        status = capi.status(
+            p.status, desired=desired,
+            generation=int(md["metadata"].get("generation", 1)),
+            selector=capi.selector_string(md["spec"]["selector"].get("matchLabels") or {}),
+        )
+        current = md.get("status") or {}
+        if any(current.get(k) != v for k, v in status.items()):
+            await self._custom.patch_namespaced_custom_object_status(
+                capi.GROUP, capi.VERSION, pool.namespace, capi.MACHINE_DEPLOYMENTS, pool.name,
+                {"status": status}, _content_type=_MERGE_PATCH,
+            )
+
+    async def run(self) -> None:
+        """Reconcile every pool until cancelled; API errors are logged and retried."""
+        while True:
+            waits: list[float] = [self._interval]
+            for pool in self._pools:
+                try:
+                    wake = await self.step(pool)
+                except (TimeoutError, ApiException, aiohttp.ClientError) as e:
+                    log.warning("pool simulator step failed", extra={"pool": pool.name, "error": str(e)})
+                    continue
+                if wake is not None:
+                    waits.append(wake)
+            await asyncio.sleep(max(0.05, min(waits)))
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[PoolSimulator]:
+        task = asyncio.create_task(self.run(), name="pool-simulator")
+        try:
+            yield self
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

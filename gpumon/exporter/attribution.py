@@ -1,0 +1,492 @@
+"""Per-pod GPU attribution: which container uses which GPU, how much, against what it was given.
+
+Three sources, combined here (docs/pod-attribution.md):
+
+- kubelet pod-resources (:mod:`podresources_client`): whole devices per container;
+- ``<host proc>/<pid>/cgroup`` (:mod:`process_pods`): the container of each GPU process;
+- this node's pods from the API (:mod:`pod_metadata`): names for UIDs and container IDs, and
+  the shared-GPU allocations of their annotations and limits (:mod:`sharing`).
+
+Pure core: :func:`build_view` when a slow source changes, :func:`resolve_grants` when the view
+or the set of GPUs changes, :func:`usages` on every tick. Shell: :class:`PodAttribution`, the
+sampler's :class:`~gpumon.exporter.sources.PodAttributor`, whose ``attribute`` does dict
+lookups only and whose ``refresh`` does all I/O on the slow cadence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from gpumon.config import PodsConfig
+from gpumon.devices.model import GpuIdentity, GpuSample, PodGpuUsage, PodRef
+from gpumon.exporter import sharing
+from gpumon.exporter.attribution_metrics import AttributionMetrics, SourceState
+from gpumon.exporter.cgroups import ContainerKey
+from gpumon.exporter.pod_metadata import Lister, PodMeta, PodMetadataWatch
+from gpumon.exporter.podresources_client import (
+    DeviceAssignment,
+    PodKey,
+    PodResourcesClient,
+    PodResourcesView,
+)
+from gpumon.exporter.process_pods import ProcessPods
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One GPU given to one container, as a source names it (UUID, index, MIG or time-sliced ID)."""
+
+    ref: PodRef
+    device: str
+    resource: str | None = None  # pod-resources resource name; None for sharing schemes
+    memory_bytes: int | None = None
+    core_ratio: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AttributionView:
+    by_container_id: Mapping[str, PodRef] = field(default_factory=dict)
+    # Pod-level fallback for processes whose container ID is not (yet) in the pod's status.
+    by_pod_uid: Mapping[str, PodRef] = field(default_factory=dict)
+    grants: tuple[Grant, ...] = ()
+    # Pods whose allocations are known in full, so that GPU use outside them can be flagged.
+    authoritative: frozenset[PodKey] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """Everything granted to one container on one GPU."""
+
+    uuid: str
+    memory_bytes: int | None
+    core_ratio: float | None
+    resources: tuple[str, ...]
+
+
+SeriesKey = tuple[PodRef, int]
+"""(container, GPU index)."""
+
+
+def build_view(
+    pods: Mapping[str, PodMeta],
+    shared: Mapping[str, sharing.SharingResult],
+    pod_resources: PodResourcesView | None,
+    pod_resources_fresh: bool,
+) -> AttributionView:
+    """Combine the slow sources. Sharing annotations, where a pod has them, define its GPUs: the
+    sharing schemes' device plugins hand the kubelet virtual device IDs. A fresh pod-resources
+    view also says which pods the kubelet still runs; API pods missing from it hold nothing."""
+    by_cid: dict[str, PodRef] = {}
+    by_uid: dict[str, PodRef] = {}
+    grants: list[Grant] = []
+    authoritative: set[PodKey] = set()
+    running = pod_resources.keys() if pod_resources is not None and pod_resources_fresh else None
+    named: set[PodKey] = set()
+    for pod in pods.values():
+        key = (pod.namespace, pod.name)
+        named.add(key)
+        for cid, cname in pod.container_ids.items():
+            by_cid[cid] = PodRef(pod.namespace, pod.name, cname, pod.uid)
+        only = pod.containers[0].name if len(pod.containers) == 1 else ""
+        by_uid[pod.uid] = PodRef(pod.namespace, pod.name, only, pod.uid)
+        if pod.mirror_uid:
+            by_uid[pod.mirror_uid] = by_uid[pod.uid]
+        if running is not None and key not in running:
+            continue
+        result = shared.get(pod.uid)
+        if result is not None and result.allocations:
+            authoritative.add(key)
+            grants.extend(
+                Grant(
+                    PodRef(pod.namespace, pod.name, a.container, pod.uid),
+                    a.gpu_uuid if a.gpu_uuid is not None else str(a.gpu_index),
+                    memory_bytes=a.memory_bytes,
+                    core_ratio=a.core_ratio,
+                )
+                for a in result.allocations
+            )
+        elif pod_resources is not None and key in pod_resources:
+            grants.extend(_device_grants(key, pod.uid, pod_resources[key]))
+            if pod_resources_fresh:
+                authoritative.add(key)
+    # Pods the API has not told us about (API down or disabled, e.g. on Windows) still have
+    # names in pod-resources, though no UID.
+    for key, containers in (pod_resources or {}).items():
+        if key not in named:
+            grants.extend(_device_grants(key, "", containers))
+            if pod_resources_fresh:
+                authoritative.add(key)
+    return AttributionView(by_cid, by_uid, tuple(grants), frozenset(authoritative))
+
+
+def _device_grants(
+    key: PodKey, uid: str, containers: Mapping[str, tuple[DeviceAssignment, ...]]
+) -> Iterable[Grant]:
+    for cname, assignments in containers.items():
+        ref = PodRef(key[0], key[1], cname, uid)
+        for a in assignments:
+            for device in a.device_ids:
+                yield Grant(ref, device, a.resource)
+
+
+def device_table(gpus: Sequence[GpuSample]) -> dict[str, GpuIdentity]:
+    """Every name a device plugin may give a GPU: UUID, index, and its MIG instances' UUIDs."""
+    table: dict[str, GpuIdentity] = {}
+    for g in gpus:
+        table[g.identity.uuid] = g.identity
+        table[str(g.identity.index)] = g.identity
+        for mig in g.slow.mig_instances if g.slow is not None else ():
+            table[mig.uuid] = g.identity
+    return table
+
+
+def find_gpu(device: str, table: Mapping[str, GpuIdentity]) -> GpuIdentity | None:
+    # Time-slicing replicas are "<uuid>::<n>"; MIG devices of old drivers "MIG-GPU-<uuid>/<gi>/<ci>".
+    name = device.split("::", 1)[0]
+    if name.startswith("MIG-GPU-"):
+        name = name.removeprefix("MIG-").split("/", 1)[0]
+    return table.get(name)
+
+
+def resolve_grants(
+    grants: Iterable[Grant], gpus: Sequence[GpuSample]
+) -> tuple[dict[SeriesKey, Allocation], list[Grant]]:
+    """Grants per (container, GPU index), merged; and the grants naming no GPU of this node."""
+    table = device_table(gpus)
+    merged: dict[SeriesKey, Allocation] = {}
+    unknown = []
+    for g in grants:
+        gpu = find_gpu(g.device, table)
+        if gpu is None:
+            unknown.append(g)
+            continue
+        key = (g.ref, gpu.index)
+        prev = merged.get(key)
+        resources = (g.resource,) if g.resource else ()
+        if prev is None:
+            merged[key] = Allocation(gpu.uuid, g.memory_bytes, g.core_ratio, resources)
+        else:
+            merged[key] = Allocation(
+                gpu.uuid,
+                _add(prev.memory_bytes, g.memory_bytes),
+                _add(prev.core_ratio, g.core_ratio),
+                tuple(sorted(set(prev.resources) | set(resources))),
+            )
+    return merged, unknown
+
+
+_N = TypeVar("_N", int, float)
+
+
+def _add(a: _N | None, b: _N | None) -> _N | None:
+    return b if a is None else a if b is None else a + b
+
+
+Lookup = Callable[[int], ContainerKey | None]
+
+
+@dataclass(slots=True)
+class _Use:
+    memory_bytes: int | None = None
+    sm_ratio: float = 0.0
+
+
+def usages(
+    gpus: Sequence[GpuSample],
+    lookup: Lookup | None,
+    view: AttributionView,
+    allocations: Mapping[SeriesKey, Allocation],
+) -> list[PodGpuUsage]:
+    """One tick: every container's use of every GPU, with what it was allocated there.
+
+    Memory is the sum of the container's processes; SM utilization the sum of their samples,
+    capped at 1.0 (samples of concurrent processes cover overlapping windows and can add up to
+    more than the whole GPU). An allocated container without processes shows 0 when processes
+    are visible at all (``lookup`` given, GPU answered), nothing otherwise."""
+    used: dict[SeriesKey, _Use] = {}
+    measured: set[int] = set()
+    sampled: set[int] = set()
+    uuids = {g.identity.index: g.identity.uuid for g in gpus}
+    if lookup is not None:
+        for g in gpus:
+            if g.fast is None or g.lost:
+                continue
+            index = g.identity.index
+            measured.add(index)
+            for p in g.fast.processes:
+                if p.sm_utilization_ratio is not None:
+                    sampled.add(index)
+                container = lookup(p.pid)
+                if container is None:
+                    continue
+                ref = view.by_container_id.get(container.container_id) or view.by_pod_uid.get(
+                    container.pod_uid
+                )
+                if ref is None:
+                    continue
+                acc = used.setdefault((ref, index), _Use())
+                acc.memory_bytes = _add(acc.memory_bytes, p.used_memory_bytes)
+                acc.sm_ratio += p.sm_utilization_ratio or 0.0
+    out = []
+    for key in used.keys() | allocations.keys():
+        ref, index = key
+        if index not in uuids:
+            continue
+        alloc = allocations.get(key)
+        use = used.get(key)
+        memory: int | None
+        util: float | None
+        if use is not None:
+            memory, util = use.memory_bytes, (min(use.sm_ratio, 1.0) if index in sampled else None)
+        elif index in measured:
+            memory, util = 0, 0.0
+        else:
+            memory, util = None, None
+        out.append(
+            PodGpuUsage(
+                ref=ref,
+                gpu_index=index,
+                gpu_uuid=uuids[index],
+                used_memory_bytes=memory,
+                utilization_ratio=util,
+                allocated_memory_bytes=alloc.memory_bytes if alloc else None,
+                allocated_core_ratio=alloc.core_ratio if alloc else None,
+                allocated_resources=alloc.resources if alloc else (),
+                unallocated=use is not None
+                and alloc is None
+                and (ref.namespace, ref.pod) in view.authoritative,
+            )
+        )
+    return out
+
+
+def cap(series: list[PodGpuUsage], limit: int) -> tuple[list[PodGpuUsage], list[PodGpuUsage]]:
+    """At most ``limit`` series, those with processes first, in a stable order; and the rest."""
+    series.sort(
+        key=lambda u: (
+            not u.used_memory_bytes and not u.utilization_ratio,
+            u.ref.namespace,
+            u.ref.pod,
+            u.ref.container,
+            u.gpu_index,
+        )
+    )
+    return series[:limit], series[limit:]
+
+
+def _gpu_signature(gpus: Sequence[GpuSample]) -> tuple[object, ...]:
+    return tuple(
+        (g.identity.index, g.identity.uuid, tuple(m.uuid for m in g.slow.mig_instances) if g.slow else ())
+        for g in gpus
+    )
+
+
+class PodAttribution:
+    """The sampler's pod attributor. Sources that are None are disabled or unsupported; their
+    state in the metrics says which."""
+
+    def __init__(
+        self,
+        config: PodsConfig,
+        metrics: AttributionMetrics,
+        *,
+        pod_resources: PodResourcesClient | None,
+        pods: PodMetadataWatch | None,
+        processes: ProcessPods | None,
+        call_timeout_seconds: float,
+        initial_states: Mapping[str, SourceState],
+        list_pods: Lister | None = None,
+    ) -> None:
+        self._config = config
+        self.metrics = metrics
+        self._pod_resources = pod_resources
+        self._pods = pods
+        self._processes = processes
+        self._timeout = call_timeout_seconds
+        self._unit_bytes = sharing.MEMORY_UNITS[config.gpushare_memory_unit]
+        self._shared: dict[str, tuple[PodMeta, sharing.SharingResult]] = {}
+        self._view = AttributionView()
+        self._view_inputs: tuple[object, ...] = ()
+        self._resolved_for: tuple[AttributionView, tuple[object, ...]] | None = None
+        self._allocations: dict[SeriesKey, Allocation] = {}
+        self._dropped: set[SeriesKey] = set()
+        self._resolving: asyncio.Future[None] | None = None
+        self._list_pods = list_pods
+        metrics.states.update(initial_states)
+
+    async def lifespan(self, _app: object = None) -> AsyncIterator[None]:
+        """Runs the pod watch while the exporter runs, and closes every source after; an aiohttp
+        ``cleanup_ctx`` (put it before the sampler's, so that it stops after the sampler)."""
+        async with contextlib.AsyncExitStack() as stack:
+            if self._pod_resources is not None:
+                stack.push_async_callback(self._pod_resources.close)
+            if self._pods is not None:
+                lister = self._list_pods or await _api_lister(stack, self.metrics)
+                if lister is not None:
+                    task = asyncio.create_task(self._pods.run(lister), name="gpumon-pod-watch")
+                    stack.push_async_callback(_cancel, task)
+            yield
+
+    running = contextlib.asynccontextmanager(lifespan)
+
+    async def refresh(self) -> None:
+        try:
+            if self._pod_resources is not None:
+                await self._pod_resources.poll()
+            if self._processes is not None:
+                await self._resolve_processes(self._processes)
+            self._rebuild()
+        except Exception:  # the PodAttributor contract: never raise, keep the last view
+            log.exception("pod attribution refresh failed")
+            self.metrics.error("attribution", "internal")
+        self._update_states()
+
+    async def _resolve_processes(self, processes: ProcessPods) -> None:
+        if self._resolving is not None and not self._resolving.done():
+            self.metrics.error("proc", "busy")  # the previous pass is still stuck in /proc
+            return
+        self._resolving = asyncio.ensure_future(asyncio.to_thread(processes.resolve))
+        try:
+            await asyncio.wait_for(asyncio.shield(self._resolving), self._timeout)
+        except TimeoutError:
+            self.metrics.error("proc", "timeout")
+
+    def _rebuild(self) -> None:
+        pods = self._pods.pods if self._pods is not None else {}
+        pr = self._pod_resources
+        # The pod-resources view is compared by content: each poll builds a new one.
+        inputs = (
+            self._pods.generation if self._pods is not None else None,
+            pr.view if pr is not None else None,
+            pr.fresh if pr is not None else None,
+        )
+        if inputs == self._view_inputs:
+            return
+        self._view_inputs = inputs
+        shared: dict[str, tuple[PodMeta, sharing.SharingResult]] = {}
+        for uid, pod in pods.items():
+            cached = self._shared.get(uid)
+            if cached is not None and cached[0] == pod:
+                shared[uid] = cached
+                continue
+            result = sharing.shared_allocations(
+                pod.annotations, pod.init_containers, pod.containers, gpushare_unit_bytes=self._unit_bytes
+            )
+            for problem in result.problems:  # once per change of the pod, not per refresh
+                self.metrics.error("annotations", problem)
+            shared[uid] = (pod, result)
+        self._shared = shared
+        self._view = build_view(
+            pods,
+            {uid: r for uid, (_, r) in shared.items()},
+            pr.view if pr is not None else None,
+            pr.fresh if pr is not None else False,
+        )
+
+    def _update_states(self) -> None:
+        states = self.metrics.states
+        if self._pod_resources is not None:
+            states["pod_resources"] = SourceState.UP if self._pod_resources.fresh else SourceState.DOWN
+        if self._pods is not None:
+            states["api"] = SourceState.UP if self._pods.up else SourceState.DOWN
+
+    def attribute(self, gpus: Sequence[GpuSample]) -> tuple[PodGpuUsage, ...]:
+        view = self._view
+        signature = _gpu_signature(gpus)
+        last = self._resolved_for
+        if last is None or last[0] is not view or last[1] != signature:
+            self._allocations, unknown = resolve_grants(view.grants, gpus)
+            for g in unknown:
+                self.metrics.error("pod_resources" if g.resource else "annotations", "unknown_device")
+            self._resolved_for = (view, signature)
+        lookup = self._processes.lookup if self._processes is not None else None
+        series = usages(gpus, lookup, view, self._allocations)
+        kept, dropped = cap(series, self._config.max_series)
+        dropped_keys = {(u.ref, u.gpu_index) for u in dropped}
+        self.metrics.dropped_total += len(dropped_keys - self._dropped)
+        self._dropped = dropped_keys
+        self.metrics.series = len(kept)
+        return tuple(kept)
+
+
+def _process_source(
+    config: PodsConfig, metrics: AttributionMetrics
+) -> tuple[ProcessPods | None, SourceState]:
+    if sys.platform == "win32":
+        return None, SourceState.UNSUPPORTED
+    if not config.host_proc.is_dir():
+        log.warning("no proc filesystem at %s: per-process attribution is off", config.host_proc)
+        metrics.error("proc", "host_proc_missing")
+        return None, SourceState.DOWN
+    return ProcessPods(config.host_proc, metrics.error), SourceState.UP
+
+
+def watched_resource(config: PodsConfig) -> Callable[[str], bool]:
+    names = frozenset(config.resource_names)
+    prefixes = tuple(config.resource_prefixes)
+    return lambda resource: resource in names or resource.startswith(prefixes)
+
+
+def build_attribution(
+    config: PodsConfig,
+    node: str,
+    *,
+    call_timeout_seconds: float,
+    list_pods: Lister | None = None,
+) -> PodAttribution:
+    """The attributor and its sources, not started: run :meth:`PodAttribution.lifespan` (an
+    aiohttp ``cleanup_ctx``) around its use. Without ``list_pods``
+    (``CoreV1Api.list_pod_for_all_namespaces`` of a client the caller owns), the API client is
+    made from the in-cluster service account, else ``KUBECONFIG``."""
+    metrics = AttributionMetrics()
+    processes, proc_state = _process_source(config, metrics)
+    return PodAttribution(
+        config,
+        metrics,
+        pod_resources=PodResourcesClient(
+            config.pod_resources_socket,
+            metrics.error,
+            watched_resource(config),
+            timeout_seconds=call_timeout_seconds,
+        ),
+        pods=PodMetadataWatch(node, metrics.error) if config.api else None,
+        processes=processes,
+        call_timeout_seconds=call_timeout_seconds,
+        initial_states={
+            "proc": proc_state,
+            "pod_resources": SourceState.DOWN,
+            "api": SourceState.DOWN if config.api else SourceState.DISABLED,
+        },
+        list_pods=list_pods,
+    )
+
+
+async def _api_lister(stack: contextlib.AsyncExitStack, metrics: AttributionMetrics) -> Lister | None:
+    from kubernetes_asyncio import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        try:
+            await config.load_kube_config()
+        except (config.ConfigException, OSError) as e:
+            log.warning("no Kubernetes credentials; pod names come from pod-resources only: %s", e)
+            metrics.error("api", "no_credentials")
+            return None
+    api = await stack.enter_async_context(client.ApiClient())
+    lister: Lister = client.CoreV1Api(api).list_pod_for_all_namespaces
+    return lister
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -1,0 +1,208 @@
+"""``gpumon exporter``: flags onto :class:`~gpumon.config.ExporterConfig`, then serve until signalled."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpumon.config import DEFAULT_EXPORTER_PORT, ConfigError, ExporterConfig, load
+
+if TYPE_CHECKING:
+    import ssl
+
+    from aiohttp import web
+
+    from gpumon.devices.backend import DeviceBackend
+    from gpumon.exporter.sampler import SelfMetrics
+
+HELP = "run the per-node GPU exporter (NVML or simulated GPUs) and serve Prometheus metrics"
+
+# (flag, dotted config key, metavar, help). Flags are only the commonly used knobs; every knob is
+# settable in the YAML file and through GPUMON_... environment variables.
+_FLAGS: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "--node-name",
+        "node_name",
+        "NAME",
+        "node name in every series (default: $NODE_NAME, else the host name)",
+    ),
+    ("--listen-address", "listen_address", "ADDRESS", "address to bind (default: 0.0.0.0)"),
+    ("--port", "port", "PORT", f"port to serve on (default: {DEFAULT_EXPORTER_PORT}; 0 picks a free one)"),
+    ("--metrics-profile", "metrics_profile", "PROFILE", "native | dcgm | both (default: native)"),
+    ("--backend", "backend", "BACKEND", "nvml | simulated (default: nvml)"),
+    ("--nvml-library", "nvml_library", "PATH", "path of libnvidia-ml.so (default: the loader's search)"),
+    ("--simulate-gpus", "simulation.gpus", "N", "number of simulated GPUs (default: 8)"),
+    (
+        "--simulate-model",
+        "simulation.model",
+        "MODEL",
+        "simulated GPU model: A100-SXM4-80GB, H100-80GB-HBM3, T4, L40S",
+    ),
+    ("--simulate-seed", "simulation.seed", "SEED", "seed of the simulated load (default: 0)"),
+    ("--scenario", "simulation.scenario", "FILE", "YAML file of timed faults for the simulated GPUs"),
+    (
+        "--fast-interval",
+        "sampling.fast_interval_seconds",
+        "SECONDS",
+        "seconds between fast samples (default: 1)",
+    ),
+    (
+        "--slow-interval",
+        "sampling.slow_interval_seconds",
+        "SECONDS",
+        "seconds between slow samples (default: 10)",
+    ),
+    (
+        "--call-timeout",
+        "sampling.call_timeout_seconds",
+        "SECONDS",
+        "timeout of one device call, seconds (default: 2)",
+    ),
+    ("--tls-cert-file", "tls.cert_file", "FILE", "serve HTTPS with this certificate (with --tls-key-file)"),
+    ("--tls-key-file", "tls.key_file", "FILE", "private key of --tls-cert-file"),
+    (
+        "--bearer-token-file",
+        "auth.bearer_token_file",
+        "FILE",
+        "require this bearer token (re-read every 30 s)",
+    ),
+    ("--log-format", "log.format", "FORMAT", "text | json (default: text)"),
+    ("--log-level", "log.level", "LEVEL", "debug | info | warning | error (default: info)"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="YAML configuration file (flags > GPUMON_* environment > this file)",
+    )
+    for flag, key, metavar, help_text in _FLAGS:
+        # Values stay strings: the config model validates them and names the field when wrong.
+        parser.add_argument(
+            flag,
+            dest=key,
+            metavar=metavar,
+            default=argparse.SUPPRESS,
+            help=help_text,
+        )
+
+
+def load_config(args: argparse.Namespace) -> ExporterConfig:
+    """The configuration from the flags the user actually passed, the environment and the file."""
+    given = vars(args)
+    flags = {key: given[key] for _, key, _, _ in _FLAGS if key in given}
+    return load(ExporterConfig, flags=flags, config_file=given.get("config"))
+
+
+def build_backend(config: ExporterConfig, metrics: SelfMetrics) -> DeviceBackend:
+    if config.backend == "nvml":
+        # Imported here: nvidia-ml-py is only needed on GPU nodes.
+        from gpumon.devices.nvml import NvmlBackend
+
+        return NvmlBackend(config.nvml_library, errors=metrics.record_error)
+    from gpumon.devices.simulated import SimulatedBackend, SimulationError, load_scenario, model_spec
+
+    sim = config.simulation
+    try:
+        model_spec(sim.model)
+    except SimulationError as e:
+        raise ConfigError(f"invalid configuration:\n  simulation.model: {e}") from None
+    scenario = load_scenario(sim.scenario) if sim.scenario is not None else None
+    try:
+        return SimulatedBackend(sim.gpus, sim.model, seed=sim.seed, scenario=scenario)
+    except SimulationError as e:
+        raise ConfigError(f"invalid configuration:\n  simulation.scenario: {e}") from None
+
+
+def tls_context(config: ExporterConfig) -> ssl.SSLContext | None:
+    import ssl
+
+    tls = config.tls
+    if tls.cert_file is None or tls.key_file is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(tls.cert_file, tls.key_file)
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(
+            f"invalid configuration:\n  tls.cert_file: cannot load {tls.cert_file}: {e}"
+        ) from None
+    return context
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import os
+
+    from prometheus_client import CollectorRegistry
+
+    from gpumon import logs
+    from gpumon.exporter.sampler import SelfMetrics
+    from gpumon.exporter.server import STATE, make_app
+
+    config = load_config(args)
+    metrics = SelfMetrics(CollectorRegistry(auto_describe=True), backend=config.backend)
+    attributor = None
+    if config.pods.enabled:
+        from gpumon.exporter.attribution import build_attribution
+
+        timeout = config.sampling.call_timeout_seconds
+        attributor = build_attribution(config.pods, config.node_name, call_timeout_seconds=timeout)
+        metrics.registry.register(attributor.metrics)
+    app = make_app(config, build_backend(config, metrics), metrics=metrics, attributor=attributor)
+    if attributor is not None:
+        app.cleanup_ctx.insert(0, attributor.lifespan)  # stops after the sampler that calls it
+    ssl_context = tls_context(config)
+    # Only now: every configuration error above is reported before anything is logged.
+    logs.configure(config.log.format, config.log.level)
+    code = asyncio.run(_serve(app, config, ssl_context))
+    hung = app[STATE].sampler.hung_calls
+    if hung:
+        # A device call that never returns holds a thread the interpreter would wait for at exit.
+        logging.getLogger(__name__).warning("exiting with %d device call(s) still hung", hung)
+        logging.shutdown()
+        os._exit(0)
+    return code
+
+
+async def _serve(app: web.Application, config: ExporterConfig, ssl_context: ssl.SSLContext | None) -> int:
+    import asyncio
+    import logging
+    import signal
+
+    from aiohttp import web
+
+    log = logging.getLogger(__name__)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.listen_address, config.port, ssl_context=ssl_context)
+        try:
+            await site.start()
+        except OSError as e:
+            log.error("cannot listen on %s:%s: %s", config.listen_address, config.port, e.strerror or e)
+            return 1
+        log.info("serving metrics at %s", _metrics_url(runner.addresses, tls=ssl_context is not None))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("stopping")
+        return 0
+    finally:
+        await runner.cleanup()
+
+
+def _metrics_url(addresses: list[Any], *, tls: bool) -> str:
+    host, port = addresses[0][0], addresses[0][1]
+    # Bound to every interface: show the loopback address, which works from the node itself.
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{'https' if tls else 'http'}://{host}:{port}/metrics"

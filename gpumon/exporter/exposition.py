@@ -1,0 +1,451 @@
+"""Snapshot -> pre-rendered exposition bytes, once per sampling tick and never per scrape.
+
+Two profiles describe the same snapshot. ``native`` is DESIGN.md's metric contract (base units,
+``gpumon_`` names); ``dcgm`` uses dcgm-exporter's names, units and labels so dashboards and
+alerts written for it work unchanged; ``both`` emits the two side by side (their names never
+overlap). Every series, unit and deviation from dcgm-exporter is listed in docs/metrics.md.
+
+The snapshot becomes prometheus_client ``metrics_core`` families. Those are written by a small
+writer here rather than by the library's ``generate_latest``: the library re-validates and
+re-escapes every label name of every sample, which made a tick of 8 GPUs x 64 pods cost 12-16 ms
+instead of 3-5 ms, and the writer renders each sample line once for both formats. Its output is
+byte-for-byte the library's, which the unit tests check on every profile with hostile label
+values. ``extra`` collectors (self-metrics, histograms, ``_created`` samples) go through the
+library itself on a throwaway registry.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as _OPENMETRICS
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
+
+from gpumon.devices.model import (
+    CLOCK_EVENT_REASONS,
+    FastFields,
+    GpuSample,
+    HealthState,
+    MemoryInfo,
+    MigInstance,
+    SlowFields,
+    Snapshot,
+)
+
+CONTENT_TYPE_TEXT = CONTENT_TYPE_PLAIN_0_0_4
+CONTENT_TYPE_OPENMETRICS = _OPENMETRICS
+
+Profile = Literal["native", "dcgm", "both"]
+
+_MIB = 1024 * 1024
+# Level 5 costs about half of level 6 on exposition text for nearly the same size.
+_GZIP_LEVEL = 5
+# The 0.0.4 text format has no "unknown" type; the library writes it as "untyped".
+_TEXT_TYPE = {"unknown": "untyped"}
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedMetrics:
+    text: bytes
+    openmetrics: bytes
+    text_gzip: bytes
+    openmetrics_gzip: bytes
+    rendered_at: float
+
+
+def render(
+    snapshot: Snapshot, *, profile: Profile, extra: Sequence[Collector] = ()
+) -> RenderedMetrics:
+    """Render ``snapshot`` (plus ``extra`` collectors, e.g. self-metrics) in both formats."""
+    families = list(snapshot_families(snapshot, profile))
+    registry = CollectorRegistry(auto_describe=False)
+    for collector in extra:
+        registry.register(collector)
+    lines = [_sample_lines(f) for f in families]
+    text = _text(families, lines) + generate_latest(registry)
+    # The library's part ends the OpenMetrics document with its "# EOF" line.
+    openmetrics = _openmetrics(families, lines) + generate_openmetrics(registry)  # type: ignore[no-untyped-call]
+    return RenderedMetrics(
+        text=text,
+        openmetrics=openmetrics,
+        text_gzip=gzip.compress(text, compresslevel=_GZIP_LEVEL, mtime=0),
+        openmetrics_gzip=gzip.compress(openmetrics, compresslevel=_GZIP_LEVEL, mtime=0),
+        rendered_at=snapshot.taken_at,
+    )
+
+
+def snapshot_families(snapshot: Snapshot, profile: Profile) -> Iterator[Metric]:
+    """The non-empty metric families of ``snapshot`` in ``profile``."""
+    if profile in ("native", "both"):
+        yield from _non_empty(_native(snapshot))
+    if profile in ("dcgm", "both"):
+        yield from _non_empty(_dcgm(snapshot))
+
+
+# Sample lines are identical in both formats for these families: legacy-charset names, no
+# timestamps, exemplars or OpenMetrics-only samples, label values escaped the same way.
+
+
+def _sample_lines(family: Metric) -> str:
+    out = []
+    for s in family.samples:
+        value = _go_float(s.value)
+        if s.labels:
+            labels = ",".join([f'{k}="{_escape_value(v)}"' for k, v in sorted(s.labels.items())])
+            out.append(f"{s.name}{{{labels}}} {value}\n")
+        else:
+            out.append(f"{s.name} {value}\n")
+    return "".join(out)
+
+
+def _go_float(v: float) -> str:
+    return floatToGoString(v)  # type: ignore[no-untyped-call,no-any-return]
+
+
+def _escape_value(v: str) -> str:
+    return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+def _text(families: list[Metric], lines: list[str]) -> bytes:
+    out = []
+    for f, samples in zip(families, lines, strict=True):
+        name = f.name + "_total" if f.type == "counter" else f.name
+        doc = f.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        out.append(f"# HELP {name} {doc}\n# TYPE {name} {_TEXT_TYPE.get(f.type, f.type)}\n{samples}")
+    return "".join(out).encode()
+
+
+def _openmetrics(families: list[Metric], lines: list[str]) -> bytes:
+    out = []
+    for f, samples in zip(families, lines, strict=True):
+        doc = _escape_value(f.documentation)
+        unit = f"# UNIT {f.name} {f.unit}\n" if f.unit else ""
+        out.append(f"# HELP {f.name} {doc}\n# TYPE {f.name} {f.type}\n{unit}{samples}")
+    return "".join(out).encode()
+
+
+def _non_empty(families: Iterable[Metric]) -> Iterator[Metric]:
+    return (f for f in families if f.samples)
+
+
+# ---------------------------------------------------------------------------------------------
+# Field tables shared by both profiles: one family, its series as (extra labels, value getter).
+
+Labels = dict[str, str]
+Getter = Callable[[GpuSample], float | None]
+MemoryGetter = Callable[[MemoryInfo], float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    name: str  # exactly as exposed; a counter's name ends in _total
+    kind: Literal["gauge", "counter", "unknown"]
+    doc: str
+    series: tuple[tuple[Labels, Getter], ...]
+    unit: str = ""
+
+
+def _family(name: str, kind: str, doc: str, unit: str = "") -> Metric:
+    return Metric(name.removesuffix("_total") if kind == "counter" else name, doc, kind, unit)
+
+
+def _add(family: Metric, labels: Labels, value: float) -> None:
+    name = family.name + "_total" if family.type == "counter" else family.name
+    family.samples.append(Sample(name, labels, float(value)))
+
+
+def _emit(fields: Sequence[_Field], rows: Iterable[tuple[GpuSample, Labels]]) -> list[Metric]:
+    families = [_family(f.name, f.kind, f.doc, f.unit) for f in fields]
+    for gpu, base in rows:
+        for field, family in zip(fields, families, strict=True):
+            for extra, get in field.series:
+                value = get(gpu)
+                if value is not None:
+                    _add(family, {**base, **extra} if extra else base, value)
+    return families
+
+
+def _emit_mig_memory(
+    table: Sequence[tuple[str, str, MemoryGetter]],
+    families: list[Metric],
+    rows: Iterable[tuple[MigInstance, Labels]],
+) -> None:
+    """MIG instances' memory joins the GPU memory families, told apart by the instance labels."""
+    by_name = {f.name: f for f in families}
+    for mig, labels in rows:
+        if mig.memory is None:
+            continue
+        for name, _doc, get in table:
+            value = get(mig.memory)
+            if value is not None:
+                _add(by_name[name], labels, value)
+
+
+def _memory_fields(table: Sequence[tuple[str, str, MemoryGetter]], unit: str = "") -> tuple[_Field, ...]:
+    return tuple(_Field(name, "gauge", doc, _one(_memory(get)), unit) for name, doc, get in table)
+
+
+def _fast(get: Callable[[FastFields], float | None]) -> Getter:
+    return lambda g: None if g.fast is None else get(g.fast)
+
+
+def _slow(get: Callable[[SlowFields], float | bool | None]) -> Getter:
+    return lambda g: None if g.slow is None else _number(get(g.slow))
+
+
+def _memory(get: MemoryGetter) -> Getter:
+    return _fast(lambda f: None if f.memory is None else get(f.memory))
+
+
+def _number(v: float | bool | None) -> float | None:
+    return None if v is None else float(v)
+
+
+def _scaled(v: float | None, factor: float) -> float | None:
+    # Rounded so that 0.29 becomes 29 %, not 28.999999999999996.
+    return None if v is None else round(v * factor, 9)
+
+
+def _mib(v: int | None) -> float | None:
+    # dcgm reports whole MiB.
+    return None if v is None else float(v // _MIB)
+
+
+def _one(get: Getter) -> tuple[tuple[Labels, Getter], ...]:
+    return (({}, get),)
+
+
+def _migs(g: GpuSample) -> tuple[MigInstance, ...]:
+    return g.slow.mig_instances if g.slow is not None else ()
+
+
+# ---------------------------------------------------------------------------------------------
+# Native profile (DESIGN.md "Metric contract").
+
+_NATIVE_MEMORY: tuple[tuple[str, str, MemoryGetter], ...] = (
+    ("gpumon_gpu_memory_total_bytes", "Framebuffer memory in total.", lambda m: m.total_bytes),
+    ("gpumon_gpu_memory_used_bytes", "Framebuffer memory in use.", lambda m: m.used_bytes),
+    ("gpumon_gpu_memory_free_bytes", "Framebuffer memory free.", lambda m: m.free_bytes),
+    ("gpumon_gpu_memory_reserved_bytes", "Framebuffer memory reserved by the driver.",
+     lambda m: m.reserved_bytes),
+)
+
+_NATIVE_FIELDS: tuple[_Field, ...] = (
+    *_memory_fields(_NATIVE_MEMORY, "bytes"),
+    _Field("gpumon_gpu_utilization_ratio", "gauge", "Fraction of the sample period the SMs were busy.",
+           _one(_fast(lambda f: f.utilization_ratio)), "ratio"),
+    _Field("gpumon_gpu_memory_utilization_ratio", "gauge",
+           "Fraction of the sample period the memory controller was busy.",
+           _one(_fast(lambda f: f.memory_utilization_ratio)), "ratio"),
+    _Field("gpumon_gpu_temperature_celsius", "gauge", "Temperature by sensor.",
+           (({"sensor": "gpu"}, _fast(lambda f: f.temperature_gpu_celsius)),
+            ({"sensor": "memory"}, _fast(lambda f: f.temperature_memory_celsius))), "celsius"),
+    _Field("gpumon_gpu_power_watts", "gauge", "Power draw.",
+           _one(_fast(lambda f: f.power_watts)), "watts"),
+    _Field("gpumon_gpu_power_limit_watts", "gauge", "Power management limit.",
+           _one(_fast(lambda f: f.power_limit_watts)), "watts"),
+    _Field("gpumon_gpu_energy_joules_total", "counter", "Energy consumed since the driver was loaded.",
+           _one(_fast(lambda f: f.energy_joules)), "joules"),
+    _Field("gpumon_gpu_clock_hertz", "gauge", "Current clock frequency by clock domain.",
+           (({"clock": "sm"}, _fast(lambda f: f.sm_clock_hertz)),
+            ({"clock": "memory"}, _fast(lambda f: f.memory_clock_hertz))), "hertz"),
+    _Field("gpumon_gpu_pcie_replays_total", "counter", "PCIe replays (retries).",
+           _one(_slow(lambda s: s.pcie_replays))),
+    _Field("gpumon_gpu_ecc_errors_total", "counter", "ECC errors since the last driver load (volatile).",
+           (({"type": "corrected"}, _slow(lambda s: s.ecc_corrected)),
+            ({"type": "uncorrected"}, _slow(lambda s: s.ecc_uncorrected)))),
+    _Field("gpumon_gpu_remapped_rows", "gauge", "Memory rows remapped, by the error that caused it.",
+           (({"type": "correctable"}, _slow(lambda s: s.remapped_rows_correctable)),
+            ({"type": "uncorrectable"}, _slow(lambda s: s.remapped_rows_uncorrectable)))),
+    _Field("gpumon_gpu_row_remap_pending", "gauge", "1 when a row remap waits for a GPU reset.",
+           _one(_slow(lambda s: s.row_remap_pending))),
+    _Field("gpumon_gpu_row_remap_failure", "gauge", "1 when a row remap has failed.",
+           _one(_slow(lambda s: s.row_remap_failure))),
+)
+
+_POD_LABELS = ("node", "namespace", "pod", "container", "gpu", "uuid")
+
+
+def _native(snap: Snapshot) -> list[Metric]:
+    info = _family("gpumon_gpu_info", "gauge", "GPU identity and driver versions (always 1).")
+    health = _family("gpumon_gpu_health", "gauge",
+                     "The exporter's health judgement, one-hot over healthy/degraded/unhealthy/lost.")
+    health_info = _family("gpumon_gpu_health_info", "gauge",
+                          "Why a GPU is not healthy, one series per reason (always 1).")
+    throttled = _family("gpumon_gpu_throttled", "gauge", "1 while a clock event (throttle) reason is active.")
+    xids = _family("gpumon_gpu_xid_errors_total", "counter", "Xid errors seen since the exporter started.")
+    driver = snap.driver.driver_version if snap.driver else ""
+    cuda = snap.driver.cuda_version if snap.driver else ""
+
+    present: list[tuple[GpuSample, Labels]] = []
+    for g in snap.gpus:
+        ident = g.identity
+        base = {"node": snap.node, "gpu": str(ident.index), "uuid": ident.uuid}
+        _add(info, {**base, "model": ident.model, "pci_bus_id": ident.pci_bus_id,
+                    "driver_version": driver, "cuda_version": cuda}, 1)
+        for state in HealthState:
+            _add(health, {**base, "state": state.value}, 1 if g.health.state is state else 0)
+        for reason, detail in dict.fromkeys((r.code, r.detail) for r in g.health.reasons) or [("", "")]:
+            _add(health_info, {**base, "reason": reason, "detail": detail}, 1)
+        if g.lost:
+            continue  # nothing else a lost GPU reports can be trusted
+        present.append((g, base))
+        if g.fast is not None and g.fast.throttle_reasons is not None:
+            active = g.fast.throttle_reasons
+            for reason in (*CLOCK_EVENT_REASONS, *sorted(active - CLOCK_EVENT_REASONS.keys())):
+                _add(throttled, {**base, "reason": reason}, 1 if reason in active else 0)
+        for code, count in sorted(g.xid_counts.items()):
+            _add(xids, {**base, "xid": str(code)}, count)
+
+    per_gpu = _emit(_NATIVE_FIELDS, present)
+    _emit_mig_memory(_NATIVE_MEMORY, per_gpu, (
+        (mig, {**base, "gpu_instance": str(mig.gpu_instance),
+               "compute_instance": str(mig.compute_instance), "mig_profile": mig.profile})
+        for g, base in present for mig in _migs(g)
+    ))
+    return [info, *per_gpu, throttled, xids, health, health_info, *_native_pods(snap)]
+
+
+def _native_pods(snap: Snapshot) -> list[Metric]:
+    used = _family("gpumon_pod_gpu_memory_used_bytes", "gauge",
+                   "GPU memory used by the container's processes.", "bytes")
+    util = _family("gpumon_pod_gpu_utilization_ratio", "gauge",
+                   "SM busy fraction of the container's processes, summed.", "ratio")
+    alloc_mem = _family("gpumon_pod_gpu_memory_allocated_bytes", "gauge",
+                        "GPU memory allocated to the container on a shared GPU.", "bytes")
+    alloc_core = _family("gpumon_pod_gpu_core_allocated_ratio", "gauge",
+                         "Share of GPU cores allocated to the container on a shared GPU.", "ratio")
+    allocated = _family("gpumon_pod_gpu_allocated", "gauge",
+                        "1 when the device is assigned whole to the container (kubelet pod-resources).")
+    for p in snap.pods:
+        labels = dict(zip(_POD_LABELS, (snap.node, p.ref.namespace, p.ref.pod, p.ref.container,
+                                        str(p.gpu_index), p.gpu_uuid), strict=True))
+        for family, value in ((used, p.used_memory_bytes), (util, p.utilization_ratio),
+                              (alloc_mem, p.allocated_memory_bytes), (alloc_core, p.allocated_core_ratio)):
+            if value is not None:
+                _add(family, labels, value)
+        for resource in p.allocated_resources:
+            _add(allocated, {**labels, "resource": resource}, 1)
+    return [used, util, alloc_mem, alloc_core, allocated]
+
+
+# ---------------------------------------------------------------------------------------------
+# dcgm profile: dcgm-exporter's field names, units and help texts (etc/default-counters.csv).
+# prometheus_client's text renderer always names a counter family "<name>_total" and OpenMetrics
+# requires counter samples to end in "_total"; dcgm's counter fields do not, so they are typed
+# "unknown" (untyped in text) to keep dcgm's exact sample names, which is what queries use.
+
+
+def _throttle_mask(f: FastFields) -> float | None:
+    if f.throttle_reasons is None:
+        return None
+    return float(sum(CLOCK_EVENT_REASONS.get(r, 0) for r in f.throttle_reasons))
+
+
+_DCGM_MEMORY: tuple[tuple[str, str, MemoryGetter], ...] = (
+    ("DCGM_FI_DEV_FB_TOTAL", "Framebuffer memory total (in MiB).", lambda m: _mib(m.total_bytes)),
+    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", lambda m: _mib(m.free_bytes)),
+    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda m: _mib(m.used_bytes)),
+    ("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).", lambda m: _mib(m.reserved_bytes)),
+)
+
+_DCGM_XID = _Field("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.",
+                   _one(lambda g: float(g.last_xid or 0)))
+
+_DCGM_FIELDS: tuple[_Field, ...] = (
+    _Field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).",
+           _one(_fast(lambda f: _scaled(f.sm_clock_hertz, 1e-6)))),
+    _Field("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).",
+           _one(_fast(lambda f: _scaled(f.memory_clock_hertz, 1e-6)))),
+    _Field("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).",
+           _one(_fast(lambda f: f.temperature_memory_celsius))),
+    _Field("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).",
+           _one(_fast(lambda f: f.temperature_gpu_celsius))),
+    _Field("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).",
+           _one(_fast(lambda f: f.power_watts))),
+    _Field("DCGM_FI_DEV_POWER_MGMT_LIMIT", "gauge", "Power management limit (in W).",
+           _one(_fast(lambda f: f.power_limit_watts))),
+    _Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "unknown",
+           "Total energy consumption since boot (in mJ).",
+           _one(_fast(lambda f: _scaled(f.energy_joules, 1e3)))),
+    _Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "unknown", "Total number of PCIe retries.",
+           _one(_slow(lambda s: s.pcie_replays))),
+    _Field("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).",
+           _one(_fast(lambda f: _scaled(f.utilization_ratio, 100.0)))),
+    _Field("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).",
+           _one(_fast(lambda f: _scaled(f.memory_utilization_ratio, 100.0)))),
+    _Field("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge",
+           "Current clock event reasons (bitmask of nvmlClocksEventReason*).",
+           _one(_fast(_throttle_mask))),
+    *_memory_fields(_DCGM_MEMORY),
+    _Field("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "unknown", "Total number of single-bit volatile ECC errors.",
+           _one(_slow(lambda s: s.ecc_corrected))),
+    _Field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "unknown", "Total number of double-bit volatile ECC errors.",
+           _one(_slow(lambda s: s.ecc_uncorrected))),
+    _Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "unknown",
+           "Number of remapped rows for uncorrectable errors",
+           _one(_slow(lambda s: s.remapped_rows_uncorrectable))),
+    _Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "unknown",
+           "Number of remapped rows for correctable errors",
+           _one(_slow(lambda s: s.remapped_rows_correctable))),
+    _Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
+           _one(_slow(lambda s: s.row_remap_failure))),
+    _Field("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "Whether remapping of rows is pending",
+           _one(_slow(lambda s: s.row_remap_pending))),
+    _DCGM_XID,
+)
+
+
+def _dcgm(snap: Snapshot) -> list[Metric]:
+    holders = _sole_holders(snap)
+    host = {"Hostname": snap.node}
+    if snap.driver is not None:
+        host["DCGM_FI_DRIVER_VERSION"] = snap.driver.driver_version
+    present: list[tuple[GpuSample, Labels]] = []
+    lost: list[tuple[GpuSample, Labels]] = []
+    mig_rows: list[tuple[MigInstance, Labels]] = []
+    for g in snap.gpus:
+        ident = g.identity
+        device = {"gpu": str(ident.index), "UUID": ident.uuid, "pci_bus_id": ident.pci_bus_id,
+                  "device": f"nvidia{ident.index}", "modelName": ident.model}
+        row = (g, {**device, **host, **holders.get(ident.uuid, {})})
+        if not g.lost:
+            present.append(row)
+            mig_rows.extend(
+                (mig, {**device, "GPU_I_PROFILE": mig.profile, "GPU_I_ID": str(mig.gpu_instance),
+                       **host, **holders.get(mig.uuid, {})})
+                for mig in _migs(g)
+            )
+        elif g.last_xid is not None:
+            # dcgm has no health family: the last Xid (79, fallen off the bus, typically) is what
+            # dcgm users alert on, and it is event data, still true of a lost GPU.
+            lost.append(row)
+    families = _emit(_DCGM_FIELDS, present)
+    _emit_mig_memory(_DCGM_MEMORY, families, mig_rows)
+    families[_DCGM_FIELDS.index(_DCGM_XID)].samples.extend(_emit((_DCGM_XID,), lost)[0].samples)
+    return families
+
+
+def _sole_holders(snap: Snapshot) -> dict[str, Labels]:
+    """pod/namespace/container labels for each device (GPU or MIG uuid) one container uses.
+
+    dcgm-exporter puts the pod assigned a device on every series of that device. A device several
+    containers share keeps no pod labels, so sums over devices stay right; per-container shares are
+    in the native profile's gpumon_pod_* families."""
+    users: dict[str, set[tuple[str, str, str]]] = {}
+    for p in snap.pods:
+        users.setdefault(p.gpu_uuid, set()).add((p.ref.pod, p.ref.namespace, p.ref.container))
+    return {
+        uuid: {"pod": pod, "namespace": ns, "container": container}
+        for uuid, refs in users.items()
+        if len(refs) == 1
+        for pod, ns, container in refs
+    }

@@ -1,0 +1,253 @@
+"""This node's pods, kept current by one list+watch (``fieldSelector=spec.nodeName=<node>``).
+
+Only a slim projection of each pod is kept (:class:`PodMeta`): what attribution needs to name a
+container and read its shared-GPU allocation. Objects are read as raw JSON, never deserialised
+into the client's model classes, which would cost far more than the watch itself.
+
+The watch resumes from the last resourceVersion it saw (bookmarks included) and relists when
+the server answers 410 Gone. Failures (API unreachable, RBAC refusal, malformed objects) are
+counted through the error sink and retried with capped exponential backoff; the last good view
+stays in place meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from gpumon.devices.backend import ErrorSink
+from gpumon.exporter import sharing
+
+log = logging.getLogger(__name__)
+
+SOURCE = "api"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerMeta:
+    name: str
+    # The shared-GPU resources (sharing.RESOURCES) from limits, else requests, as quantities.
+    limits: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class PodMeta:
+    uid: str
+    namespace: str
+    name: str
+    init_containers: tuple[ContainerMeta, ...]
+    containers: tuple[ContainerMeta, ...]
+    # Runtime container ID (bare, without "containerd://") -> container name, for every
+    # container, init and ephemeral container that has started.
+    container_ids: Mapping[str, str]
+    # Only the annotations sharing.py reads.
+    annotations: Mapping[str, str]
+    # A static pod runs under the UID of its manifest hash, which its API mirror carries in
+    # this annotation while having a UID of its own.
+    mirror_uid: str = ""
+
+
+def project_pod(obj: Mapping[str, Any]) -> PodMeta | None:
+    """The slim view of a raw Pod object, or None for a pod that holds no GPU any more
+    (terminal phase). Raises KeyError/TypeError/AttributeError on an object of the wrong shape."""
+    meta = obj["metadata"]
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    if status.get("phase") in _TERMINAL_PHASES:
+        return None
+    annotations = meta.get("annotations") or {}
+    ids: dict[str, str] = {}
+    for key in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
+        for cs in status.get(key) or ():
+            _, sep, bare = (cs.get("containerID") or "").partition("://")
+            if sep and bare:
+                ids[bare] = cs["name"]
+    return PodMeta(
+        uid=meta["uid"],
+        namespace=meta["namespace"],
+        name=meta["name"],
+        init_containers=tuple(_container(c) for c in spec.get("initContainers") or ()),
+        containers=tuple(_container(c) for c in spec.get("containers") or ()),
+        container_ids=ids,
+        annotations={k: str(v) for k, v in annotations.items() if k in sharing.ANNOTATIONS},
+        mirror_uid=str(annotations.get(MIRROR_ANNOTATION, "")),
+    )
+
+
+def _container(c: Mapping[str, Any]) -> ContainerMeta:
+    resources = c.get("resources") or {}
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+    picked = {
+        r: str(limits.get(r, requests.get(r))) for r in sharing.RESOURCES if r in limits or r in requests
+    }
+    return ContainerMeta(name=c["name"], limits=picked)
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion is gone (410): relist."""
+
+
+class ApiStatusError(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"API server answered HTTP {status}")
+        self.status = status
+
+
+def error_kind(exc: BaseException) -> str:
+    """A short error-metric kind for a failed list or watch."""
+    if isinstance(exc, ApiStatusError):
+        return {401: "unauthorized", 403: "forbidden", 404: "not_found"}.get(exc.status, f"http_{exc.status}")
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return "unreachable"
+    if isinstance(exc, ValueError | KeyError | TypeError | AttributeError):
+        return "malformed_response"
+    return "error"
+
+
+Lister = Callable[..., Awaitable[Any]]
+"""``CoreV1Api.list_pod_for_all_namespaces``: called with ``_preload_content=False`` it returns
+the raw aiohttp response."""
+
+
+class PodMetadataWatch:
+    """The pods of one node by UID; ``generation`` moves whenever the view changes."""
+
+    def __init__(
+        self,
+        node: str,
+        errors: ErrorSink,
+        *,
+        watch_timeout_seconds: int = 300,
+        request_timeout_seconds: float = 30.0,
+        max_backoff_seconds: float = 30.0,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._selector = f"spec.nodeName={node}"
+        self._errors = errors
+        self._watch_timeout = watch_timeout_seconds
+        self._request_timeout = request_timeout_seconds
+        self._max_backoff = max_backoff_seconds
+        self._sleep = sleep
+        self.pods: dict[str, PodMeta] = {}
+        self.generation = 0
+        self.up = False
+        self.synced = False
+
+    async def run(self, list_pods: Lister) -> None:
+        """List, then watch from the list's resourceVersion, forever."""
+        backoff = 1.0
+        while True:
+            try:
+                version = await self._list(list_pods)
+                backoff = 1.0
+                while True:
+                    version = await self._watch(list_pods, version)
+            except _Expired:
+                self._errors(SOURCE, "expired")
+            except Exception as e:
+                kind = error_kind(e)
+                self.up = False
+                self._errors(SOURCE, kind)
+                log.warning("pod watch failed; retrying", extra={"kind": kind, "error": str(e)[:200]})
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+
+    async def _list(self, list_pods: Lister) -> str:
+        resp = await list_pods(
+            field_selector=self._selector, _preload_content=False, _request_timeout=self._request_timeout
+        )
+        async with resp:
+            _check(resp)
+            body = await resp.json(content_type=None)
+        pods: dict[str, PodMeta] = {}
+        for obj in body.get("items") or ():
+            pod = self._project(obj)
+            if pod is not None:
+                pods[pod.uid] = pod
+        if pods != self.pods:
+            self.pods = pods
+            self.generation += 1
+        self.up = self.synced = True
+        return str(body["metadata"]["resourceVersion"])
+
+    async def _watch(self, list_pods: Lister, version: str) -> str:
+        resp = await list_pods(
+            field_selector=self._selector,
+            watch=True,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self._watch_timeout,
+            _preload_content=False,
+            _request_timeout=aiohttp.ClientTimeout(
+                sock_connect=self._request_timeout, sock_read=self._watch_timeout + 30
+            ),
+        )
+        async with resp:
+            if resp.status == 410:
+                raise _Expired
+            _check(resp)
+            self.up = True
+            async for line in _lines(resp.content):
+                version = self._apply(json.loads(line)) or version
+        return version
+
+    def _apply(self, event: Mapping[str, Any]) -> str | None:
+        """Apply one watch event; returns the resourceVersion it carries."""
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise _Expired
+            raise ApiStatusError(int(obj.get("code") or 0))
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if kind in ("ADDED", "MODIFIED"):
+            pod = self._project(obj)
+            uid = obj["metadata"]["uid"]
+            if pod is None:
+                self._remove(uid)
+            elif self.pods.get(uid) != pod:
+                self.pods[uid] = pod
+                self.generation += 1
+        elif kind == "DELETED":
+            self._remove(obj["metadata"]["uid"])
+        return str(version) if version else None
+
+    def _project(self, obj: Mapping[str, Any]) -> PodMeta | None:
+        try:
+            return project_pod(obj)
+        except (KeyError, TypeError, AttributeError):
+            self._errors(SOURCE, "malformed_object")
+            return None
+
+    def _remove(self, uid: str) -> None:
+        if self.pods.pop(uid, None) is not None:
+            self.generation += 1
+
+
+def _check(resp: aiohttp.ClientResponse) -> None:
+    if not 200 <= resp.status < 300:
+        raise ApiStatusError(resp.status)
+
+
+async def _lines(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """Newline-delimited JSON of any line length (``readline`` caps lines at 128 KiB)."""
+    pending = b""
+    async for chunk in stream.iter_any():
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for line in complete:
+            if line.strip():
+                yield line
+    if pending.strip():
+        yield pending

@@ -1,0 +1,442 @@
+"""The exporter's HTTP face (aiohttp): cached bytes out, never a device call on a request.
+
+Routes: ``/metrics`` (pre-rendered Prometheus text or OpenMetrics, pre-gzipped), ``/healthz``,
+``/readyz``, ``/api/v1/snapshot`` (JSON), ``/api/v1/watch`` (health transitions as
+newline-delimited JSON) and, on simulated GPUs only, ``/api/v1/faults``. Authentication, when
+configured, guards everything but the two probes, which the kubelet calls without credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import dataclasses
+import enum
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from prometheus_client import CollectorRegistry
+
+from gpumon.config import AuthConfig, ConfigError, ExporterConfig
+from gpumon.devices.backend import DeviceBackend
+from gpumon.devices.model import Snapshot
+from gpumon.devices.simulated import FAULT_KINDS, SimulatedBackend, SimulationError, parse_fault
+from gpumon.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
+from gpumon.exporter.sampler import (
+    BackendChange,
+    HealthChange,
+    Sampler,
+    SelfMetrics,
+    WatchEvent,
+    health_policy,
+)
+from gpumon.exporter.sources import PodAttributor
+
+log = logging.getLogger(__name__)
+
+WATCH_HEARTBEAT_SECONDS = 10.0
+TOKEN_RELOAD_SECONDS = 30.0
+# Exact paths served without authentication (probes).
+_OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+# ---------------------------------------------------------------------------------------------
+# Content negotiation (pure)
+
+
+def _media_ranges(header: str) -> list[tuple[str, float]]:
+    out = []
+    for part in header.split(","):
+        fields = [f.strip() for f in part.split(";")]
+        if not fields[0]:
+            continue
+        q = 1.0
+        for f in fields[1:]:
+            if f.startswith("q="):
+                try:
+                    q = float(f[2:])
+                except ValueError:
+                    q = 0.0
+        out.append((fields[0].lower(), q))
+    return out
+
+
+def choose_format(accept: str) -> Literal["text", "openmetrics"]:
+    """OpenMetrics when the client ranks it at least as high as plain text, as Prometheus does."""
+    om = text = 0.0
+    for media, q in _media_ranges(accept):
+        if media == "application/openmetrics-text":
+            om = max(om, q)
+        elif media in ("text/plain", "text/*", "*/*"):
+            text = max(text, q)
+    return "openmetrics" if om > 0 and om >= text else "text"
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    return any(media in ("gzip", "*") and q > 0 for media, q in _media_ranges(accept_encoding))
+
+
+# ---------------------------------------------------------------------------------------------
+# Authentication
+
+
+@dataclass(slots=True)
+class Authenticator:
+    """Basic credentials and/or a bearer token read from a file (re-read so rotation works)."""
+
+    basic: tuple[bytes, bytes] | None = None
+    token_file: Path | None = None
+    token: bytes | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.basic is not None or self.token_file is not None
+
+    def reload_token(self) -> None:
+        if self.token_file is None:
+            return
+        try:
+            token = self.token_file.read_bytes().strip()
+        except OSError as e:
+            raise ConfigError(
+                f"auth.bearer_token_file: cannot read {self.token_file}: {e.strerror or e}"
+            ) from None
+        if not token:
+            raise ConfigError(f"auth.bearer_token_file: {self.token_file} is empty")
+        self.token = token
+
+    def allows(self, authorization: str) -> bool:
+        scheme, _, value = authorization.partition(" ")
+        scheme, value = scheme.lower(), value.strip()
+        if scheme == "bearer" and self.token is not None:
+            return hmac.compare_digest(value.encode(), self.token)
+        if scheme == "basic" and self.basic is not None:
+            try:
+                user, _, password = base64.b64decode(value, validate=True).partition(b":")
+            except (binascii.Error, ValueError):
+                return False
+            # Both comparisons always run, so timing does not tell which part was wrong.
+            ok_user = hmac.compare_digest(user, self.basic[0])
+            ok_password = hmac.compare_digest(password, self.basic[1])
+            return ok_user & ok_password
+        return False
+
+    def challenge(self) -> str:
+        return 'Basic realm="gpumon"' if self.basic is not None else 'Bearer realm="gpumon"'
+
+
+def authenticator(cfg: AuthConfig) -> Authenticator:
+    """Build from config, reading the token file now: a bad file is a configuration error."""
+    basic = None
+    if cfg.basic_username is not None and cfg.basic_password is not None:
+        basic = (cfg.basic_username.encode(), cfg.basic_password.get_secret_value().encode())
+    auth = Authenticator(basic=basic, token_file=cfg.bearer_token_file)
+    auth.reload_token()
+    return auth
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON (pure)
+
+
+def to_jsonable(value: Any) -> Any:
+    """Frozen dataclasses, enums, mappings and sets as plain JSON values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, frozenset | set):
+        return sorted(to_jsonable(v) for v in value)
+    if isinstance(value, tuple | list):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _verdict(v: Any) -> dict[str, Any]:
+    return {"state": v.state.value, "reasons": to_jsonable(v.reasons)}
+
+
+def state_message(snapshot: Snapshot | None, *, node: str, now: float) -> dict[str, Any]:
+    """The first line of a watch stream (and the line sent again after falling behind)."""
+    return {
+        "type": "state",
+        "node": node,
+        "time": now,
+        "backend_up": snapshot.backend_up if snapshot else False,
+        "gpus": [
+            {"gpu": g.identity.index, "uuid": g.identity.uuid, **_verdict(g.health)}
+            for g in (snapshot.gpus if snapshot else ())
+        ],
+    }
+
+
+def event_message(ev: WatchEvent, *, node: str) -> dict[str, Any]:
+    if isinstance(ev, BackendChange):
+        return {"type": "backend", "node": node, "time": ev.at, "up": ev.up}
+    assert isinstance(ev, HealthChange)
+    return {
+        "type": "health",
+        "node": node,
+        "time": ev.at,
+        "gpu": ev.index,
+        "uuid": ev.uuid,
+        "from": ev.previous.state.value if ev.previous else None,
+        **_verdict(ev.current),
+    }
+
+
+def _line(doc: Mapping[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# The application
+
+
+@dataclass(slots=True)
+class ExporterState:
+    """Everything the handlers share, built by :func:`make_app` and owned by the app."""
+
+    config: ExporterConfig
+    backend: DeviceBackend
+    sampler: Sampler
+    executor: ThreadPoolExecutor
+    auth: Authenticator
+    wall_clock: Callable[[], float]
+    sampler_task: asyncio.Task[None] | None = None
+    watch_tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    snapshot_json: tuple[Snapshot | None, bytes] = (None, b"")
+
+
+STATE = web.AppKey("state", ExporterState)
+
+
+def make_app(
+    config: ExporterConfig,
+    backend: DeviceBackend,
+    *,
+    metrics: SelfMetrics | None = None,
+    attributor: PodAttributor | None = None,
+    wall_clock: Callable[[], float] = time.time,
+) -> web.Application:
+    """The exporter app; the sampler starts with the app and stops with it (``cleanup_ctx``)."""
+    metrics = metrics or SelfMetrics(CollectorRegistry(auto_describe=True), backend=backend.name)
+    # Threads start on demand; one per GPU per cadence at most, plus open and close.
+    executor = ThreadPoolExecutor(max_workers=2 * 64 + 2, thread_name_prefix="gpumon-device")
+    sampler = Sampler(
+        backend,
+        node=config.node_name,
+        profile=config.metrics_profile,
+        sampling=config.sampling,
+        policy=health_policy(config.health),
+        executor=executor,
+        metrics=metrics,
+        attributor=attributor,
+        wall_clock=wall_clock,
+    )
+    state = ExporterState(config, backend, sampler, executor, authenticator(config.auth), wall_clock)
+    app = web.Application(middlewares=[_auth_middleware])
+    app[STATE] = state
+    app.cleanup_ctx.append(_sampling)
+    if state.auth.token_file is not None:
+        app.cleanup_ctx.append(_token_reload)
+    app.on_shutdown.append(_end_watches)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/api/v1/snapshot", _snapshot)
+    app.router.add_get("/api/v1/watch", _watch)
+    if isinstance(backend, SimulatedBackend):
+        app.router.add_get("/api/v1/faults", _faults_list)
+        app.router.add_post("/api/v1/faults", _faults_inject)
+        app.router.add_delete("/api/v1/faults", _faults_clear)
+    return app
+
+
+async def _sampling(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    task = state.sampler_task = asyncio.create_task(state.sampler.run(), name="gpumon-sampler")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await state.sampler.shutdown()
+    # A hung device call cannot be interrupted; do not wait for it.
+    state.executor.shutdown(wait=False, cancel_futures=True)
+
+
+async def _token_reload(app: web.Application) -> AsyncIterator[None]:
+    auth = app[STATE].auth
+
+    async def reload_forever() -> None:
+        while True:
+            await asyncio.sleep(TOKEN_RELOAD_SECONDS)
+            try:
+                await asyncio.to_thread(auth.reload_token)
+            except ConfigError as e:
+                log.error("keeping the previous bearer token: %s", e)
+
+    task = asyncio.create_task(reload_forever(), name="gpumon-token-reload")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def _end_watches(app: web.Application) -> None:
+    # Watch streams never end by themselves; without this a graceful stop would wait for them.
+    for task in list(app[STATE].watch_tasks):
+        task.cancel()
+
+
+@web.middleware
+async def _auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    auth = request.app[STATE].auth
+    guarded = auth.enabled and request.path not in _OPEN_PATHS
+    if guarded and not auth.allows(request.headers.get("Authorization", "")):
+        return web.Response(status=401, text="unauthorized\n", headers={"WWW-Authenticate": auth.challenge()})
+    return await handler(request)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    rendered = request.app[STATE].sampler.rendered
+    if rendered is None:
+        return web.Response(status=503, text="no sample rendered yet\n", headers={"Retry-After": "1"})
+    openmetrics = choose_format(request.headers.get("Accept", "")) == "openmetrics"
+    gzip = accepts_gzip(request.headers.get("Accept-Encoding", ""))
+    if openmetrics:
+        body = rendered.openmetrics_gzip if gzip else rendered.openmetrics
+    else:
+        body = rendered.text_gzip if gzip else rendered.text
+    headers = {
+        "Content-Type": CONTENT_TYPE_OPENMETRICS if openmetrics else CONTENT_TYPE_TEXT,
+        "Vary": "Accept, Accept-Encoding",
+    }
+    if gzip:
+        headers["Content-Encoding"] = "gzip"
+    return web.Response(body=body, headers=headers)
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    task = request.app[STATE].sampler_task
+    if task is None or task.done():
+        return web.Response(status=500, text="sampler not running\n")
+    return web.Response(text="ok\n")
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    sampler = request.app[STATE].sampler
+    if sampler.ready:
+        return web.Response(text="ready\n")
+    reason = "device backend down" if sampler.renders and not sampler.backend_up else "no complete sample yet"
+    return web.Response(status=503, text=f"not ready: {reason}\n")
+
+
+async def _snapshot(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    snapshot = state.sampler.snapshot
+    if snapshot is None:
+        return web.json_response({"error": "no sample yet"}, status=503)
+    cached_for, body = state.snapshot_json
+    if cached_for is not snapshot:
+        body = json.dumps(to_jsonable(snapshot), separators=(",", ":")).encode()
+        state.snapshot_json = (snapshot, body)
+    return web.Response(body=body, content_type="application/json")
+
+
+async def _watch(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    node = state.config.node_name
+    try:
+        heartbeat = float(request.query.get("heartbeat", WATCH_HEARTBEAT_SECONDS))
+    except ValueError:
+        heartbeat = -1.0
+    if not 0.1 <= heartbeat <= 300:
+        return web.json_response({"error": "heartbeat must be seconds between 0.1 and 300"}, status=400)
+    response = web.StreamResponse(
+        headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"}
+    )
+    await response.prepare(request)
+    task = asyncio.current_task()
+    assert task is not None
+    state.watch_tasks.add(task)
+    # Subscribe and take the state in one step (no await between): no transition can fall
+    # into a gap between the two.
+    watcher = state.sampler.subscribe()
+    try:
+        await response.write(_line(state_message(state.sampler.snapshot, node=node, now=state.wall_clock())))
+        while True:
+            try:
+                ev = await asyncio.wait_for(watcher.queue.get(), heartbeat)
+            except TimeoutError:
+                await response.write(_line({"type": "heartbeat", "node": node, "time": state.wall_clock()}))
+                continue
+            if ev is None:  # this client fell behind and lost events: resend everything
+                doc = state_message(state.sampler.snapshot, node=node, now=state.wall_clock())
+            else:
+                doc = event_message(ev, node=node)
+            await response.write(_line(doc))
+    except ConnectionResetError:
+        return response
+    finally:
+        state.sampler.unsubscribe(watcher)
+        state.watch_tasks.discard(task)
+
+
+def _simulated(request: web.Request) -> SimulatedBackend:
+    backend = request.app[STATE].backend
+    assert isinstance(backend, SimulatedBackend)  # the routes exist only for this backend
+    return backend
+
+
+def _fault_status(backend: SimulatedBackend) -> dict[str, Any]:
+    status = backend.status()
+    return {
+        "gpus": backend.gpu_count,
+        "model": backend.spec.name,
+        "kinds": list(FAULT_KINDS),
+        "unavailable": status.unavailable,
+        "active": {str(gpu): list(active) for gpu, active in status.active.items()},
+        "injected": [{"at": f.at, **f.spec.model_dump(mode="json")} for f in status.injected],
+    }
+
+
+async def _faults_list(request: web.Request) -> web.Response:
+    return web.json_response(_fault_status(_simulated(request)))
+
+
+async def _faults_inject(request: web.Request) -> web.Response:
+    backend = _simulated(request)
+    try:
+        body = await request.json()
+    except ValueError:
+        return web.json_response({"error": "the body must be a JSON object"}, status=400)
+    try:
+        spec = parse_fault(body)
+        backend.inject(spec)
+    except SimulationError as e:
+        return web.json_response({"error": str(e)}, status=400)
+    log.warning("fault injected", extra={"fault": spec.model_dump(mode="json")})
+    return web.json_response({"injected": spec.model_dump(mode="json")})
+
+
+async def _faults_clear(request: web.Request) -> web.Response:
+    backend = _simulated(request)
+    backend.clear_all()
+    log.warning("all faults cleared")
+    return web.json_response(_fault_status(backend))

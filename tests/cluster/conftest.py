@@ -1,0 +1,75 @@
+"""Fixtures for tests against the real local control plane.
+
+``devcluster``: one control plane per test session, started the first time a test asks for it
+and stopped at the end of the session (its files stay in pytest's temporary directory for
+post-mortems). ``api``: an async kubernetes_asyncio client as cluster-admin. ``namespace``: a
+fresh namespace per test, deleted without waiting. ``make_nodes``: kwok GPU nodes from a
+template, deleted after the test. Tests share one cluster: a test that schedules pods gives
+its nodes a label of its own (``test_id``) and selects them with it."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from kubernetes_asyncio import client, config
+
+from gpumon.devcluster.binaries import ToolsMissing, locate
+from gpumon.devcluster.cluster import DevCluster
+from gpumon.devcluster.nodemaker import NodeMaker
+from gpumon.devcluster.waiting import eventually
+
+
+def _slug(text: str, limit: int = 30) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:limit].strip("-")
+
+
+@pytest.fixture(scope="session")
+def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    try:
+        tools = locate()
+    except ToolsMissing as e:
+        pytest.fail(str(e), pytrace=False)
+    cluster = DevCluster.start(tmp_path_factory.mktemp("devcluster"), tools=tools)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+async def api(devcluster: DevCluster) -> AsyncIterator[client.ApiClient]:
+    cfg = client.Configuration()
+    await config.load_kube_config(config_file=str(devcluster.kubeconfig), client_configuration=cfg)
+    async with client.ApiClient(cfg) as api_client:
+        yield api_client
+
+
+@pytest.fixture
+def test_id(request: pytest.FixtureRequest) -> str:
+    """Unique per test: the namespace, the node-name prefix, a label value to select own nodes."""
+    return f"{_slug(request.node.name)}-{secrets.token_hex(3)}"
+
+
+@pytest.fixture
+async def namespace(api: client.ApiClient, test_id: str) -> AsyncIterator[str]:
+    core = client.CoreV1Api(api)
+    await core.create_namespace({"metadata": {"name": test_id}})
+
+    async def default_service_account() -> object | None:
+        # Pods are refused until the service-account controller has created `default`.
+        accounts = await core.list_namespaced_service_account(test_id)
+        return next((a for a in accounts.items if a.metadata.name == "default"), None)
+
+    await eventually(default_service_account, what=f"service account default in {test_id}")
+    yield test_id
+    await core.delete_namespace(test_id)
+
+
+@pytest.fixture
+async def make_nodes(api: client.ApiClient, test_id: str) -> AsyncIterator[NodeMaker]:
+    maker = NodeMaker(api, test_id)
+    yield maker
+    await maker.delete_all()

@@ -1,0 +1,57 @@
+"""The control plane comes up whole: every component healthy, kwok acting as the kubelet of
+annotated nodes, the CRDs served with their scale subresource."""
+
+from __future__ import annotations
+
+from kubernetes_asyncio import client
+
+from gpumon.devcluster.cluster import DevCluster
+from gpumon.devcluster.nodemaker import NodeMaker
+from gpumon.devcluster.waiting import eventually
+
+
+def test_every_component_is_healthy(devcluster: DevCluster) -> None:
+    health = devcluster.health()
+    assert set(health) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"}
+    assert {name: p.ok for name, p in health.items()} == dict.fromkeys(health, True), health
+
+
+def test_api_server_readyz_checks_all_pass(devcluster: DevCluster) -> None:
+    verbose = devcluster.kubectl("get", "--raw", "/readyz?verbose")
+    assert "readyz check passed" in verbose
+    assert "[-]" not in verbose, verbose
+
+
+def test_admin_is_cluster_admin(devcluster: DevCluster) -> None:
+    assert devcluster.kubectl("auth", "can-i", "*", "*").strip() == "yes"
+
+
+async def test_crds_are_established_with_scale_subresources(api: client.ApiClient) -> None:
+    ext = client.ApiextensionsV1Api(api)
+    crds = {c.metadata.name: c for c in (await ext.list_custom_resource_definition()).items}
+    for name in ("machinedeployments.cluster.x-k8s.io", "machinesets.cluster.x-k8s.io",
+                 "machinepools.cluster.x-k8s.io"):
+        established = {c.type: c.status for c in crds[name].status.conditions}.get("Established")
+        assert established == "True", name
+        v1beta2 = next(v for v in crds[name].spec.versions if v.name == "v1beta2")
+        assert v1beta2.served and v1beta2.storage
+        assert v1beta2.subresources.scale.spec_replicas_path == ".spec.replicas"
+    for name in ("servicemonitors.monitoring.coreos.com", "podmonitors.monitoring.coreos.com",
+                 "prometheusrules.monitoring.coreos.com"):
+        assert name in crds
+
+
+async def test_kwok_node_becomes_ready_and_holds_its_lease(
+    api: client.ApiClient, make_nodes: NodeMaker
+) -> None:
+    [name] = await make_nodes(1)
+    coordination = client.CoordinationV1Api(api)
+
+    async def lease() -> client.V1Lease | None:
+        leases = await coordination.list_namespaced_lease("kube-node-lease")
+        return next((x for x in leases.items if x.metadata.name == name), None)
+
+    found = await eventually(lease, what=f"lease of node {name}")
+    assert found.spec.lease_duration_seconds == 40
+    assert found.spec.renew_time is not None
+    assert [(o.kind, o.name) for o in found.metadata.owner_references] == [("Node", name)]

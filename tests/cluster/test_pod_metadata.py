@@ -1,0 +1,179 @@
+"""The exporter's pod list+watch against the real API server: this node's pods only, their
+sharing annotations, container IDs as the kubelet reports them, deletion, and an RBAC refusal
+that heals once the exporter's role is granted."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client, config
+
+from gpumon.devcluster.cluster import DevCluster
+from gpumon.devcluster.nodemaker import NodeMaker
+from gpumon.devcluster.waiting import eventually
+from gpumon.exporter import sharing
+from gpumon.exporter.pod_metadata import PodMetadataWatch
+
+CONTAINER_ID = "4d" * 32
+
+
+def gpu_pod(name: str, node: str, annotations: dict[str, str], limits: dict[str, str]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {
+            "nodeName": node,  # bound directly, as the gpushare and HAMi schedulers do
+            "containers": [
+                {"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": limits}},
+                {"name": "sidecar", "image": "registry.k8s.io/pause:3.10"},
+            ],
+        },
+    }
+
+
+async def quick(seconds: float) -> None:
+    """Retry backoff shortened for the test (the real one waits 1, 2, 4, ... 30 s)."""
+    await asyncio.sleep(min(seconds, 0.2))
+
+
+class Watches:
+    """Pod watches started as a node's exporter would start them, with the errors they count."""
+
+    def __init__(self) -> None:
+        self.errors: list[tuple[str, str]] = []
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self, node: str, api: client.ApiClient) -> PodMetadataWatch:
+        watch = PodMetadataWatch(node, lambda source, kind: self.errors.append((source, kind)), sleep=quick)
+        self.tasks.append(asyncio.create_task(watch.run(client.CoreV1Api(api).list_pod_for_all_namespaces)))
+        return watch
+
+
+@pytest.fixture
+async def watches() -> AsyncIterator[Watches]:
+    w = Watches()
+    yield w
+    for task in w.tasks:
+        task.cancel()
+    await asyncio.gather(*w.tasks, return_exceptions=True)
+
+
+async def test_this_nodes_pods_with_annotations_ids_and_deletion(
+    api: client.ApiClient, namespace: str, make_nodes: NodeMaker, watches: Watches
+) -> None:
+    mine, other = await make_nodes(2)
+    core = client.CoreV1Api(api)
+    watch = watches.start(mine, api)
+
+    gpushare = {sharing.GPUSHARE_INDEX: "0", sharing.GPUSHARE_ASSIGNED: "true", "unrelated": "x"}
+    await core.create_namespaced_pod(
+        namespace, gpu_pod("share", mine, gpushare, {sharing.GPUSHARE_MEMORY_RESOURCE: "8"})
+    )
+    hami = {sharing.HAMI_ALLOCATED: "GPU-0a1b2c3d-0000-4000-8000-000000000001,NVIDIA,4096,30:;;"}
+    await core.create_namespaced_pod(namespace, gpu_pod("hami", mine, hami, {}))
+    await core.create_namespaced_pod(namespace, gpu_pod("elsewhere", other, gpushare, {}))
+
+    def by_name() -> dict[str, Any] | None:
+        pods = {p.name: p for p in watch.pods.values() if p.namespace == namespace}
+        return pods if set(pods) == {"share", "hami"} else None
+
+    pods = await eventually(_async(by_name), what="both pods seen")
+    assert pods["share"].annotations == {sharing.GPUSHARE_INDEX: "0", sharing.GPUSHARE_ASSIGNED: "true"}
+    assert pods["share"].containers[0].limits == {sharing.GPUSHARE_MEMORY_RESOURCE: "8"}
+    assert pods["hami"].annotations == {sharing.HAMI_ALLOCATED: hami[sharing.HAMI_ALLOCATED]}
+
+    # The kubelet reports container IDs in the pod status; the watch picks them up.
+    await core.patch_namespaced_pod_status(
+        "share",
+        namespace,
+        {
+            "status": {
+                "containerStatuses": [
+                    {
+                        "name": "main",
+                        "containerID": f"containerd://{CONTAINER_ID}",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "imageID": "",
+                        "ready": True,
+                        "restartCount": 0,
+                        "state": {"running": {}},
+                    }
+                ]
+            }
+        },
+    )
+
+    def container_ids() -> dict[str, str] | None:
+        share = next((p for p in watch.pods.values() if p.name == "share"), None)
+        return dict(share.container_ids) if share is not None and share.container_ids else None
+
+    assert await eventually(_async(container_ids), what="container ID seen") == {CONTAINER_ID: "main"}
+
+    await core.delete_namespaced_pod("hami", namespace, grace_period_seconds=0)
+    await eventually(
+        _async(lambda: True if all(p.name != "hami" for p in watch.pods.values()) else None),
+        what="deleted pod gone from the view",
+    )
+    assert watch.up and watch.synced
+
+
+async def test_rbac_refusal_is_counted_and_heals_when_granted(
+    devcluster: DevCluster,
+    api: client.ApiClient,
+    namespace: str,
+    make_nodes: NodeMaker,
+    watches: Watches,
+) -> None:
+    (node,) = await make_nodes(1)
+    core = client.CoreV1Api(api)
+    await core.create_namespaced_service_account(namespace, {"metadata": {"name": "exporter"}})
+    token = await core.create_namespaced_service_account_token(
+        "exporter", namespace, {"spec": {"expirationSeconds": 3600}}
+    )
+    cfg = client.Configuration()
+    await config.load_kube_config(config_file=str(devcluster.kubeconfig), client_configuration=cfg)
+    cfg.cert_file = cfg.key_file = None  # authenticate as the service account, not as admin
+    cfg.api_key = {"BearerToken": f"Bearer {token.status.token}"}
+    cfg.api_key_prefix = {}
+
+    async with client.ApiClient(cfg) as exporter_api:
+        watch = watches.start(node, exporter_api)
+        await eventually(
+            _async(lambda: True if ("api", "forbidden") in watches.errors else None), what="403 counted"
+        )
+        assert not watch.synced
+
+        rbac = client.RbacAuthorizationV1Api(api)
+        role = f"{namespace}-pod-reader"
+        await rbac.create_cluster_role(
+            {
+                "metadata": {"name": role},
+                "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+            }
+        )
+        try:
+            await rbac.create_cluster_role_binding(
+                {
+                    "metadata": {"name": role},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                    "subjects": [{"kind": "ServiceAccount", "name": "exporter", "namespace": namespace}],
+                }
+            )
+            await core.create_namespaced_pod(namespace, gpu_pod("late", node, {}, {}))
+            await eventually(
+                _async(lambda: True if any(p.name == "late" for p in watch.pods.values()) else None),
+                what="pods listed once the role is granted",
+            )
+            assert watch.up
+        finally:
+            await rbac.delete_cluster_role_binding(role)
+            await rbac.delete_cluster_role(role)
+
+
+def _async(check: Any) -> Any:
+    async def run() -> Any:
+        return check()
+
+    return run

@@ -1,0 +1,131 @@
+"""Drive :class:`NvmlBackend` through one scenario in this process and print what it saw.
+
+NVML is one library per process and the mock reads ``MOCK_NVML_CONFIG`` once, so every
+scenario of tests/nvml/test_mock_nvml.py runs this script in a child process:
+
+    python mock_probe.py SCENARIO [--library PATH]
+
+It prints one JSON document on its last stdout line: the backend's own values (dataclasses as
+dicts), the errors it reported, and for the failure scenarios which calls raised what.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpumon.devices.backend import BackendError
+from gpumon.devices.health import HealthPolicy, judge
+from gpumon.devices.nvml import NvmlBackend
+
+
+def plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return plain(dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (frozenset, set)):
+        return sorted(value)
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def attempt(call: Callable[[], Any]) -> dict[str, Any]:
+    """``{"value": ...}`` or ``{"error": "GpuLostError", "index": ...}``."""
+    try:
+        return {"value": plain(call())}
+    except BackendError as err:
+        return {"error": type(err).__name__, "index": getattr(err, "index", None), "message": str(err)}
+
+
+def inventory(backend: NvmlBackend) -> dict[str, Any]:
+    driver = backend.open()
+    gpus = backend.devices()
+    out: dict[str, Any] = {
+        "driver": plain(driver),
+        "devices": plain(gpus),
+        "fast": [plain(backend.read_fast(g.index)) for g in gpus],
+        "slow": [plain(backend.read_slow(g.index)) for g in gpus],
+        "xids": plain(backend.wait_xids(0.5)),
+    }
+    backend.close()
+    out["reopened_driver"] = plain(backend.open())
+    out["reopened_devices"] = plain(backend.devices())
+    out["reopened_fast"] = [plain(backend.read_fast(g.index)) for g in backend.devices()]
+    backend.close()
+    return out
+
+
+def lost(backend: NvmlBackend) -> dict[str, Any]:
+    backend.open()
+    gpus = backend.devices()
+    return {
+        "devices": plain(gpus),
+        "fast": [attempt(lambda g=g: backend.read_fast(g.index)) for g in gpus],
+        "slow": [attempt(lambda g=g: backend.read_slow(g.index)) for g in gpus],
+        "fast_again": [attempt(lambda g=g: backend.read_fast(g.index)) for g in gpus],
+        "xids": attempt(lambda: backend.wait_xids(0.5)),
+    }
+
+
+def ecc_xid(backend: NvmlBackend) -> dict[str, Any]:
+    backend.open()
+    gpus = backend.devices()
+    # The first guarded call trips the injected failure; the Xid is delivered after that.
+    fast = [backend.read_fast(g.index) for g in gpus]
+    slow = [backend.read_slow(g.index) for g in gpus]
+    started = time.time()
+    first = backend.wait_xids(10.0)
+    finished = time.time()
+    second = backend.wait_xids(0.5)
+    verdicts = [
+        judge(
+            fast=f,
+            slow=s,
+            recent_xids=[x for x in first if x.index == g.index],
+            lost=False,
+            now=finished,
+            policy=HealthPolicy(),
+        )
+        for g, f, s in zip(gpus, fast, slow, strict=True)
+    ]
+    backend.close()
+    return {
+        "devices": plain(gpus),
+        "fast": plain(fast),
+        "slow": plain(slow),
+        "first_wait": plain(first),
+        "second_wait": plain(second),
+        "wait_started": started,
+        "wait_finished": finished,
+        "verdicts": [{"state": v.state.value, "reasons": [r.code for r in v.reasons]} for v in verdicts],
+    }
+
+
+SCENARIOS = {"inventory": inventory, "lost": lost, "ecc_xid": ecc_xid}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("scenario", choices=sorted(SCENARIOS))
+    parser.add_argument("--library", type=Path)
+    args = parser.parse_args()
+    errors: list[tuple[str, str]] = []
+    backend = NvmlBackend(
+        library_path=args.library, errors=lambda source, kind: errors.append((source, kind))
+    )
+    result = SCENARIOS[args.scenario](backend)
+    result["errors"] = sorted(set(errors))
+    sys.stdout.write("\n" + json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

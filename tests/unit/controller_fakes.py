@@ -1,0 +1,146 @@
+"""Test doubles for the controller's unit tests: a recording in-memory API and verdict builders.
+
+The fake keeps objects as JSON, applies merge patches (RFC 7386), merges status conditions by
+type like a strategic merge patch, bumps resourceVersion on each write and answers 409 when a
+patch carries a stale one, which is all the controller relies on.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+from gpumon.controller.kube import Conflict, KubeError, NotFound
+from gpumon.controller.verdicts import Finding, GpuVerdict, NodeVerdict, Severity, SignalStatus
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.calls: list[tuple[str, str, Any]] = []
+        self._rv = 100
+        # Hooks by (method, path): return a dict to answer, raise to fail, None to go on.
+        self.hooks: dict[tuple[str, str], Callable[[Any], Any]] = {}
+
+    def _bump(self, obj: dict[str, Any]) -> None:
+        self._rv += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self._rv)
+
+    def add(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        self._bump(obj)
+        self.objects[path] = obj
+        return obj
+
+    def touch(self, path: str) -> None:
+        """Someone else changed the object: its resourceVersion moves on."""
+        self._bump(self.objects[path])
+
+    def writes(self, method: str | None = None) -> list[tuple[str, str, Any]]:
+        return [c for c in self.calls if c[0] != "GET" and (method is None or c[0] == method)]
+
+    def _hook(self, method: str, path: str, body: Any) -> Any:
+        hook = self.hooks.get((method, path))
+        return hook(body) if hook else None
+
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
+        self.calls.append(("GET", path, params))
+        if path not in self.objects:
+            raise NotFound(404, "NotFound", path)
+        return copy.deepcopy(self.objects[path])
+
+    async def post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self.calls.append(("POST", path, copy.deepcopy(dict(body))))
+        answer = self._hook("POST", path, body)
+        return answer if answer is not None else {"kind": "Status", "status": "Success"}
+
+    async def put(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self.calls.append(("PUT", path, copy.deepcopy(dict(body))))
+        obj = copy.deepcopy(dict(body))
+        current = self.objects.get(path)
+        if current is not None and obj.get("metadata", {}).get("resourceVersion") not in (
+            None,
+            current["metadata"]["resourceVersion"],
+        ):
+            raise Conflict(409, "Conflict", path)
+        self._bump(obj)
+        self.objects[path] = obj
+        return copy.deepcopy(obj)
+
+    async def patch(self, path: str, body: Mapping[str, Any], *, strategic: bool = False) -> dict[str, Any]:
+        self.calls.append(("PATCH", path, copy.deepcopy(dict(body))))
+        answer = self._hook("PATCH", path, body)
+        if answer is not None:
+            return answer
+        base = path.removesuffix("/status")
+        if base not in self.objects:
+            raise NotFound(404, "NotFound", path)
+        obj = self.objects[base]
+        if strategic:
+            conds = {c["type"]: c for c in obj.setdefault("status", {}).get("conditions", [])}
+            for cond in body.get("status", {}).get("conditions", []):
+                conds[cond["type"]] = {**conds.get(cond["type"], {}), **cond}
+            obj["status"]["conditions"] = list(conds.values())
+        else:
+            rv = body.get("metadata", {}).get("resourceVersion")
+            if rv is not None and rv != obj["metadata"]["resourceVersion"]:
+                raise Conflict(409, "Conflict", f"{path}: resourceVersion {rv} is stale")
+            patch = copy.deepcopy(dict(body))
+            patch.get("metadata", {}).pop("resourceVersion", None)
+            obj = merge_patch(obj, patch)
+        self._bump(obj)
+        self.objects[base] = obj
+        return copy.deepcopy(obj)
+
+    async def delete(self, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        self.calls.append(("DELETE", path, body))
+        answer = self._hook("DELETE", path, body)
+        if answer is not None:
+            return answer
+        if self.objects.pop(path, None) is None:
+            raise NotFound(404, "NotFound", path)
+        return {"kind": "Status", "status": "Success"}
+
+    async def lines(self, path: str, params: Mapping[str, str]) -> AsyncIterator[bytes]:
+        raise KubeError(501, "NotImplemented", "FakeKube does not stream")
+        yield b""  # pragma: no cover
+
+
+def finding(
+    rule: str = "xid-unhealthy",
+    severity: Severity = Severity.UNHEALTHY,
+    reason: str = "XidFatal",
+    evidence: str = "Xid 79",
+    at: float = 100.0,
+) -> Finding:
+    return Finding(rule, severity, reason, evidence, f"fix {reason}", since=at, first_bad_at=at)
+
+
+def gpu_verdict(index: int = 3, *findings: Finding, recovering: bool = False) -> GpuVerdict:
+    return GpuVerdict(f"GPU-{index}", index, findings or (finding(),), recovering=recovering)
+
+
+def verdict(
+    *gpus: GpuVerdict,
+    node: str = "n1",
+    signals: SignalStatus = SignalStatus.FRESH,
+    node_findings: tuple[Finding, ...] = (),
+) -> NodeVerdict:
+    return NodeVerdict(node, signals, 1.0, gpus, node_findings)
+
+
+def healthy(node: str = "n1") -> NodeVerdict:
+    return NodeVerdict(node, SignalStatus.FRESH, 1.0)

@@ -1,0 +1,400 @@
+from __future__ import annotations
+
+from dataclasses import replace
+from types import MappingProxyType
+
+import pytest
+
+from gpumon.controller.policy import (
+    EMPTY_NODE_STATE,
+    NODE_TARGET,
+    NodeEvaluation,
+    NodeState,
+    Policy,
+    evaluate,
+    evaluate_node,
+    restore_state,
+)
+from gpumon.controller.rules import load_rules
+from gpumon.controller.signals import FleetSignals, GpuReading, NodeReading
+from gpumon.controller.verdicts import GpuRecord, Severity, SignalStatus
+from gpumon.devices.health import HealthPolicy
+from gpumon.devices.model import HealthReason, HealthState, HealthVerdict
+
+
+def gpu(index: int = 0, at: float = 0.0, **kw) -> GpuReading:
+    base = dict(
+        temperature_celsius=40.0,
+        memory_utilization_ratio=0.1,
+        ecc_uncorrectable=0,
+        row_remap_failure=False,
+        lost=False,
+        recent_xids=frozenset(),
+        health=HealthVerdict(HealthState.HEALTHY),
+    )
+    base.update(kw)
+    return GpuReading(uuid=f"GPU-{index}", index=index, observed_at=at, **base)
+
+
+def node(at: float, *gpus: GpuReading, name: str = "n1", **kw) -> NodeReading:
+    return NodeReading(node=name, observed_at=at, gpus=gpus or (gpu(at=at),), **kw)
+
+
+def policy(rules=None, **kw) -> Policy:
+    return Policy(rules=load_rules(**(rules or {})), **kw)
+
+
+class Run:
+    """Feeds readings to evaluate_node one step at a time, threading the state."""
+
+    def __init__(self, pol: Policy, labels=None, state: NodeState = EMPTY_NODE_STATE):
+        self.pol = pol
+        self.labels = labels or {}
+        self.state = state
+
+    def __call__(self, now: float, reading: NodeReading | None) -> NodeEvaluation:
+        ev = evaluate_node("n1", self.labels, reading, self.state, now, self.pol)
+        self.state = ev.state
+        return ev
+
+
+def hot(t: float, c: float = 96.0) -> NodeReading:
+    return node(t, gpu(at=t, temperature_celsius=c))
+
+
+def cool(t: float) -> NodeReading:
+    return hot(t, 40.0)
+
+
+def test_healthy_node_has_no_verdict_and_no_state():
+    ev = Run(policy())(10.0, node(10.0))
+    assert ev.verdict.severity is None
+    assert ev.verdict.signals is SignalStatus.FRESH
+    assert ev.state.targets == {}
+    assert ev.next_check_at is None
+
+
+def test_fatal_xid_fires_at_once_with_reason_evidence_and_first_seen():
+    ev = Run(policy())(12.0, node(11.5, gpu(0, 11.5), gpu(3, 11.5, recent_xids=frozenset({79}))))
+    v = ev.verdict
+    assert v.severity is Severity.UNHEALTHY
+    assert [g.uuid for g in v.gpus] == ["GPU-3"]
+    f = v.gpus[0].findings[0]
+    assert (f.rule, f.reason, f.evidence) == ("xid-unhealthy", "XidFatal", "Xid 79")
+    assert f.first_bad_at == 11.5 and f.since == 12.0
+    assert "reset the GPU" in f.action
+    assert v.first_bad_at == 11.5
+    assert not v.whole_node
+
+
+@pytest.mark.parametrize(
+    ("xid", "severity", "reason"),
+    [
+        (13, None, None),  # informational: application fault
+        (31, None, None),
+        (43, None, None),
+        (48, Severity.UNHEALTHY, "EccUncorrectable"),
+        (63, Severity.DEGRADED, "RowRemapPending"),
+        (64, Severity.UNHEALTHY, "RowRemapFailure"),
+        (92, Severity.DEGRADED, "EccHighSingleBitRate"),
+        (94, Severity.DEGRADED, "EccContained"),
+        (95, Severity.UNHEALTHY, "EccUncorrectable"),
+        (119, Severity.UNHEALTHY, "XidFatal"),
+        (999, Severity.DEGRADED, "XidUnknown"),  # unknown codes count as degraded
+    ],
+)
+def test_xid_classes_follow_nvidia_catalog(xid, severity, reason):
+    v = Run(policy())(1.0, node(1.0, gpu(at=1.0, recent_xids=frozenset({xid})))).verdict
+    assert v.severity is severity
+    if reason:
+        assert v.findings[0].reason == reason
+
+
+def test_xid_class_overrides():
+    classes = HealthPolicy(xid_overrides={13: HealthState.UNHEALTHY, 79: HealthState.HEALTHY})
+    pol = policy(xid_classes=classes)
+    assert Run(pol)(1.0, node(1.0, gpu(at=1.0, recent_xids=frozenset({79})))).verdict.severity is None
+    v = Run(pol)(1.0, node(1.0, gpu(at=1.0, recent_xids=frozenset({13})))).verdict
+    assert v.severity is Severity.UNHEALTHY
+
+
+def test_worst_finding_first_and_several_xids_in_evidence():
+    v = Run(policy())(1.0, node(1.0, gpu(at=1.0, recent_xids=frozenset({63, 79, 74})))).verdict
+    g = v.gpus[0]
+    assert [f.rule for f in g.findings] == ["xid-unhealthy", "xid-degraded"]
+    assert g.findings[0].evidence == "Xid 74, 79"
+    assert g.severity is Severity.UNHEALTHY
+
+
+def test_lost_ecc_remap_and_exporter_verdict_signals():
+    pol = policy(
+        {
+            "inline": [
+                {
+                    "name": "exp",
+                    "signal": "exporter_health",
+                    "threshold": "unhealthy",
+                    "severity": "unhealthy",
+                }
+            ]
+        }
+    )
+    bad = HealthVerdict(
+        HealthState.UNHEALTHY, (HealthReason("EccUncorrectable", "2 uncorrectable", HealthState.UNHEALTHY),)
+    )
+    reading = node(
+        1.0,
+        gpu(0, 1.0, lost=True, temperature_celsius=None),
+        gpu(1, 1.0, ecc_uncorrectable=2),
+        gpu(2, 1.0, row_remap_failure=True),
+        gpu(3, 1.0, health=bad),
+    )
+    v = Run(pol)(1.0, reading).verdict
+    reasons = {g.index: g.findings[0].reason for g in v.gpus}
+    assert reasons == {0: "GpuLost", 1: "EccUncorrectable", 2: "RowRemapFailure", 3: "EccUncorrectable"}
+    assert v.gpus[3].findings[0].rule == "exp"
+    assert "exporter verdict unhealthy: 2 uncorrectable" in v.gpus[3].findings[0].evidence
+
+
+def test_for_duration_delays_firing_and_resets_when_condition_breaks():
+    run = Run(policy())
+    ev = run(0.0, hot(0.0))
+    assert ev.verdict.severity is None
+    assert ev.next_check_at == 60.0  # thermal-unhealthy's `for`
+    assert run(59.0, hot(59.0)).verdict.severity is None
+    ev = run(60.0, hot(60.0))
+    assert ev.verdict.severity is Severity.UNHEALTHY
+    f = ev.verdict.findings[0]
+    assert (f.reason, f.first_bad_at, f.since) == ("Thermal", 0.0, 60.0)
+    assert f.evidence == "temperature 96 C >= 95 C"
+
+    run = Run(policy())
+    run(0.0, hot(0.0))
+    run(30.0, cool(30.0))  # broken: the `for` starts again
+    run(45.0, hot(45.0))
+    assert run(100.0, hot(100.0)).verdict.severity is None
+    assert run(105.0, hot(105.0)).verdict.severity is Severity.UNHEALTHY
+
+
+def test_recovery_waits_for_recover_after_and_restarts_when_bad_again():
+    run = Run(policy(stale_after_seconds=1e9))
+    run(0.0, node(0.0, gpu(at=0.0, recent_xids=frozenset({79}))))
+    ev = run(100.0, node(100.0))
+    assert ev.verdict.severity is Severity.UNHEALTHY and ev.verdict.recovering
+    assert ev.next_check_at == 1000.0
+    assert run(999.0, node(999.0)).verdict.severity is Severity.UNHEALTHY
+    ev = run(1000.0, node(1000.0))
+    assert ev.verdict.severity is None
+    # A bad observation during the hysteresis restarts it.
+    run = Run(policy())
+    run(0.0, node(0.0, gpu(at=0.0, recent_xids=frozenset({79}))))
+    run(100.0, node(100.0))
+    v = run(500.0, node(500.0, gpu(at=500.0, recent_xids=frozenset({79})))).verdict
+    assert not v.recovering
+    run(600.0, node(600.0))
+    assert run(1400.0, node(1400.0)).verdict.severity is Severity.UNHEALTHY
+    assert run(1500.0, node(1500.0)).verdict.severity is None
+
+
+def test_stale_or_missing_signals_never_start_remediation():
+    pol = policy(stale_after_seconds=30.0)
+    ev = Run(pol)(100.0, node(50.0, gpu(at=50.0, recent_xids=frozenset({79}))))
+    assert ev.verdict.signals is SignalStatus.STALE
+    assert ev.verdict.severity is None and ev.state.targets == {}
+    assert ev.verdict.age_seconds == 50.0
+    ev = Run(pol)(100.0, None)
+    assert ev.verdict.signals is SignalStatus.MISSING and ev.verdict.age_seconds is None
+    # A `for` in progress is abandoned when data goes stale.
+    run = Run(pol)
+    run(0.0, hot(0.0))
+    run(40.0, hot(0.0))  # same reading, now stale
+    assert run(61.0, hot(61.0)).verdict.severity is None
+    assert run(121.0, hot(121.0)).verdict.severity is Severity.UNHEALTHY
+
+
+def test_stale_signals_hold_a_firing_verdict_and_restart_recovery():
+    pol = policy(stale_after_seconds=30.0)
+    run = Run(pol)
+    run(0.0, node(0.0, gpu(at=0.0, recent_xids=frozenset({79}))))
+    run(100.0, node(100.0))  # clearing from 100
+    ev = run(500.0, node(100.0))  # stale: unknown, clearing restarts
+    assert ev.verdict.severity is Severity.UNHEALTHY and not ev.verdict.recovering
+    ev = run(1000.0, None)  # missing: still held
+    assert ev.verdict.severity is Severity.UNHEALTHY
+    run(1100.0, node(1100.0))
+    assert run(1999.0, node(1999.0)).verdict.severity is Severity.UNHEALTHY
+    assert run(2000.0, node(2000.0)).verdict.severity is None
+
+
+def test_missing_field_is_unknown_for_its_rules_only():
+    run = Run(policy())
+    run(0.0, hot(0.0))
+    ev = run(60.0, node(60.0, gpu(at=60.0, temperature_celsius=None, ecc_uncorrectable=3)))
+    assert [f.rule for f in ev.verdict.findings] == ["ecc-uncorrectable"]  # thermal `for` was reset
+
+
+def test_gpu_reading_lagging_its_node_is_unknown():
+    pol = policy(stale_after_seconds=30.0)
+    v = Run(pol)(100.0, node(100.0, gpu(at=10.0, recent_xids=frozenset({79})))).verdict
+    assert v.signals is SignalStatus.FRESH and v.severity is None
+
+
+def test_gpu_that_vanishes_while_firing_is_held():
+    run = Run(policy())
+    run(0.0, node(0.0, gpu(0, 0.0), gpu(1, 0.0, lost=True)))
+    ev = run(2000.0, node(2000.0, gpu(0, 2000.0)))
+    assert [g.uuid for g in ev.verdict.gpus] == ["GPU-1"]
+    assert ev.verdict.gpus[0].index == 1
+
+
+def test_flapping_gpu_is_held_until_old_onsets_age_out():
+    pol = policy(
+        {
+            "builtin": False,
+            "inline": [{"name": "x", "signal": "gpu_lost", "severity": "unhealthy", "recoverAfter": 10}],
+        },
+        flap_window_seconds=1000.0,
+        flap_max_onsets=3,
+        stale_after_seconds=1e9,
+    )
+    run = Run(pol)
+    lost = lambda t: node(t, gpu(at=t, lost=True))  # noqa: E731
+    for start in (0.0, 100.0):
+        run(start, lost(start))
+        run(start + 1, node(start + 1))
+        assert run(start + 11, node(start + 11)).verdict.severity is None
+    run(200.0, lost(200.0))  # third onset within the window
+    ev = run(201.0, node(201.0))
+    assert ev.verdict.gpus[0].flapping
+    ev = run(500.0, node(500.0))
+    assert ev.verdict.severity is Severity.UNHEALTHY and ev.verdict.gpus[0].flapping
+    assert ev.next_check_at == 1000.0  # when the first onset leaves the window
+    assert run(1000.0, node(1000.0)).verdict.severity is None
+
+
+def test_node_scoped_promql_rule():
+    pol = policy(
+        {
+            "builtin": False,
+            "inline": [
+                {
+                    "name": "nvlink-down",
+                    "signal": "promql",
+                    "query": "x",
+                    "op": ">",
+                    "threshold": 0,
+                    "severity": "unhealthy",
+                    "scope": "node",
+                }
+            ],
+        }
+    )
+    v = Run(pol)(1.0, node(1.0, custom=MappingProxyType({"nvlink-down": 2.0}))).verdict
+    assert v.whole_node and v.severity is Severity.UNHEALTHY and v.gpus == ()
+    assert v.node_findings[0].reason == "Custom" and v.node_findings[0].evidence == "nvlink-down 2 > 0"
+    assert Run(pol)(1.0, node(1.0)).verdict.severity is None  # absent from the result: fine
+
+
+def test_gpu_scoped_promql_rule_and_absent_series():
+    pol = policy(
+        {
+            "builtin": False,
+            "inline": [
+                {"name": "p", "signal": "promql", "query": "x", "threshold": 5, "severity": "degraded"}
+            ],
+        }
+    )
+    reading = node(1.0, gpu(0, 1.0, custom=MappingProxyType({"p": 7.0})), gpu(1, 1.0))
+    v = Run(pol)(1.0, reading).verdict
+    assert [g.index for g in v.gpus] == [0]
+
+
+def test_builtin_signal_at_node_scope_names_the_gpus():
+    pol = policy(
+        {
+            "builtin": False,
+            "inline": [
+                {
+                    "name": "t",
+                    "signal": "temperature",
+                    "threshold": 90,
+                    "severity": "degraded",
+                    "scope": "node",
+                }
+            ],
+        }
+    )
+    reading = node(1.0, gpu(0, 1.0), gpu(5, 1.0, temperature_celsius=93.0))
+    v = Run(pol)(1.0, reading).verdict
+    assert v.whole_node and v.node_findings[0].evidence == "GPU 5: temperature 93 C >= 90 C"
+    unknown = node(1.0, gpu(0, 1.0), gpu(5, 1.0, temperature_celsius=None))
+    assert Run(pol)(1.0, unknown).verdict.severity is None
+
+
+def test_selectors_and_pools_limit_where_a_rule_applies():
+    pol = policy(
+        {
+            "builtin": False,
+            "inline": [
+                {
+                    "name": "a",
+                    "signal": "gpu_lost",
+                    "severity": "unhealthy",
+                    "nodeSelector": {"class": "train"},
+                },
+                {"name": "b", "signal": "gpu_lost", "severity": "degraded", "pools": ["a100"]},
+            ],
+        }
+    )
+    reading = node(1.0, gpu(at=1.0, lost=True))
+    rules = lambda labels: [f.rule for f in Run(pol, labels)(1.0, reading).verdict.findings]  # noqa: E731
+    assert rules({}) == []
+    assert rules({"class": "train"}) == ["a"]
+    assert rules({"gpumon.io/pool": "a100"}) == ["b"]
+    assert rules({"class": "train", "gpumon.io/pool": "a100"}) == ["a", "b"]
+
+
+def test_rule_removed_from_config_recovers_with_default_hysteresis():
+    run = Run(policy(default_recover_after_seconds=50.0))
+    run(0.0, node(0.0, gpu(at=0.0, lost=True)))
+    run.pol = policy({"builtin": False}, default_recover_after_seconds=50.0)
+    assert run(10.0, node(10.0)).verdict.severity is Severity.UNHEALTHY
+    assert run(60.0, node(60.0)).verdict.severity is None
+
+
+def test_restored_state_holds_until_hysteresis_after_restart():
+    pol = policy()
+    state = restore_state(
+        [
+            GpuRecord("GPU-3", 3, "XidFatal", Severity.UNHEALTHY, ("xid-unhealthy",), 5.0, "Xid 79"),
+            GpuRecord(NODE_TARGET, None, "Custom", Severity.DEGRADED, ("gone",), 5.0, "x"),
+        ],
+        pol,
+    )
+    run = Run(pol, state=state)
+    ev = run(100.0, node(100.0, gpu(0, 100.0), gpu(3, 100.0)))
+    v = ev.verdict
+    assert v.severity is Severity.UNHEALTHY and v.recovering
+    assert v.gpus[0].findings[0].since == 5.0 and v.gpus[0].findings[0].evidence == "Xid 79"
+    assert v.whole_node  # the node finding of a rule that no longer exists, recovering too
+    assert run(999.0, node(999.0, gpu(0, 999.0), gpu(3, 999.0))).verdict.severity is Severity.UNHEALTHY
+    assert run(1000.0, node(1000.0, gpu(0, 1000.0), gpu(3, 1000.0))).verdict.severity is None
+
+
+def test_next_check_covers_staleness_of_active_nodes():
+    pol = policy(stale_after_seconds=30.0)
+    ev = Run(pol)(5.0, node(4.0, gpu(at=4.0, lost=True)))
+    assert ev.next_check_at == 34.0
+
+
+def test_fleet_evaluation_covers_known_nodes_only():
+    fleet = FleetSignals(
+        {
+            "a": replace(node(1.0, gpu(at=1.0, lost=True)), node="a"),
+            "ghost": replace(node(1.0), node="ghost"),
+        }
+    )
+    out = evaluate(fleet, {"a": {}, "b": {}}, {}, 1.0, policy())
+    assert set(out) == {"a", "b"}
+    assert out["a"].verdict.severity is Severity.UNHEALTHY and out["a"].verdict.node == "a"
+    assert out["b"].verdict.signals is SignalStatus.MISSING

@@ -1,0 +1,268 @@
+"""The pod list+watch: projection, and the loop against recorded API responses served over HTTP
+to the real kubernetes-asyncio client (tests/cluster has it against the real API server)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from kubernetes_asyncio import client
+
+from gpumon.exporter import sharing
+from gpumon.exporter.pod_metadata import ContainerMeta, PodMetadataWatch, project_pod
+
+NODE = "gpu-node-1"
+
+
+def pod(
+    name: str,
+    uid: str,
+    *,
+    phase: str = "Running",
+    rv: str = "1",
+    annotations: dict[str, str] | None = None,
+    ready: bool = True,
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ml",
+            "uid": uid,
+            "resourceVersion": rv,
+            "annotations": {"unrelated": "x" * 100, **(annotations or {})},
+        },
+        "spec": {
+            "nodeName": NODE,
+            "initContainers": [{"name": "fetch", "resources": {}}],
+            "containers": [
+                {
+                    "name": "main",
+                    "resources": {
+                        "limits": {sharing.GPUSHARE_MEMORY_RESOURCE: "4", "cpu": "2"},
+                        "requests": {sharing.CGPU_CORE_RESOURCE: "25", "memory": "1Gi"},
+                    },
+                },
+                {"name": "sidecar"},
+            ],
+        },
+        "status": {
+            "phase": phase,
+            "initContainerStatuses": [{"name": "fetch", "containerID": f"containerd://{'0' * 63}1"}],
+            "containerStatuses": [
+                {"name": "main", "containerID": f"containerd://{'a' * 64}", "ready": ready},
+                {"name": "sidecar"},  # not started yet: no ID
+            ],
+        },
+    }
+
+
+def test_projection_keeps_only_what_attribution_needs() -> None:
+    p = project_pod(
+        pod("a", "u1", annotations={sharing.GPUSHARE_INDEX: "0", "kubernetes.io/config.mirror": "h"})
+    )
+    assert p is not None
+    assert (p.uid, p.namespace, p.name, p.mirror_uid) == ("u1", "ml", "a", "h")
+    assert p.annotations == {sharing.GPUSHARE_INDEX: "0"}
+    assert p.init_containers == (ContainerMeta("fetch", {}),)
+    assert p.containers == (
+        ContainerMeta("main", {sharing.GPUSHARE_MEMORY_RESOURCE: "4", sharing.CGPU_CORE_RESOURCE: "25"}),
+        ContainerMeta("sidecar", {}),
+    )
+    assert p.container_ids == {"0" * 63 + "1": "fetch", "a" * 64: "main"}
+
+
+def test_finished_pods_hold_nothing() -> None:
+    assert project_pod(pod("a", "u1", phase="Succeeded")) is None
+    assert project_pod(pod("a", "u1", phase="Failed")) is None
+
+
+def test_status_churn_does_not_change_the_projection() -> None:
+    assert project_pod(pod("a", "u1", rv="5", ready=False)) == project_pod(pod("a", "u1", rv="9"))
+
+
+class FakeApi:
+    """Serves scripted answers to GET /api/v1/pods, one per request, and records the requests."""
+
+    def __init__(self, script: list[Callable[[web.Request], Awaitable[web.StreamResponse]]]) -> None:
+        self.script = script
+        self.requests: list[dict[str, str]] = []
+        self.release = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append(dict(request.query))
+        if not self.script:
+            await self.release.wait()
+            return web.Response(status=503)
+        return await self.script.pop(0)(request)
+
+
+def listing(rv: str, *items: dict[str, Any]) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return web.json_response(
+            {"kind": "PodList", "metadata": {"resourceVersion": rv}, "items": list(items)}
+        )
+
+    return answer
+
+
+def events(*evs: dict[str, Any]) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def answer(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for e in evs:
+            data = json.dumps(e).encode() + b"\n"
+            # Split events across writes, as chunked transfer does.
+            await resp.write(data[:7])
+            await resp.write(data[7:])
+        await resp.write_eof()
+        return resp
+
+    return answer
+
+
+def status(code: int) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"kind": "Status", "code": code}, status=code)
+
+    return answer
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[FakeApi], Awaitable[client.CoreV1Api]]]:
+    servers: list[TestServer] = []
+    clients: list[client.ApiClient] = []
+
+    async def start(api: FakeApi) -> client.CoreV1Api:
+        app = web.Application()
+        app.router.add_get("/api/v1/pods", api.handle)
+        server = TestServer(app)
+        await server.start_server()
+        servers.append(server)
+        config = client.Configuration(host=str(server.make_url("")).rstrip("/"))
+        clients.append(client.ApiClient(config))
+        return client.CoreV1Api(clients[-1])
+
+    yield start
+    for c in clients:
+        await c.close()
+    for s in servers:
+        await s.close()
+
+
+async def until(condition: Callable[[], bool], within: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+class Errors(list[tuple[str, str]]):
+    def __call__(self, source: str, kind: str) -> None:
+        self.append((source, kind))
+
+
+async def test_list_watch_resume_bookmark_and_relist_on_410(serve: Any) -> None:
+    api = FakeApi(
+        [
+            listing("10", pod("a", "u1"), pod("done", "u0", phase="Succeeded")),
+            events(
+                {"type": "ADDED", "object": pod("b", "u2", rv="11")},
+                {"type": "MODIFIED", "object": pod("a", "u1", rv="12", ready=False)},
+                {"type": "BOOKMARK", "object": {"kind": "Pod", "metadata": {"resourceVersion": "15"}}},
+            ),
+            events({"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}),
+            listing("20", pod("a", "u1"), pod("b", "u2"), pod("c", "u3")),
+            events({"type": "DELETED", "object": pod("a", "u1", rv="21")}),
+        ]
+    )
+    core = await serve(api)
+    errors = Errors()
+    watch = PodMetadataWatch(NODE, errors)
+    generations = []
+    task = asyncio.create_task(watch.run(core.list_pod_for_all_namespaces))
+    try:
+        await until(lambda: len(api.requests) == 6)
+        generations.append(watch.generation)
+    finally:
+        api.release.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert [r.get("resourceVersion") for r in api.requests] == [None, "10", "15", None, "20", "21"]
+    assert all(r["fieldSelector"] == f"spec.nodeName={NODE}" for r in api.requests)
+    # The client spells booleans "True"; the API server parses them like Go's strconv.ParseBool.
+    assert [r.get("watch", "").lower() for r in api.requests] == ["", "true", "true", "", "true", "true"]
+    assert api.requests[1]["allowWatchBookmarks"].lower() == "true"
+    assert sorted(p.name for p in watch.pods.values()) == ["b", "c"]
+    # list, ADDED b, (MODIFIED a changed nothing), relist adds c, DELETED a
+    assert generations == [4]
+    assert errors == [("api", "expired")]
+    assert watch.synced
+
+
+async def test_rbac_refusal_backs_off_and_keeps_the_last_view(serve: Any) -> None:
+    api = FakeApi([listing("10", pod("a", "u1")), status(403), status(403), status(403)])
+    core = await serve(api)
+    errors = Errors()
+    delays: list[float] = []
+    parked = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        delays.append(seconds)
+        if len(delays) == 3:
+            await parked.wait()
+
+    watch = PodMetadataWatch(NODE, errors, sleep=sleep)
+    task = asyncio.create_task(watch.run(core.list_pod_for_all_namespaces))
+    try:
+        await until(lambda: len(delays) == 3)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    # The watch is refused, then each relist: forbidden each time, 1 s, 2 s, 4 s apart.
+    assert errors == [("api", "forbidden")] * 3
+    assert delays == [1.0, 2.0, 4.0]
+    assert not watch.up
+    assert list(watch.pods) == ["u1"]
+
+
+async def test_unreachable_api_is_counted() -> None:
+    config = client.Configuration(host="http://127.0.0.1:9")
+    errors = Errors()
+    delays: list[float] = []
+    parked = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        delays.append(seconds)
+        await parked.wait()
+
+    async with client.ApiClient(config) as api:
+        watch = PodMetadataWatch(NODE, errors, sleep=sleep)
+        task = asyncio.create_task(watch.run(client.CoreV1Api(api).list_pod_for_all_namespaces))
+        try:
+            await until(lambda: len(delays) == 1)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    assert errors == [("api", "unreachable")]
+    assert not watch.synced and watch.pods == {}
+
+
+async def test_malformed_objects_are_skipped(serve: Any) -> None:
+    api = FakeApi([listing("10", pod("a", "u1"), {"metadata": {"name": "no-uid"}})])
+    core = await serve(api)
+    errors = Errors()
+    watch = PodMetadataWatch(NODE, errors)
+    task = asyncio.create_task(watch.run(core.list_pod_for_all_namespaces))
+    try:
+        await until(lambda: len(api.requests) == 2)
+    finally:
+        api.release.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert list(watch.pods) == ["u1"]
+    assert errors == [("api", "malformed_object")]

@@ -1,0 +1,402 @@
+"""The sampler on real simulated GPUs and the real exposition; both clocks are parameters."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpumon.config import SamplingConfig
+from gpumon.devices.health import HealthPolicy
+from gpumon.devices.model import (
+    GpuIdentity,
+    GpuSample,
+    HealthReason,
+    HealthState,
+    HealthVerdict,
+    PodGpuUsage,
+    PodRef,
+    Snapshot,
+    XidEvent,
+)
+from gpumon.devices.simulated import SimulatedBackend, parse_fault
+from gpumon.exporter.sampler import (
+    BackendChange,
+    GpuState,
+    HealthChange,
+    Sampler,
+    SelfMetrics,
+    Watcher,
+    carry_over,
+    reopen_delay,
+    to_sample,
+    watch_events,
+    with_xid,
+)
+
+T0 = 1_800_000_000.0
+POLICY = HealthPolicy()
+
+
+class Clocks:
+    """The sampler's wall clock and monotonic clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.wall = T0
+        self.mono = 100.0
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.mono += seconds
+
+
+@pytest.fixture
+def executor() -> Iterator[ThreadPoolExecutor]:
+    ex = ThreadPoolExecutor(max_workers=16)
+    yield ex
+    ex.shutdown(wait=False, cancel_futures=True)
+
+
+@pytest.fixture
+def clocks() -> Clocks:
+    return Clocks()
+
+
+@pytest.fixture
+def backend() -> Iterator[SimulatedBackend]:
+    b = SimulatedBackend(4, seed=3)
+    yield b
+    b.close()  # releases any read still blocked by a slow fault
+
+
+def make_sampler(
+    backend: SimulatedBackend,
+    executor: ThreadPoolExecutor,
+    clocks: Clocks,
+    *,
+    call_timeout: float = 10.0,
+    attributor: object = None,
+) -> Sampler:
+    return Sampler(
+        backend,
+        node="node-1",
+        profile="native",
+        sampling=SamplingConfig(
+            fast_interval_seconds=1.0, slow_interval_seconds=10.0, call_timeout_seconds=call_timeout
+        ),
+        policy=POLICY,
+        executor=executor,
+        metrics=SelfMetrics(CollectorRegistry(auto_describe=True), backend=backend.name),
+        attributor=attributor,  # type: ignore[arg-type]
+        wall_clock=lambda: clocks.wall,
+        monotonic=lambda: clocks.mono,
+    )
+
+
+def value(sampler: Sampler, name: str, **labels: str) -> float | None:
+    assert sampler.rendered is not None
+    for family in text_string_to_metric_families(sampler.rendered.text.decode()):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return None
+
+
+async def sample(sampler: Sampler) -> Snapshot:
+    await sampler.sample_slow()
+    await sampler.sample_fast()
+    assert sampler.snapshot is not None
+    return sampler.snapshot
+
+
+async def test_first_complete_sample_makes_it_ready(backend, executor, clocks) -> None:
+    sampler = make_sampler(backend, executor, clocks)
+    assert not sampler.ready and sampler.rendered is None
+    snap = await sample(sampler)
+    assert sampler.ready and snap.complete and snap.backend_up
+    assert snap.node == "node-1" and snap.taken_at == T0
+    assert [g.identity.index for g in snap.gpus] == [0, 1, 2, 3]
+    assert all(g.fast is not None and g.slow is not None and g.sampled_at == T0 for g in snap.gpus)
+    assert all(g.health.state is HealthState.HEALTHY for g in snap.gpus)
+    assert value(sampler, "gpumon_gpu_temperature_celsius", gpu="0", sensor="gpu") is not None
+    assert value(sampler, "gpumon_exporter_nvml_up") == 1
+    assert value(sampler, "gpumon_exporter_last_sample_timestamp_seconds", cadence="fast") == T0
+    assert value(sampler, "gpumon_exporter_sample_duration_seconds_count", cadence="slow") == 1
+    assert value(sampler, "gpumon_exporter_build_info", backend="simulated") == 1
+    # The payload size is the previous render's, so a second render reports the first one's.
+    first_size = len(sampler.rendered.text) if sampler.rendered else 0
+    await sampler.sample_fast()
+    assert value(sampler, "gpumon_exporter_scrape_bytes") == first_size
+
+
+async def test_only_a_fast_sample_is_not_complete(backend, executor, clocks) -> None:
+    sampler = make_sampler(backend, executor, clocks)
+    await sampler.sample_fast()
+    assert sampler.snapshot is not None and not sampler.snapshot.complete and not sampler.ready
+    assert sampler.rendered is not None  # served anyway: partial data beats none
+
+
+async def test_hung_call_times_out_then_the_gpu_is_skipped_not_piled_up(backend, executor, clocks) -> None:
+    sampler = make_sampler(backend, executor, clocks, call_timeout=0.05)
+    await sample(sampler)
+    backend.inject(parse_fault({"gpu": 1, "fault": "slow", "seconds": 120}))
+    clocks.advance(1)
+    snap = await sample(sampler)
+    assert not snap.complete and sampler.hung_calls == 1
+    hung = snap.gpu(1)
+    assert hung is not None and hung.sampled_at == T0  # last data kept, stamped when it was read
+    assert all(g.sampled_at == T0 + 1 for g in snap.gpus if g.identity.index != 1)
+    assert value(sampler, "gpumon_exporter_errors_total", source="simulated.read_slow", kind="timeout") == 1
+    assert value(sampler, "gpumon_exporter_skipped_reads_total") == 1, "the fast read after the hung slow one"
+    for _ in range(3):
+        clocks.advance(1)
+        await sampler.sample_fast()
+    assert value(sampler, "gpumon_exporter_skipped_reads_total") == 4
+    assert sampler.hung_calls == 1, "a hung GPU never gets a second thread"
+    assert (
+        value(sampler, "gpumon_exporter_errors_total", source="simulated.read_fast", kind="timeout") is None
+    )
+
+    backend.inject(parse_fault({"gpu": 1, "fault": "clear"}))  # the blocked read returns
+    await _until(lambda: sampler.hung_calls == 0)
+    clocks.advance(1)
+    snap = await sample(sampler)
+    assert snap.complete and sampler.hung_calls == 0
+    assert all(g.sampled_at == clocks.wall for g in snap.gpus)
+
+
+async def test_a_lost_gpu_turns_only_itself_lost(backend, executor, clocks) -> None:
+    sampler = make_sampler(backend, executor, clocks)
+    await sample(sampler)
+    backend.inject(parse_fault({"gpu": 2, "fault": "lost"}))
+    snap = await sample(sampler)
+    lost = snap.gpu(2)
+    assert lost is not None and lost.lost and lost.health.state is HealthState.LOST
+    assert lost.fast is None and lost.slow is None
+    assert all(g.health.state is HealthState.HEALTHY for g in snap.gpus if g.identity.index != 2)
+    assert snap.complete and sampler.ready, "a lost GPU is known, not missing"
+    assert value(sampler, "gpumon_gpu_health", gpu="2", state="lost") == 1
+    assert value(sampler, "gpumon_exporter_errors_total", source="simulated.read_slow", kind="lost") == 1
+    backend.inject(parse_fault({"gpu": 2, "fault": "clear"}))
+    snap = await sample(sampler)
+    back = snap.gpu(2)
+    assert back is not None and not back.lost and back.fast is not None
+
+
+async def test_backend_down_keeps_last_data_and_recovers_with_backoff(backend, executor, clocks) -> None:
+    sampler = make_sampler(backend, executor, clocks)
+    before = await sample(sampler)
+    backend.inject(parse_fault({"fault": "unavailable"}))
+    clocks.advance(1)
+    await sampler.sample_fast()
+    down = sampler.snapshot
+    assert down is not None and not down.backend_up and not down.complete and not sampler.ready
+    assert [g.fast for g in down.gpus] == [g.fast for g in before.gpus], "last data kept"
+    assert value(sampler, "gpumon_exporter_nvml_up") == 0
+    errors = "gpumon_exporter_errors_total"
+    assert value(sampler, errors, source="simulated.read_fast", kind="unavailable") == 1
+
+    # First re-open on the next tick, then 1 s, 2 s, 4 s apart.
+    attempts = []
+    for _ in range(16):
+        clocks.advance(0.5)
+        await sampler.sample_fast()
+        attempts.append(value(sampler, errors, source="simulated.open", kind="unavailable"))
+    assert attempts == [1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 4, 4]
+
+    backend.clear_all()
+    clocks.advance(10)
+    snap = await sample(sampler)
+    assert snap.backend_up and snap.complete and sampler.ready
+    assert value(sampler, "gpumon_exporter_nvml_up") == 1
+    assert [g.identity for g in snap.gpus] == [g.identity for g in before.gpus]
+
+
+async def test_backend_unavailable_from_the_start(backend, executor, clocks) -> None:
+    backend.inject(parse_fault({"fault": "unavailable"}))
+    sampler = make_sampler(backend, executor, clocks)
+    snap = await sample(sampler)
+    assert snap.gpus == () and not snap.backend_up and not sampler.ready
+    assert value(sampler, "gpumon_exporter_nvml_up") == 0, "rendered so Prometheus sees the exporter is up"
+
+
+async def test_xid_events_from_the_thread_are_counted_and_published(backend, executor) -> None:
+    clocks = Clocks()
+    sampler = make_sampler(backend, executor, clocks)
+    watcher = sampler.subscribe()
+    async with _running(sampler):
+        await _until(lambda: sampler.ready)
+        while not watcher.queue.empty():  # the first sample's transitions (from nothing)
+            watcher.queue.get_nowait()
+        for code in (79, 79, 13):
+            backend.inject(parse_fault({"gpu": 1, "fault": "xid", "code": code}))
+        change = await asyncio.wait_for(watcher.queue.get(), 30)
+        assert isinstance(change, HealthChange) and change.index == 1
+        assert change.current.state is HealthState.UNHEALTHY and change.current.reason == "XidFatal"
+        await _until(
+            lambda: sampler.snapshot is not None and sum(sampler.snapshot.gpus[1].xid_counts.values()) == 3
+        )
+        assert sampler.snapshot is not None
+        gpu = sampler.snapshot.gpus[1]
+        assert dict(gpu.xid_counts) == {79: 2, 13: 1} and gpu.last_xid == 13
+        assert value(sampler, "gpumon_gpu_xid_errors_total", gpu="1", xid="79") == 2
+        assert value(sampler, "gpumon_gpu_xid_errors_total", gpu="1", xid="13") == 1
+
+
+async def test_xid_verdict_expires_after_the_window_but_the_count_stays(backend, executor, clocks) -> None:
+    sampler = make_sampler(backend, executor, clocks)
+    await sample(sampler)
+    uuid = backend.devices()[0].uuid
+    sampler.ingest_xids([XidEvent(uuid, 79, 0.0)])  # the backend's stamp does not matter
+    assert sampler.snapshot is not None and sampler.snapshot.gpus[0].health.state is HealthState.UNHEALTHY
+    clocks.advance(POLICY.xid_window_seconds + 1)
+    snap = await sample(sampler)
+    assert snap.gpus[0].health.state is HealthState.HEALTHY
+    assert dict(snap.gpus[0].xid_counts) == {79: 1}
+    sampler.ingest_xids([XidEvent("GPU-not-here", 79, 0.0)])
+    assert value(sampler, "gpumon_exporter_errors_total", kind="unknown_gpu") == 1
+
+
+async def test_watchers_get_transitions_after_each_render(backend, executor, clocks) -> None:
+    sampler = make_sampler(backend, executor, clocks)
+    watcher = sampler.subscribe()
+    await sample(sampler)
+    first = [watcher.queue.get_nowait() for _ in range(watcher.queue.qsize())]
+    assert isinstance(first[0], BackendChange) and first[0].up
+    assert sorted(e.index for e in first if isinstance(e, HealthChange)) == [0, 1, 2, 3]
+    backend.inject(parse_fault({"gpu": 3, "fault": "overheat", "celsius": 99}))
+    await sampler.sample_fast()
+    (change,) = [watcher.queue.get_nowait() for _ in range(watcher.queue.qsize())]
+    assert isinstance(change, HealthChange) and change.index == 3
+    assert change.previous is not None and change.previous.state is HealthState.HEALTHY
+    assert change.current.state is HealthState.UNHEALTHY and change.current.reason == "Thermal"
+    await sampler.sample_fast()
+    assert watcher.queue.empty(), "no transition, no event"
+    sampler.unsubscribe(watcher)
+    backend.inject(parse_fault({"gpu": 3, "fault": "clear"}))
+    await sampler.sample_fast()
+    assert watcher.queue.empty()
+
+
+class RecordingAttributor:
+    def __init__(self) -> None:
+        self.refreshes = 0
+        self.fail = False
+
+    async def refresh(self) -> None:
+        self.refreshes += 1
+
+    def attribute(self, gpus: Sequence[GpuSample]) -> tuple[PodGpuUsage, ...]:
+        if self.fail:
+            raise RuntimeError("boom")
+        g = gpus[0]
+        return (
+            PodGpuUsage(
+                PodRef("ns", "pod-a", "main"), g.identity.index, g.identity.uuid, used_memory_bytes=1
+            ),
+        )
+
+
+async def test_pods_are_attributed_every_fast_tick_and_refreshed_on_the_slow_one(
+    backend, executor, clocks
+) -> None:
+    attributor = RecordingAttributor()
+    sampler = make_sampler(backend, executor, clocks, attributor=attributor)
+    snap = await sample(sampler)
+    assert attributor.refreshes == 1
+    assert [p.ref.pod for p in snap.pods] == ["pod-a"]
+    attributor.fail = True
+    await sampler.sample_fast()
+    assert sampler.snapshot is not None and [p.ref.pod for p in sampler.snapshot.pods] == ["pod-a"]
+    assert value(sampler, "gpumon_exporter_errors_total", source="pods.attribute", kind="unexpected") == 1
+
+
+async def test_run_and_shutdown_leave_no_xid_thread(backend, executor, clocks) -> None:
+    sampler = make_sampler(backend, executor, clocks)
+    async with _running(sampler):
+        await _until(lambda: sampler.ready)
+    assert sampler._xid_thread is not None and not sampler._xid_thread.is_alive()
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Wait for work done by real threads, polling with a generous deadline."""
+    async with asyncio.timeout(30):
+        while not condition():  # noqa: ASYNC110 - set by other threads, not by an awaitable
+            await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def _running(sampler: Sampler) -> AsyncIterator[None]:
+    task = asyncio.create_task(sampler.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await sampler.shutdown()
+
+
+# -- the pure parts -----------------------------------------------------------------------------
+
+
+def test_reopen_backoff_doubles_up_to_a_cap() -> None:
+    assert [reopen_delay(n) for n in (1, 2, 3, 4, 5, 6, 7, 50)] == [1, 2, 4, 8, 16, 30, 30, 30]
+
+
+IDENT = GpuIdentity(0, "GPU-a", "NVIDIA A100-SXM4-80GB", "00000000:07:00.0")
+
+
+def test_xids_are_counted_and_judged_within_the_window() -> None:
+    s = GpuState(IDENT)
+    s = with_xid(s, 79, 10.0, 600)
+    s = with_xid(s, 79, 20.0, 600)
+    s = with_xid(s, 13, 30.0, 600)
+    assert dict(s.xid_counts) == {79: 2, 13: 1} and s.last_xid == 13
+    assert to_sample(s, now=30.0, policy=POLICY).health.state is HealthState.UNHEALTHY
+    assert to_sample(s, now=621.0, policy=POLICY).health.state is HealthState.HEALTHY
+    s = with_xid(s, 13, 700.0, 600)
+    assert set(s.xid_seen_at) == {13}, "codes outside the window are forgotten, counts are not"
+    assert dict(s.xid_counts) == {79: 2, 13: 2}
+
+
+def test_carry_over_keeps_counters_by_uuid() -> None:
+    old = {0: with_xid(GpuState(IDENT), 48, 1.0, 600)}
+    moved = GpuIdentity(1, "GPU-a", IDENT.model, IDENT.pci_bus_id)
+    new = GpuIdentity(0, "GPU-b", IDENT.model, "00000000:0F:00.0")
+    states = carry_over(old, [new, moved])
+    assert dict(states[1].xid_counts) == {48: 1} and states[1].identity.index == 1
+    assert states[0] == GpuState(new)
+
+
+def _snap(up: bool, *verdicts: HealthVerdict) -> Snapshot:
+    gpus = tuple(
+        GpuSample(GpuIdentity(i, f"GPU-{i}", "m", "b"), None, None, v, 0.0) for i, v in enumerate(verdicts)
+    )
+    return Snapshot("n", None, gpus, (), 5.0, up, up)
+
+
+def test_watch_events_are_state_or_reason_changes() -> None:
+    ok = HealthVerdict(HealthState.HEALTHY)
+    hot = HealthVerdict(HealthState.DEGRADED, (HealthReason("Thermal", "88 C", HealthState.DEGRADED),))
+    hotter = HealthVerdict(HealthState.DEGRADED, (HealthReason("Thermal", "89 C", HealthState.DEGRADED),))
+    ecc = HealthVerdict(HealthState.DEGRADED, (HealthReason("EccContained", "Xid 94", HealthState.DEGRADED),))
+    assert [type(e).__name__ for e in watch_events(None, _snap(True, ok))] == [
+        "BackendChange",
+        "HealthChange",
+    ]
+    assert watch_events(_snap(True, ok, hot), _snap(True, ok, hotter)) == (), "same reason, new detail"
+    (change,) = watch_events(_snap(True, ok, hot), _snap(True, ok, ecc))
+    assert isinstance(change, HealthChange) and change.index == 1 and change.previous == hot
+    assert watch_events(_snap(True, ok), _snap(False, ok)) == (BackendChange(False, 5.0),)
+
+
+async def test_a_watcher_that_falls_behind_is_told_to_resync() -> None:
+    w = Watcher(maxsize=2)
+    w.push([BackendChange(True, 1.0), BackendChange(False, 2.0), BackendChange(True, 3.0)])
+    assert w.queue.qsize() == 1 and w.queue.get_nowait() is None

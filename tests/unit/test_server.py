@@ -1,0 +1,352 @@
+"""The exporter's HTTP app on real simulated GPUs: negotiation, gzip, auth, probes, watch, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import gzip
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import ClientPayloadError, ClientResponse
+from aiohttp.test_utils import TestClient
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpumon.config import AuthConfig, ConfigError, ExporterConfig, SamplingConfig
+from gpumon.devices.nvml import NvmlBackend
+from gpumon.devices.simulated import SimulatedBackend, parse_fault
+from gpumon.exporter.server import STATE, accepts_gzip, choose_format, make_app
+
+Client = TestClient[Any, Any]
+MakeClient = Callable[..., Awaitable[Client]]
+
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,"
+    "text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+)
+
+
+def config(*, call_timeout: float = 5.0, **kw: Any) -> ExporterConfig:
+    return ExporterConfig(
+        node_name="node-1",
+        backend="simulated",
+        sampling=SamplingConfig(
+            fast_interval_seconds=0.1, slow_interval_seconds=0.5, call_timeout_seconds=call_timeout
+        ),
+        **kw,
+    )
+
+
+@pytest.fixture
+def backend() -> SimulatedBackend:
+    return SimulatedBackend(4, seed=5)
+
+
+async def until(condition: Callable[[], Awaitable[bool]]) -> None:
+    """Wait for the app's background sampler, polling with a generous deadline."""
+    async with asyncio.timeout(30):
+        while not await condition():  # noqa: ASYNC110 - the sampler runs on its own cadence
+            await asyncio.sleep(0.02)
+
+
+async def ready(client: Client) -> None:
+    async def check() -> bool:
+        return (await client.get("/readyz")).status == 200
+
+    await until(check)
+
+
+async def started(aiohttp_client: MakeClient, backend: Any, **kw: Any) -> Client:
+    client = await aiohttp_client(make_app(config(**kw), backend), auto_decompress=False)
+    await ready(client)
+    return client
+
+
+# -- negotiation (pure) -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("accept", "expected"),
+    [
+        ("", "text"),
+        ("*/*", "text"),
+        ("text/plain", "text"),
+        ("application/openmetrics-text", "openmetrics"),
+        ("application/openmetrics-text; version=1.0.0; charset=utf-8", "openmetrics"),
+        (PROMETHEUS_ACCEPT, "openmetrics"),
+        ("text/plain;q=0.9, application/openmetrics-text;q=0.5", "text"),
+        ("application/openmetrics-text;q=0, text/plain", "text"),
+        ("application/json", "text"),
+    ],
+)
+def test_choose_format(accept: str, expected: str) -> None:
+    assert choose_format(accept) == expected
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("", False),
+        ("gzip", True),
+        ("deflate, gzip;q=0.5", True),
+        ("gzip;q=0", False),
+        ("br", False),
+        ("*", True),
+    ],
+)
+def test_accepts_gzip(header: str, expected: bool) -> None:
+    assert accepts_gzip(header) is expected
+
+
+# -- /metrics -----------------------------------------------------------------------------------
+
+
+async def test_metrics_text_by_default(aiohttp_client: MakeClient, backend: SimulatedBackend) -> None:
+    client = await started(aiohttp_client, backend)
+    resp = await client.get("/metrics", headers={"Accept": "*/*", "Accept-Encoding": "identity"})
+    assert resp.status == 200
+    assert resp.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert "Content-Encoding" not in resp.headers
+    assert "Accept" in resp.headers["Vary"] and "Accept-Encoding" in resp.headers["Vary"]
+    names = {f.name for f in text_string_to_metric_families(await resp.text())}
+    assert {"gpumon_gpu_utilization_ratio", "gpumon_gpu_health", "gpumon_exporter_nvml_up"} <= names
+
+
+async def test_metrics_openmetrics_when_asked(aiohttp_client: MakeClient, backend: SimulatedBackend) -> None:
+    client = await started(aiohttp_client, backend)
+    resp = await client.get("/metrics", headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "identity"})
+    assert resp.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+    body = await resp.text()
+    assert body.endswith("# EOF\n")
+    assert "gpumon_gpu_health" in {f.name for f in parse_openmetrics(body)}
+
+
+@pytest.mark.parametrize("accept", ["text/plain", "application/openmetrics-text"])
+async def test_metrics_gzip_is_the_same_payload(
+    aiohttp_client: MakeClient, backend: SimulatedBackend, accept: str
+) -> None:
+    client = await started(aiohttp_client, backend)
+    resp = await client.get("/metrics", headers={"Accept": accept, "Accept-Encoding": "gzip, deflate"})
+    assert resp.headers["Content-Encoding"] == "gzip"
+    plain = gzip.decompress(await resp.read()).decode()
+    parse = text_string_to_metric_families if accept == "text/plain" else parse_openmetrics
+    assert "gpumon_gpu_health" in {f.name for f in parse(plain)}
+    assert plain.endswith("# EOF\n") == (accept != "text/plain")
+
+
+async def test_503_and_not_ready_before_the_first_render(
+    aiohttp_client: MakeClient, backend: SimulatedBackend
+) -> None:
+    backend.inject(parse_fault({"gpu": 0, "fault": "slow", "seconds": 120}))  # holds the first tick
+    client = await aiohttp_client(make_app(config(call_timeout=60), backend))
+    resp = await client.get("/metrics")
+    assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+    resp = await client.get("/readyz")
+    assert resp.status == 503 and "no complete sample yet" in await resp.text()
+    assert (await client.get("/api/v1/snapshot")).status == 503
+    assert (await client.get("/healthz")).status == 200
+    backend.inject(parse_fault({"gpu": 0, "fault": "clear"}))
+    await ready(client)
+    assert (await client.get("/metrics")).status == 200
+
+
+async def test_not_ready_while_the_backend_is_down_then_recovers(
+    aiohttp_client: MakeClient, backend: SimulatedBackend
+) -> None:
+    client = await started(aiohttp_client, backend)
+    backend.inject(parse_fault({"fault": "unavailable"}))
+
+    async def down() -> bool:
+        resp = await client.get("/readyz")
+        return resp.status == 503 and "device backend down" in await resp.text()
+
+    await until(down)
+    resp = await client.get("/metrics", headers={"Accept-Encoding": "identity"})
+    assert resp.status == 200, "last data still served"
+    assert "gpumon_exporter_nvml_up 0.0" in await resp.text()
+    backend.clear_all()
+    await ready(client)
+
+
+async def test_nvml_unavailable_still_serves_and_has_no_fault_endpoint(aiohttp_client: MakeClient) -> None:
+    cfg = config().model_copy(update={"backend": "nvml"})
+    client = await aiohttp_client(make_app(cfg, NvmlBackend(Path("/nonexistent/libnvidia-ml.so.1"))))
+
+    async def rendered() -> bool:
+        return (await client.get("/metrics")).status == 200
+
+    await until(rendered)
+    text = await (await client.get("/metrics", headers={"Accept-Encoding": "identity"})).text()
+    assert "gpumon_exporter_nvml_up 0.0" in text
+    assert (await client.get("/readyz")).status == 503
+    assert (await client.get("/api/v1/faults")).status == 404
+
+
+# -- auth ---------------------------------------------------------------------------------------
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+async def test_basic_auth_guards_all_but_the_probes(
+    aiohttp_client: MakeClient, backend: SimulatedBackend
+) -> None:
+    auth = AuthConfig(basic_username="prom", basic_password="s3cret")  # type: ignore[arg-type]
+    client = await started(aiohttp_client, backend, auth=auth)
+    for path in ("/metrics", "/api/v1/snapshot", "/api/v1/faults"):
+        resp = await client.get(path)
+        assert resp.status == 401 and resp.headers["WWW-Authenticate"].startswith("Basic")
+    assert (await client.get("/metrics", headers=_basic("prom", "wrong"))).status == 401
+    assert (await client.get("/metrics", headers=_basic("other", "s3cret"))).status == 401
+    assert (await client.get("/metrics", headers={"Authorization": "Basic !!!"})).status == 401
+    assert (await client.get("/metrics", headers={"Authorization": "Bearer s3cret"})).status == 401
+    assert (await client.get("/metrics", headers=_basic("prom", "s3cret"))).status == 200
+    assert (await client.get("/healthz")).status == 200
+
+
+async def test_bearer_token_from_a_file_and_its_rotation(
+    aiohttp_client: MakeClient, backend: SimulatedBackend, tmp_path: Path
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("tok-1\n")
+    client = await started(aiohttp_client, backend, auth=AuthConfig(bearer_token_file=token))
+    assert (await client.get("/metrics")).status == 401
+    assert (await client.get("/metrics", headers={"Authorization": "Bearer tok-1"})).status == 200
+    assert (await client.get("/metrics", headers={"Authorization": "bearer tok-1"})).status == 200
+    token.write_text("tok-2")
+    client.app[STATE].auth.reload_token()  # what the app's reload task does every 30 s
+    assert (await client.get("/metrics", headers={"Authorization": "Bearer tok-1"})).status == 401
+    assert (await client.get("/metrics", headers={"Authorization": "Bearer tok-2"})).status == 200
+
+
+def test_unreadable_token_file_is_a_config_error(backend: SimulatedBackend, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"auth\.bearer_token_file: cannot read"):
+        make_app(config(auth=AuthConfig(bearer_token_file=tmp_path / "missing")), backend)
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ConfigError, match="is empty"):
+        make_app(config(auth=AuthConfig(bearer_token_file=tmp_path / "empty")), backend)
+
+
+# -- JSON API -----------------------------------------------------------------------------------
+
+
+async def test_snapshot_json(aiohttp_client: MakeClient, backend: SimulatedBackend) -> None:
+    client = await started(aiohttp_client, backend)
+    doc = await (await client.get("/api/v1/snapshot")).json()
+    assert doc["node"] == "node-1" and doc["backend_up"] is True and doc["complete"] is True
+    assert [g["identity"]["index"] for g in doc["gpus"]] == [0, 1, 2, 3]
+    g = doc["gpus"][0]
+    assert g["identity"]["uuid"] == backend.devices()[0].uuid
+    assert g["health"] == {"state": "healthy", "reasons": []}
+    assert g["fast"]["memory"]["total_bytes"] == 81920 << 20
+    assert isinstance(g["fast"]["throttle_reasons"], list)
+    assert doc["driver"]["driver_version"]
+
+
+async def _next(resp: ClientResponse, predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    async with asyncio.timeout(30):
+        while True:
+            line = await resp.content.readline()
+            assert line, "stream ended"
+            doc = json.loads(line)
+            if predicate(doc):
+                return doc
+
+
+async def test_watch_streams_state_then_transitions(
+    aiohttp_client: MakeClient, backend: SimulatedBackend
+) -> None:
+    client = await started(aiohttp_client, backend)
+    resp = await client.get("/api/v1/watch")
+    assert resp.status == 200 and resp.headers["Content-Type"] == "application/x-ndjson"
+    first = json.loads(await resp.content.readline())
+    assert first["type"] == "state" and first["node"] == "node-1" and first["backend_up"] is True
+    assert [(g["gpu"], g["state"]) for g in first["gpus"]] == [(i, "healthy") for i in range(4)]
+
+    assert (await client.post("/api/v1/faults", json={"gpu": 1, "fault": "xid", "code": 79})).status == 200
+    change = await _next(resp, lambda d: d["type"] == "health")
+    assert change["gpu"] == 1 and change["uuid"] == backend.devices()[1].uuid
+    assert change["from"] == "healthy" and change["state"] == "unhealthy"
+    assert change["reasons"] == [{"code": "XidFatal", "detail": "Xid 79", "state": "unhealthy"}]
+
+    backend.inject(parse_fault({"fault": "unavailable"}))
+    assert (await _next(resp, lambda d: d["type"] == "backend"))["up"] is False
+    backend.clear_all()
+    assert (await _next(resp, lambda d: d["type"] == "backend"))["up"] is True
+    resp.close()
+
+
+async def test_watch_heartbeat(aiohttp_client: MakeClient, backend: SimulatedBackend) -> None:
+    client = await started(aiohttp_client, backend)
+    resp = await client.get("/api/v1/watch", params={"heartbeat": "0.1"})
+    beat = await _next(resp, lambda d: d["type"] == "heartbeat")
+    assert beat["node"] == "node-1" and beat["time"] > 0
+    resp.close()
+    for bad in ("0", "abc", "1000"):
+        assert (await client.get("/api/v1/watch", params={"heartbeat": bad})).status == 400
+
+
+async def test_watch_streams_end_when_the_app_stops(
+    aiohttp_client: MakeClient, backend: SimulatedBackend
+) -> None:
+    client = await started(aiohttp_client, backend)
+    resp = await client.get("/api/v1/watch")
+    await resp.content.readline()
+    await client.app.shutdown()  # what a graceful stop runs before waiting for open requests
+    async with asyncio.timeout(30):
+        with contextlib.suppress(ClientPayloadError):  # the stream is cut, not finished
+            assert await resp.content.read() == b""
+    assert not client.app[STATE].watch_tasks
+
+
+# -- faults -------------------------------------------------------------------------------------
+
+
+async def test_fault_endpoint_injects_lists_and_clears(
+    aiohttp_client: MakeClient, backend: SimulatedBackend
+) -> None:
+    client = await started(aiohttp_client, backend)
+    status = await (await client.get("/api/v1/faults")).json()
+    assert status["gpus"] == 4 and status["model"] == "A100-SXM4-80GB" and status["active"] == {}
+    assert "xid" in status["kinds"] and "lost" in status["kinds"]
+
+    resp = await client.post("/api/v1/faults", json={"gpu": 2, "fault": "lost"})
+    assert resp.status == 200 and (await resp.json())["injected"] == {"gpu": 2, "fault": "lost"}
+    resp = await client.post("/api/v1/faults", json={"gpu": 0, "fault": "overheat", "celsius": 99})
+    assert resp.status == 200
+    status = await (await client.get("/api/v1/faults")).json()
+    assert status["active"] == {"0": ["overheat 99 C"], "2": ["lost"]}
+    assert [f["fault"] for f in status["injected"]] == ["lost", "overheat"]
+
+    async def gpu2_lost() -> bool:
+        doc = await (await client.get("/api/v1/snapshot")).json()
+        return doc["gpus"][2]["health"]["state"] == "lost"
+
+    await until(gpu2_lost)
+    status = await (await client.delete("/api/v1/faults")).json()
+    assert status["active"] == {} and status["unavailable"] is False
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"gpu": 1, "fault": "xid"}, "xid.code: Field required"),
+        ({"gpu": 9, "fault": "lost"}, "gpu 9 does not exist"),
+        ({"gpu": 1, "fault": "melt"}, "does not match any of the expected tags"),
+        ([1, 2], "invalid fault"),
+    ],
+)
+async def test_bad_fault_requests_get_400_with_the_reason(
+    aiohttp_client: MakeClient, backend: SimulatedBackend, body: Any, message: str
+) -> None:
+    client = await started(aiohttp_client, backend)
+    resp = await client.post("/api/v1/faults", json=body)
+    assert resp.status == 400 and message in (await resp.json())["error"]
+    resp = await client.post("/api/v1/faults", data=b"{not json")
+    assert resp.status == 400

@@ -1,0 +1,203 @@
+"""Shared-GPU allocations from gpushare/cGPU and HAMi annotations and limits."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pytest
+
+from gpumon.exporter.sharing import (
+    CGPU_CORE_RESOURCE,
+    GPUSHARE_ASSIGNED,
+    GPUSHARE_INDEX,
+    GPUSHARE_MEMORY_RESOURCE,
+    GPUSHARE_POD_MEMORY,
+    HAMI_ALLOCATED,
+    SharedAllocation,
+    parse_quantity,
+    shared_allocations,
+)
+
+GIB = 1 << 30
+MIB = 1 << 20
+UUID_A = "GPU-7c1f2a9e-0d3b-4c5a-8e6f-1a2b3c4d5e6f"
+UUID_B = "GPU-1d2e3f40-5a6b-4c7d-8e9f-a0b1c2d3e4f5"
+
+
+@dataclass(frozen=True)
+class C:
+    name: str
+    limits: Mapping[str, str] = field(default_factory=dict)
+
+
+def gpushare(
+    annotations: Mapping[str, str], *containers: C, init: tuple[C, ...] = (), unit: int = GIB
+) -> tuple[list[SharedAllocation], list[str]]:
+    r = shared_allocations(annotations, init, containers, gpushare_unit_bytes=unit)
+    return list(r.allocations), list(r.problems)
+
+
+ASSIGNED = {GPUSHARE_INDEX: "1", GPUSHARE_POD_MEMORY: "5", GPUSHARE_ASSIGNED: "true"}
+
+
+def test_gpushare_each_container_gets_its_limit_on_the_indexed_gpu() -> None:
+    allocations, problems = gpushare(
+        ASSIGNED,
+        C("train", {GPUSHARE_MEMORY_RESOURCE: "3"}),
+        C("sidecar"),
+        C("infer", {GPUSHARE_MEMORY_RESOURCE: "2", CGPU_CORE_RESOURCE: "30"}),
+    )
+    assert problems == []
+    assert allocations == [
+        SharedAllocation("train", None, 1, 3 * GIB, None),
+        SharedAllocation("infer", None, 1, 2 * GIB, 0.30),
+    ]
+
+
+def test_gpushare_memory_unit_mib() -> None:
+    allocations, _ = gpushare(
+        {GPUSHARE_INDEX: "0", GPUSHARE_POD_MEMORY: "2048"},
+        C("c", {GPUSHARE_MEMORY_RESOURCE: "2048"}),
+        unit=MIB,
+    )
+    assert allocations == [SharedAllocation("c", None, 0, 2 * GIB, None)]
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        {},  # not placed by the extender
+        {GPUSHARE_INDEX: "0", GPUSHARE_ASSIGNED: "false"},  # placed, not yet allocated by the kubelet
+        {GPUSHARE_INDEX: "0", GPUSHARE_ASSIGNED: "False"},
+    ],
+)
+def test_gpushare_not_yet_allocated(annotations: Mapping[str, str]) -> None:
+    assert gpushare(annotations, C("c", {GPUSHARE_MEMORY_RESOURCE: "4"})) == ([], [])
+
+
+def test_gpushare_without_assigned_flag_counts_as_allocated() -> None:
+    allocations, _ = gpushare({GPUSHARE_INDEX: "0"}, C("c", {GPUSHARE_MEMORY_RESOURCE: "4"}))
+    assert allocations == [SharedAllocation("c", None, 0, 4 * GIB, None)]
+
+
+def test_gpushare_init_containers_are_included() -> None:
+    allocations, _ = gpushare(
+        {GPUSHARE_INDEX: "2"},
+        C("main", {GPUSHARE_MEMORY_RESOURCE: "1"}),
+        init=(C("warm", {GPUSHARE_MEMORY_RESOURCE: "1"}),),
+    )
+    assert [a.container for a in allocations] == ["warm", "main"]
+
+
+@pytest.mark.parametrize(
+    ("annotations", "limits", "problem"),
+    [
+        ({GPUSHARE_INDEX: "one"}, {GPUSHARE_MEMORY_RESOURCE: "1"}, "gpushare_invalid_index"),
+        ({GPUSHARE_INDEX: "-1"}, {GPUSHARE_MEMORY_RESOURCE: "1"}, "gpushare_invalid_index"),
+        ({GPUSHARE_INDEX: "0"}, {GPUSHARE_MEMORY_RESOURCE: "1.5"}, "invalid_quantity"),
+        (
+            {GPUSHARE_INDEX: "0"},
+            {GPUSHARE_MEMORY_RESOURCE: "1", CGPU_CORE_RESOURCE: "150"},
+            "cgpu_invalid_core",
+        ),
+        (
+            {GPUSHARE_INDEX: "0", GPUSHARE_POD_MEMORY: "8"},
+            {GPUSHARE_MEMORY_RESOURCE: "4"},
+            "gpushare_pod_memory_mismatch",
+        ),
+    ],
+)
+def test_gpushare_problems(annotations: Mapping[str, str], limits: Mapping[str, str], problem: str) -> None:
+    _, problems = gpushare(annotations, C("c", limits))
+    assert problem in problems
+
+
+def test_cgpu_core_share_keeps_memory() -> None:
+    allocations, problems = gpushare(
+        {GPUSHARE_INDEX: "0"}, C("c", {GPUSHARE_MEMORY_RESOURCE: "4", CGPU_CORE_RESOURCE: "150"})
+    )
+    assert allocations == [SharedAllocation("c", None, 0, 4 * GIB, None)]
+    assert problems == ["cgpu_invalid_core"]
+
+
+def hami(value: str, *containers: C, init: tuple[C, ...] = ()) -> tuple[list[SharedAllocation], list[str]]:
+    r = shared_allocations({HAMI_ALLOCATED: value}, init, containers, gpushare_unit_bytes=GIB)
+    return list(r.allocations), list(r.problems)
+
+
+def test_hami_one_container_one_device() -> None:
+    assert hami(f"{UUID_A},NVIDIA,3000,30:;", C("app")) == (
+        [SharedAllocation("app", UUID_A, None, 3000 * MIB, 0.30)],
+        [],
+    )
+
+
+def test_hami_containers_and_devices_align_with_the_spec() -> None:
+    value = f"{UUID_A},NVIDIA,1000,25:{UUID_B},NVIDIA,2000,50:;;{UUID_B},NVIDIA,500,0:;"
+    allocations, problems = hami(value, C("a"), C("no-gpu"), C("c"))
+    assert problems == []
+    assert allocations == [
+        SharedAllocation("a", UUID_A, None, 1000 * MIB, 0.25),
+        SharedAllocation("a", UUID_B, None, 2000 * MIB, 0.50),
+        SharedAllocation("c", UUID_B, None, 500 * MIB, None),  # 0 cores: no core limit
+    ]
+
+
+def test_hami_entries_include_init_containers_in_newer_releases() -> None:
+    value = f";{UUID_A},NVIDIA,1000,10:;"
+    allocations, _ = hami(value, C("main"), init=(C("setup"),))
+    assert allocations == [SharedAllocation("main", UUID_A, None, 1000 * MIB, 0.10)]
+
+
+def test_hami_entries_of_older_releases_list_only_containers() -> None:
+    allocations, _ = hami(f"{UUID_A},NVIDIA,1000,10:", C("main"), init=(C("setup"),))
+    assert allocations == [SharedAllocation("main", UUID_A, None, 1000 * MIB, 0.10)]
+
+
+def test_hami_old_join_format_with_empty_last_container() -> None:
+    # Older releases joined entries with ";": two containers, the second without devices.
+    allocations, problems = hami(f"{UUID_A},NVIDIA,1000,10:;", C("a"), C("b"))
+    assert problems == []
+    assert allocations == [SharedAllocation("a", UUID_A, None, 1000 * MIB, 0.10)]
+
+
+def test_hami_legacy_mig_uuid_names_the_parent() -> None:
+    allocations, _ = hami(f"{UUID_A}[1-0],NVIDIA,5000,0:;", C("a"))
+    assert allocations[0].gpu_uuid == UUID_A
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (f"{UUID_A},NVIDIA,1000,10:;x:;y:;", "hami_container_mismatch"),
+        (f"{UUID_A},NVIDIA,lots,10:;", "hami_invalid"),
+        (f"{UUID_A},NVIDIA,1000:;", "hami_invalid"),
+        (f"{UUID_A},NVIDIA,1000,101:;", "hami_invalid"),
+        (",NVIDIA,1000,10:;", "hami_invalid"),
+    ],
+)
+def test_hami_problems(value: str, problem: str) -> None:
+    assert hami(value, C("a")) == ([], [problem])
+
+
+def test_empty_hami_annotation_is_no_allocation() -> None:
+    assert hami("", C("a")) == ([], [])
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("4", 4),
+        ("0", 0),
+        ("2k", 2000),
+        ("1Ki", 1024),
+        ("3Gi", 3 << 30),
+        (" 7 ", 7),
+        ("1.5", None),
+        ("x", None),
+        ("-1", None),
+    ],
+)
+def test_parse_quantity(text: str, value: int | None) -> None:
+    assert parse_quantity(text) == value
