@@ -9,13 +9,14 @@ from pathlib import Path
 
 from grafana_foundation_sdk.models import dashboard as model
 
-from dashboards import fleet, node, workloads
+from dashboards import controller, fleet, node, workloads
 from dashboards.kit import to_json
 
 BUILDERS: dict[str, Callable[[], model.Dashboard]] = {
     fleet.UID: fleet.build,
     node.UID: node.build,
     workloads.UID: workloads.build,
+    controller.UID: controller.build,
 }
 OUT = Path(__file__).parent / "json"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as model
 
+from dashboards import controller
 from dashboards.kit import (
     FULL,
     HEALTH_COLORS,
@@ -28,7 +29,8 @@ def build() -> model.Dashboard:
     return build_dashboard(
         UID,
         "gpumon / Fleet overview",
-        "GPU health, utilization and memory across the fleet; quarantines, circuit breakers and pool sizes.",
+        "GPU health, utilization and memory across the fleet; quarantines, circuit breakers and pool "
+        "sizes.",
         ("cluster", "node"),
         [
             ("Health", [
@@ -125,6 +127,7 @@ def build() -> model.Dashboard:
                     layout=FULL,
                 ),
             ]),
+            ("Controller", controller.fleet_panels()),
             ("Exporters", [
                 stat_panel(
                     "Exporters up",

@@ -222,3 +222,127 @@ def load(model: type[S], *, flags: Mapping[str, Any] | None = None, config_file:
         raise ConfigError(format_validation_error(e)) from None
     except ValueError as e:  # malformed environment values (e.g. bad JSON in a nested var)
         raise ConfigError(f"invalid configuration: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Controller (docs/controller.md)
+
+DEFAULT_CONTROLLER_PORT = 9843
+
+
+def _default_namespace() -> str:
+    return os.environ.get("POD_NAMESPACE") or "gpumon-system"
+
+
+def _default_identity() -> str:
+    return os.environ.get("POD_NAME") or socket.gethostname()
+
+
+class PrometheusSignalsConfig(_Section):
+    url: str = "http://prometheus-operated.monitoring.svc:9090"
+    timeout_seconds: float = Field(5.0, gt=0, le=120)
+    retries: int = Field(2, ge=0, le=10)
+    node_label: str = Field("node", min_length=1)
+    bearer_token_file: Path | None = None
+
+
+class DirectSignalsConfig(_Section):
+    # Exporter pods are found by namespace and label selector...
+    namespace: str = "gpumon-system"
+    label_selector: str = "app.kubernetes.io/name=gpumon-exporter"
+    port: int = Field(DEFAULT_EXPORTER_PORT, ge=1, le=65535)
+    scheme: Literal["http", "https"] = "http"
+    # ...unless given here: node name -> exporter base URL (tests, the demo, exporters off-cluster).
+    endpoints: dict[str, str] = Field(default_factory=dict)
+    heartbeat_seconds: float = Field(10.0, ge=0.1, le=300)
+    poll_interval_seconds: float = Field(5.0, gt=0, le=3600)
+    timeout_seconds: float = Field(5.0, gt=0, le=120)
+    max_concurrency: int = Field(32, ge=1, le=1024)
+    bearer_token_file: Path | None = None
+
+
+class SignalsConfig(_Section):
+    source: Literal["prometheus", "direct"] = "prometheus"
+    # Prometheus query cadence; with direct signals, transitions are pushed as they happen.
+    interval_seconds: float = Field(10.0, gt=0, le=3600)
+    stale_after_seconds: float = Field(60.0, gt=0)
+    prometheus: PrometheusSignalsConfig = Field(default_factory=PrometheusSignalsConfig)
+    direct: DirectSignalsConfig = Field(default_factory=DirectSignalsConfig)
+
+
+class PolicyConfig(_Section):
+    rules_file: Path | None = None
+    # Inline rules, validated (with the rules file's) by gpumon.controller.rules.
+    rules: list[dict[str, Any]] = Field(default_factory=list)
+    builtin_rules: bool = True
+    recover_after_seconds: float = Field(900.0, ge=0)
+    flap_window_seconds: float = Field(3600.0, gt=0)
+    flap_max_onsets: int = Field(3, ge=2)
+    # Xid classes and overrides, Xid window and thermal limits: the exporter's knobs, reused.
+    health: HealthConfig = Field(default_factory=HealthConfig)
+
+
+class QuarantineConfig(_Section):
+    cordon: bool = False
+
+
+class DrainConfig(_Section):
+    enabled: bool = True
+    on_degraded: bool = False
+    deadline_seconds: float = Field(600.0, gt=0)
+    escalation: Literal["report", "delete"] = "report"
+    retry_initial_seconds: float = Field(5.0, gt=0)
+    retry_max_seconds: float = Field(60.0, gt=0)
+    gpu_resource_names: tuple[str, ...] = ("nvidia.com/gpu",)
+    gpu_resource_prefixes: tuple[str, ...] = ("nvidia.com/mig-",)
+
+
+class BreakerConfig(_Section):
+    enabled: bool = True
+    min_nodes: int = Field(2, ge=1)
+    max_fraction: float = Field(0.2, gt=0, le=1)
+    window_seconds: float = Field(3600.0, gt=0)
+    pool_label: str = Field("gpumon.io/pool", min_length=1)
+
+
+class RateLimitConfig(_Section):
+    max_quarantines: int = Field(5, ge=1)
+    window_seconds: float = Field(600.0, gt=0)
+
+
+class LeaderConfig(_Section):
+    enabled: bool = True
+    lease_name: str = Field("gpumon-controller", min_length=1)
+    lease_duration_seconds: float = Field(15.0, ge=1)
+    renew_deadline_seconds: float = Field(10.0, gt=0)
+    retry_period_seconds: float = Field(2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LeaderConfig:
+        if not self.retry_period_seconds < self.renew_deadline_seconds < self.lease_duration_seconds:
+            raise ValueError("need retry_period_seconds < renew_deadline_seconds < lease_duration_seconds")
+        return self
+
+
+class ControllerConfig(_Settings):
+    # A fresh install only reports what it would do: every decision is logged and recorded as
+    # an Event, nothing is changed. Set false to act.
+    dry_run: bool = True
+    paused: bool = False
+    namespace: str = Field(default_factory=_default_namespace, min_length=1)
+    identity: str = Field(default_factory=_default_identity, min_length=1)
+    # The ConfigMap (in `namespace`) holding open breakers and the runtime pause switch.
+    state_configmap: str = Field("gpumon-controller", min_length=1)
+    kubeconfig: Path | None = None
+    listen_address: str = "0.0.0.0"
+    port: int = Field(DEFAULT_CONTROLLER_PORT, ge=0, le=65535)
+    # Label selector of the nodes the controller manages ("" = all).
+    node_selector: str = ""
+    signals: SignalsConfig = Field(default_factory=SignalsConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    quarantine: QuarantineConfig = Field(default_factory=QuarantineConfig)
+    drain: DrainConfig = Field(default_factory=DrainConfig)
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    rate_limit: RateLimitConfig = Field(default_factory=RateLimitConfig)
+    leader: LeaderConfig = Field(default_factory=LeaderConfig)
+    log: LogConfig = Field(default_factory=LogConfig)

@@ -65,6 +65,8 @@ class Informer(Generic[T]):
         self._on_error = on_error
         self._items: dict[str, T] = {}
         self._index: dict[str, set[str]] = {}
+        # Versions this process wrote itself (see update_local).
+        self._written: dict[str, int] = {}
         self.synced = asyncio.Event()
         self.resource_version = ""
         self.relists = 0
@@ -79,6 +81,25 @@ class Informer(Generic[T]):
 
     def indexed(self, value: str) -> list[T]:
         return [self._items[k] for k in self._index.get(value, ())]
+
+    def update_local(self, key: str, view: T, resource_version: str) -> None:
+        """Take in an object this process just wrote (the API's answer), ahead of the watch.
+
+        Until the watch catches up with that version, older events for the key are ignored, so
+        a reconcile never sees its own write undone by a lagging cache. resourceVersions are
+        opaque by contract but etcd revisions in practice; a non-numeric one disables this."""
+        if resource_version.isdigit():
+            self._written[key] = int(resource_version)
+        self._put(key, view)
+
+    def _stale(self, key: str, resource_version: str) -> bool:
+        mine = self._written.get(key)
+        if mine is None or not resource_version.isdigit():
+            return False
+        if int(resource_version) < mine:
+            return True
+        del self._written[key]
+        return False
 
     # -- keeping it current -------------------------------------------------------------------
 
@@ -121,6 +142,7 @@ class Informer(Generic[T]):
             cont = str(meta.get("continue") or "")
             if not cont:
                 break
+        self._written.clear()  # a list is at least as new as anything written before it
         for key in [k for k in self._items if k not in seen]:
             self._put(key, None)
         for key, view in seen.items():
@@ -152,6 +174,8 @@ class Informer(Generic[T]):
             if kind == "BOOKMARK":
                 continue
             key = object_key(obj)
+            if kind != "DELETED" and self._stale(key, rv):
+                continue
             self._put(key, None if kind == "DELETED" else self._convert(obj))
         return rv
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpumon.controller.backoff import Backoff
@@ -140,11 +140,10 @@ class Evictor:
         times = [self._next_try[t.pod.uid] for t in targets if t.pod.uid in self._next_try]
         return min(times) if times else None
 
-    def forget(self, keep: Mapping[str, object]) -> None:
-        """Drop retry state of pods no longer being drained."""
-        for uid in [u for u in self._attempts if u not in keep]:
-            self._attempts.pop(uid, None)
-            self._next_try.pop(uid, None)
+    def forget(self, uid: str) -> None:
+        """Drop the retry state of a pod that is gone."""
+        self._attempts.pop(uid, None)
+        self._next_try.pop(uid, None)
 
     async def run(self, target: DrainTarget, *, now: float, delete: bool, dry_run: bool) -> EvictionOutcome:
         pod = target.pod

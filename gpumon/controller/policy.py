@@ -521,3 +521,15 @@ def restore_state(records: Iterable[GpuRecord], policy: Policy) -> NodeState:
             index = -1 if g.index is None else g.index
             targets[g.uuid or NODE_TARGET] = TargetState(index, MappingProxyType(rules))
     return NodeState(MappingProxyType(targets), SignalStatus.MISSING)
+
+
+def with_records(state: NodeState, records: Iterable[GpuRecord], policy: Policy) -> NodeState:
+    """``state`` plus whatever gpumon recorded on the node that it does not already hold as
+    firing (after a restart, or on a replica that just became leader), so that recovery always
+    waits out its hysteresis from this replica's own observations."""
+    restored = restore_state(records, policy)
+    held = {k for k, t in state.targets.items() if t.firing}
+    missing = {k: t for k, t in restored.targets.items() if k not in held}
+    if not missing:
+        return state
+    return NodeState(MappingProxyType({**state.targets, **missing}), state.signals)

@@ -94,5 +94,8 @@ class SignalSource(Protocol):
     def current(self) -> FleetSignals:
         """The latest readings; cheap, never blocks."""
 
+    def focus(self, nodes: Iterable[str]) -> None:
+        """Nodes the controller watches closely (pending, quarantined): worth more detail."""
+
     async def run(self, on_change: ChangeCallback) -> None:
         """Keep :meth:`current` fresh until cancelled; never raises on network failures."""

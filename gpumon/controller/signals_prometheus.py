@@ -197,9 +197,7 @@ def readings_from_results(
                 observed_at=g.at,
                 temperature_celsius=f.get("temperature_celsius"),
                 memory_utilization_ratio=f.get("memory_utilization_ratio"),
-                ecc_uncorrectable=f.get("ecc_uncorrectable", 0)
-                if Signal.ECC_UNCORRECTABLE.value in results
-                else None,
+                ecc_uncorrectable=f.get("ecc_uncorrectable"),
                 row_remap_failure=f.get("row_remap_failure"),
                 lost=f.get("lost"),
                 health=f.get("health"),
@@ -260,6 +258,9 @@ class PrometheusSource:
 
     def current(self) -> FleetSignals:
         return self._fleet
+
+    def focus(self, nodes: Iterable[str]) -> None:
+        """Every node is in every fleet-wide query already."""
 
     async def _query(self, promql: str, at: float) -> list[Sample]:
         headers = {"Authorization": f"Bearer {self._s.bearer_token}"} if self._s.bearer_token else {}

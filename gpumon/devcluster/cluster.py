@@ -27,12 +27,6 @@ from gpumon.devcluster.health import Probe, Prober
 log = logging.getLogger(__name__)
 
 ADMIN_KUBECONFIG = "admin"
-_CLIENTS = {
-    ADMIN_KUBECONFIG: ("admin", pki.ADMIN.user),
-    "kube-controller-manager": ("controller_manager", pki.CONTROLLER_MANAGER.user),
-    "kube-scheduler": ("scheduler", pki.SCHEDULER.user),
-    "kwok": ("kwok", pki.KWOK.user),
-}
 
 
 class StartupError(Exception):
@@ -74,14 +68,14 @@ class DevCluster:
 
     @classmethod
     def start(cls, root: Path, *, options: Options | None = None, tools: Tools | None = None,
-              timeout_seconds: float = 120.0, die_with_parent: bool = True) -> DevCluster:
+              timeout_seconds: float = 120.0) -> DevCluster:
         """Start every component and install the CRDs; on any failure, stop what started and
         raise :class:`StartupError`. ``root`` must be empty or absent."""
         t0 = time.monotonic()
         cluster = cls.prepare(root, options or Options(), tools or locate())
         cluster.timings["prepare"] = time.monotonic() - t0
         try:
-            cluster._run(t0 + timeout_seconds, die_with_parent)
+            cluster._run(t0 + timeout_seconds)
         except BaseException:
             cluster.stop()
             raise
@@ -100,19 +94,25 @@ class DevCluster:
         layout = Layout(root, pki.write(keys, root / "pki"))
         ports = Ports(*free_ports(6))
         server = f"https://127.0.0.1:{ports.apiserver}"
-        for name, (attr, user) in _CLIENTS.items():
-            pair: pki.KeyPair = getattr(keys, attr)
-            kubeconfig.write(kubeconfig.build(server, keys.ca.cert_pem, pair, user), layout.kubeconfig(name))
+        clients = {
+            ADMIN_KUBECONFIG: (keys.admin, pki.ADMIN),
+            "kube-controller-manager": (keys.controller_manager, pki.CONTROLLER_MANAGER),
+            "kube-scheduler": (keys.scheduler, pki.SCHEDULER),
+            "kwok": (keys.kwok, pki.KWOK),
+        }
+        for name, (pair, who) in clients.items():
+            doc = kubeconfig.build(server, keys.ca.cert_pem, pair, who.user)
+            kubeconfig.write(doc, layout.kubeconfig(name))
         layout.kwok_config.write_text(components.kwok_config([p.read_text() for p in tools.kwok_stages]))
         return cls(tools, layout, ports, components.all_components(tools, ports, layout, options))
 
-    def _run(self, deadline: float, die_with_parent: bool) -> None:
+    def _run(self, deadline: float) -> None:
         for wave in sorted({c.wave for c in self.components}):
             t = time.monotonic()
             started = []
             for c in (c for c in self.components if c.wave == wave):
                 child = processes.spawn(c.name, c.argv, self.layout.logs / f"{c.name}.log",
-                                        cwd=self.layout.root, die_with_parent=die_with_parent)
+                                        cwd=self.layout.root)
                 self.children.append(child)
                 started.append((c, child))
             self._wait_healthy(started, deadline)

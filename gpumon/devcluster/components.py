@@ -63,7 +63,6 @@ class Options:
     node_monitor_grace_period_seconds: int = 20
     node_monitor_period_seconds: int = 1
     node_lease_duration_seconds: int = 40
-    verbosity: int = 1
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,8 +46,7 @@ class Child:
         return self.process.poll()
 
 
-def spawn(name: str, argv: Sequence[str], log: Path, *, cwd: Path,
-          env: Mapping[str, str] | None = None, die_with_parent: bool = True) -> Child:
+def spawn(name: str, argv: Sequence[str], log: Path, *, cwd: Path) -> Child:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         process = subprocess.Popen(
@@ -56,9 +55,8 @@ def spawn(name: str, argv: Sequence[str], log: Path, *, cwd: Path,
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=cwd,
-            env=dict(env) if env is not None else None,
             process_group=0,
-            preexec_fn=_die_with(os.getpid()) if die_with_parent else None,
+            preexec_fn=_die_with(os.getpid()),
         )
     return Child(name, process, log)
 

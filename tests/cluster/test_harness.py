@@ -50,18 +50,18 @@ def _zombie(pid: int) -> bool:
 
 
 def test_failed_start_reports_the_component_log_and_stops_the_rest(tmp_path: Path) -> None:
-    broken = tmp_path / "kwok"
-    broken.write_text("#!/bin/sh\necho 'kwok: simulated crash' >&2\nexit 3\n")
+    broken = tmp_path / "kube-apiserver"
+    broken.write_text("#!/bin/sh\necho 'apiserver: simulated crash' >&2\nexit 3\n")
     broken.chmod(0o755)
-    tools = dataclasses.replace(locate(), kwok=broken)
+    tools = dataclasses.replace(locate(), kube_apiserver=broken)
     root = tmp_path / "cluster"
 
     with pytest.raises(StartupError) as failed:
         DevCluster.start(root, tools=tools)
 
-    assert "kwok exited with code 3" in str(failed.value)
+    assert "kube-apiserver exited with code 3" in str(failed.value)
     assert "simulated crash" in str(failed.value)
-    assert _pids_mentioning(str(root)) == []
+    assert _pids_mentioning(str(root)) == []  # etcd, started before, is gone too
 
 
 def _gpumon(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:

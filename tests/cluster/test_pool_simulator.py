@@ -3,6 +3,7 @@ replica count real: kwok nodes appear after the boot delay, their GPUs after the
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -86,7 +87,7 @@ async def test_pool_simulator_follows_scale_up_and_down(api: client.ApiClient, p
             assert joined_at >= requested_at + TIMING.boot_delay_seconds
             assert n.metadata.labels["pool"] == "h100"
             assert n.metadata.annotations["cluster.x-k8s.io/owner-name"] == pool.name
-            await eventually(lambda n=n: node_ready(core, n.metadata.name), what="pool node Ready")
+            await eventually(functools.partial(node_ready, core, n.metadata.name), what="pool node Ready")
 
         ready = await eventually(lambda: pool_nodes(2, with_gpus=True), what="GPUs allocatable on 2 nodes")
         assert all(n.status.allocatable[nodes.GPU] == "4" for n in ready)

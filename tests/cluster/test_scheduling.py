@@ -121,7 +121,7 @@ async def test_eviction_blocked_by_pdb_returns_429_and_passes_once_allowed(
     with pytest.raises(ApiException) as blocked:
         await core.create_namespaced_pod_eviction(victim, namespace, eviction)
     assert blocked.value.status == 429
-    assert "disruption budget" in blocked.value.body
+    assert "disruption budget" in str(blocked.value.body)
 
     await policy.patch_namespaced_pod_disruption_budget("serve", namespace, {"spec": {"minAvailable": 1}})
 

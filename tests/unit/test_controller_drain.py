@@ -273,7 +273,7 @@ async def test_forget_drops_retry_state_of_pods_no_longer_drained():
     api.hooks[("POST", EVICT)] = blocked
     ev = Evictor(api, Backoff())
     await ev.run(target(), now=0.0, delete=False, dry_run=False)
-    ev.forget({})
+    ev.forget("uid-a")
     assert ev.next_try_at([target()]) is None
 
 

@@ -54,7 +54,7 @@ def test_check_fails_on_a_stale_or_stray_file(tmp_path: Path) -> None:
 def test_the_four_dashboards_exist_with_their_uids() -> None:
     found = {name: d["uid"] for name, d in _dashboards().items()}
     assert {f"{uid}.json": uid for uid in found.values()} == found
-    assert {"gpumon-fleet", "gpumon-node", "gpumon-workloads"} <= set(found.values())
+    assert {"gpumon-fleet", "gpumon-node", "gpumon-workloads", "gpumon-controller"} <= set(found.values())
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in JSON_DIR.glob("*.json")))

@@ -1,0 +1,432 @@
+"""Wiring: config in, one aiohttp app out, owning every background task's lifetime.
+
+The app serves ``/metrics``, ``/healthz`` (the event loop answers and no background task has
+died) and ``/readyz`` (the caches are filled). Its ``cleanup_ctx`` starts the informers, the
+signal source, the leader election and the reconciler, and stops them in reverse order; a
+clean stop hands the lease over at once. Informers and metrics run on every replica; only the
+leader writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from gpumon.config import ConfigError, ControllerConfig
+from gpumon.controller.backoff import Backoff
+from gpumon.controller.breaker import SafetyPolicy
+from gpumon.controller.cluster import Informer
+from gpumon.controller.drain import DrainPolicy, Escalation, Evictor
+from gpumon.controller.events import EventRecorder
+from gpumon.controller.kube import KubeApi
+from gpumon.controller.leader import LeaderElector, LeaderSettings
+from gpumon.controller.metrics import ClusterGauges, ControllerMetrics
+from gpumon.controller.objects import (
+    GpuResources,
+    NodeView,
+    PdbView,
+    PodView,
+    node_from_json,
+    pdb_from_json,
+    pod_from_json,
+)
+from gpumon.controller.policy import Policy
+from gpumon.controller.quarantine import QuarantinePolicy
+from gpumon.controller.reconciler import Reconciler, Settings
+from gpumon.controller.rules import load_rules
+from gpumon.controller.signals import SignalSource
+from gpumon.controller.signals_direct import DirectSettings, DirectSource, StaticEndpoints
+from gpumon.controller.signals_prometheus import PrometheusSettings, PrometheusSource
+from gpumon.devices.health import HealthPolicy
+
+log = logging.getLogger(__name__)
+
+
+def build_policy(config: ControllerConfig) -> Policy:
+    """Rules and policy from config; a bad rule raises ConfigError naming rule and field."""
+    p = config.policy
+    health = HealthPolicy(
+        xid_overrides=dict(p.health.xid_overrides),
+        unknown_xid_state=p.health.unknown_xid_state,
+        xid_window_seconds=p.health.xid_window_seconds,
+        temperature_degraded_celsius=p.health.temperature_degraded_celsius,
+        temperature_unhealthy_celsius=p.health.temperature_unhealthy_celsius,
+    )
+    rules = load_rules(
+        inline=p.rules,
+        rules_file=p.rules_file,
+        builtin=p.builtin_rules,
+        health=health,
+        default_recover_after_seconds=p.recover_after_seconds,
+    )
+    return Policy(
+        rules=rules,
+        xid_classes=health,
+        stale_after_seconds=config.signals.stale_after_seconds,
+        flap_window_seconds=p.flap_window_seconds,
+        flap_max_onsets=p.flap_max_onsets,
+        pool_label=config.breaker.pool_label,
+        default_recover_after_seconds=p.recover_after_seconds,
+    )
+
+
+def build_settings(config: ControllerConfig, policy: Policy) -> Settings:
+    d, b, r = config.drain, config.breaker, config.rate_limit
+    return Settings(
+        policy=policy,
+        quarantine=QuarantinePolicy(cordon=config.quarantine.cordon),
+        drain=DrainPolicy(
+            enabled=d.enabled,
+            on_degraded=d.on_degraded,
+            deadline_seconds=d.deadline_seconds,
+            escalation=Escalation(d.escalation),
+        ),
+        safety=SafetyPolicy(
+            paused=config.paused,
+            breaker_enabled=b.enabled,
+            breaker_min_nodes=b.min_nodes,
+            breaker_max_fraction=b.max_fraction,
+            breaker_window_seconds=b.window_seconds,
+            rate_limit_max=config.rate_limit.max_quarantines,
+            rate_limit_window_seconds=r.window_seconds,
+        ),
+        dry_run=config.dry_run,
+        namespace=config.namespace,
+        state_configmap=config.state_configmap,
+    )
+
+
+def _read_token(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return path.read_text().strip()
+    except OSError as e:
+        raise ConfigError(f"cannot read token file {path}: {e.strerror or e}") from None
+
+
+def _exporter_endpoint(port: int, scheme: str) -> Callable[[Mapping[str, Any]], tuple[str, str] | None]:
+    def convert(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+        status = obj.get("status") or {}
+        node = (obj.get("spec") or {}).get("nodeName")
+        ip = status.get("podIP")
+        if status.get("phase") != "Running" or not node or not ip:
+            return None
+        host = f"[{ip}]" if ":" in ip else ip
+        return str(node), f"{scheme}://{host}:{port}"
+
+    return convert
+
+
+class DiscoveredEndpoints:
+    """Exporter pods found through the API (namespace + label selector), by node."""
+
+    def __init__(self, api: KubeApi, namespace: str, selector: str, port: int, scheme: str) -> None:
+        self.changed = asyncio.Event()
+        self.informer: Informer[tuple[str, str]] = Informer(
+            api,
+            f"/api/v1/namespaces/{namespace}/pods",
+            _exporter_endpoint(port, scheme),
+            name="exporter-pods",
+            params={"labelSelector": selector} if selector else None,
+            on_change=lambda key, old, new: self.changed.set(),
+        )
+
+    def current(self) -> Mapping[str, str]:
+        return dict(self.informer.items().values())
+
+
+@dataclass
+class Controller:
+    """Everything the app owns; tests reach in through the ``CONTROLLER`` key."""
+
+    config: ControllerConfig
+    api: KubeApi
+    metrics: ControllerMetrics
+    nodes: Informer[NodeView]
+    pods: Informer[PodView]
+    pdbs: Informer[PdbView]
+    state: Informer[Mapping[str, str]]
+    reconciler: Reconciler
+    elector: LeaderElector | None
+    source: SignalSource | None = None
+    endpoints: DiscoveredEndpoints | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    session: aiohttp.ClientSession | None = None
+
+    def is_leader(self) -> bool:
+        return self.elector is None or self.elector.is_leader()
+
+    @property
+    def informers(self) -> list[Informer[Any]]:
+        extra = [self.endpoints.informer] if self.endpoints is not None else []
+        return [self.nodes, self.pods, self.pdbs, self.state, *extra]
+
+
+CONTROLLER = web.AppKey("controller", Controller)
+
+
+class _SourceProxy:
+    """The reconciler is built before the session-bound source exists (that needs a loop)."""
+
+    name = "pending"
+
+    def __init__(self) -> None:
+        self.target: SignalSource | None = None
+
+    def current(self) -> Any:
+        from gpumon.controller.signals import EMPTY_FLEET
+
+        return self.target.current() if self.target is not None else EMPTY_FLEET
+
+    def focus(self, nodes: Any) -> None:
+        if self.target is not None:
+            self.target.focus(nodes)
+
+    async def run(self, on_change: Any) -> None:
+        raise NotImplementedError
+
+
+def make_app(
+    config: ControllerConfig,
+    api: KubeApi,
+    *,
+    registry: CollectorRegistry | None = None,
+    wall_clock: Callable[[], float] = time.time,
+) -> web.Application:
+    registry = registry or CollectorRegistry(auto_describe=True)
+    policy = build_policy(config)
+    settings = build_settings(config, policy)
+    metrics = ControllerMetrics(registry)
+    metrics.dry_run.set(1 if config.dry_run else 0)
+    resources = GpuResources(
+        frozenset(config.drain.gpu_resource_names), tuple(config.drain.gpu_resource_prefixes)
+    )
+
+    def on_error(component: str) -> Callable[[str], None]:
+        return lambda kind: metrics.api_errors.labels(component, kind).inc()
+
+    def gpu_pod(obj: Mapping[str, Any]) -> PodView | None:
+        pod = pod_from_json(obj, resources)
+        return pod if pod.uses_gpu and pod.node_name else None
+
+    def ignoring_version(a: NodeView, b: NodeView) -> bool:
+        return replace(a, resource_version="") == replace(b, resource_version="")
+
+    node_params = {"labelSelector": config.node_selector} if config.node_selector else None
+    nodes: Informer[NodeView] = Informer(
+        api,
+        "/api/v1/nodes",
+        node_from_json,
+        name="nodes",
+        params=node_params,
+        same=ignoring_version,
+        on_error=on_error("nodes"),
+    )
+    pods: Informer[PodView] = Informer(
+        api, "/api/v1/pods", gpu_pod, name="pods", index=lambda p: p.node_name, on_error=on_error("pods")
+    )
+    pdbs: Informer[PdbView] = Informer(
+        api, "/apis/policy/v1/poddisruptionbudgets", pdb_from_json, name="pdbs", on_error=on_error("pdbs")
+    )
+    state: Informer[Mapping[str, str]] = Informer(
+        api,
+        f"/api/v1/namespaces/{config.namespace}/configmaps",
+        lambda obj: dict((obj.get("metadata") or {}).get("annotations") or {}),
+        name="state",
+        params={"fieldSelector": f"metadata.name={config.state_configmap}"},
+        on_error=on_error("state"),
+    )
+    elector = None
+    if config.leader.enabled:
+        elector = LeaderElector(
+            api,
+            namespace=config.namespace,
+            name=config.leader.lease_name,
+            identity=config.identity,
+            settings=LeaderSettings(
+                config.leader.lease_duration_seconds,
+                config.leader.renew_deadline_seconds,
+                config.leader.retry_period_seconds,
+            ),
+            wall_clock=wall_clock,
+            on_change=lambda leading: metrics.leader.set(1 if leading else 0),
+        )
+    else:
+        metrics.leader.set(1)
+    recorder = EventRecorder(
+        api,
+        instance=config.identity,
+        wall_clock=wall_clock,
+        on_result=lambda ok: metrics.events.labels("created" if ok else "failed").inc(),
+    )
+    evictor = Evictor(api, Backoff(config.drain.retry_initial_seconds, config.drain.retry_max_seconds))
+    proxy = _SourceProxy()
+    controller = Controller(
+        config=config,
+        api=api,
+        metrics=metrics,
+        nodes=nodes,
+        pods=pods,
+        pdbs=pdbs,
+        state=state,
+        reconciler=None,  # type: ignore[arg-type]  # set just below: it needs is_leader
+        elector=elector,
+    )
+    reconciler = Reconciler(
+        api=api,
+        nodes=nodes,
+        pods=pods,
+        pdbs=pdbs,
+        state=state,
+        source=proxy,
+        is_leader=controller.is_leader,
+        recorder=recorder,
+        evictor=evictor,
+        metrics=metrics,
+        settings=settings,
+        wall_clock=wall_clock,
+    )
+    controller.reconciler = reconciler
+    nodes._on_change = reconciler.on_node
+    pods._on_change = reconciler.on_pod
+    state._on_change = lambda key, old, new: reconciler.mark(nodes.items())
+    if config.signals.source == "direct" and not config.signals.direct.endpoints:
+        d = config.signals.direct
+        controller.endpoints = DiscoveredEndpoints(api, d.namespace, d.label_selector, d.port, d.scheme)
+    registry.register(
+        ClusterGauges(
+            quarantined=reconciler.quarantined_counts,
+            breakers=lambda: reconciler.open_breakers(),
+            pools=lambda: reconciler.pools(),
+            signal_status=reconciler.signal_counts,
+            synced=lambda: {i.name: i.synced.is_set() for i in controller.informers},
+            paused=reconciler.paused,
+        )
+    )
+
+    app = web.Application()
+    app[CONTROLLER] = controller
+    app.cleanup_ctx.append(_lifespan(proxy, wall_clock))
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    return app
+
+
+def _build_source(
+    controller: Controller, session: aiohttp.ClientSession, wall_clock: Callable[[], float]
+) -> SignalSource:
+    config = controller.config
+    s = config.signals
+    window = config.policy.health.xid_window_seconds
+    if s.source == "prometheus":
+        p = s.prometheus
+
+        def on_round(ok: bool, seconds: float) -> None:
+            controller.metrics.signal_rounds.labels("success" if ok else "failure").inc()
+
+        return PrometheusSource(
+            PrometheusSettings(
+                url=p.url,
+                interval_seconds=s.interval_seconds,
+                timeout_seconds=p.timeout_seconds,
+                retries=p.retries,
+                xid_window_seconds=window,
+                node_label=p.node_label,
+                bearer_token=_read_token(p.bearer_token_file),
+            ),
+            controller.reconciler.settings.policy.rules,
+            session,
+            wall_clock=wall_clock,
+            on_round=on_round,
+        )
+    d = s.direct
+    endpoints = controller.endpoints if controller.endpoints is not None else StaticEndpoints(d.endpoints)
+    return DirectSource(
+        DirectSettings(
+            heartbeat_seconds=d.heartbeat_seconds,
+            poll_interval_seconds=d.poll_interval_seconds,
+            timeout_seconds=d.timeout_seconds,
+            max_concurrency=d.max_concurrency,
+            xid_window_seconds=window,
+            bearer_token=_read_token(d.bearer_token_file),
+        ),
+        endpoints,
+        session,
+        wall_clock=wall_clock,
+    )
+
+
+def _lifespan(
+    proxy: _SourceProxy, wall_clock: Callable[[], float]
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def lifespan(app: web.Application) -> AsyncIterator[None]:
+        controller = app[CONTROLLER]
+        # Exporter streams are many and long-lived: no pool limit; snapshot fetches have their own.
+        controller.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        source = _build_source(controller, controller.session, wall_clock)
+        proxy.target = source
+        proxy.name = source.name
+        controller.source = source
+
+        def start(coro: Any, name: str) -> None:
+            controller.tasks.append(asyncio.create_task(coro, name=name))
+
+        for informer in controller.informers:
+            start(informer.run(), f"informer {informer.name}")
+        start(source.run(controller.reconciler.mark), f"signals {source.name}")
+        if controller.elector is not None:
+            elector = controller.elector
+            start(elector.run(), "leader election")
+
+            async def follow_leadership() -> None:
+                while True:
+                    await elector.leader_changed.wait()
+                    elector.leader_changed.clear()
+                    # A new leader looks at everything at once.
+                    controller.reconciler.mark(controller.nodes.items())
+
+            start(follow_leadership(), "leadership changes")
+        start(controller.reconciler.run(), "reconciler")
+        yield
+        for task in reversed(controller.tasks):
+            task.cancel()
+        for task in reversed(controller.tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        controller.tasks.clear()
+        if controller.elector is not None:
+            await controller.elector.release()
+        await controller.session.close()
+
+    return lifespan
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    registry = request.app[CONTROLLER].metrics.registry
+    return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    dead = [t.get_name() for t in request.app[CONTROLLER].tasks if t.done()]
+    if dead:
+        return web.Response(status=503, text="stopped: " + ", ".join(dead) + "\n")
+    return web.Response(text="ok\n")
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    waiting = [i.name for i in request.app[CONTROLLER].informers if not i.synced.is_set()]
+    if waiting:
+        return web.Response(status=503, text="caches not synced: " + ", ".join(waiting) + "\n")
+    return web.Response(text="ok\n")

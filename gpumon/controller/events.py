@@ -1,0 +1,96 @@
+"""Records :class:`plans.Event` values as core/v1 Events, once per (object, reason, key).
+
+A plan is recomputed on every evaluation, so the same refusal or dry-run decision comes back
+again and again; a repeat within ``repeat_after`` is dropped here instead of flooding the API.
+Events about a Node live in the ``default`` namespace with the node's name as involved UID,
+which is where ``kubectl describe node`` looks (the kubelet does the same).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from gpumon.controller.kube import KubeApi, KubeError
+from gpumon.controller.objects import to_rfc3339
+from gpumon.controller.plans import Event
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "gpumon-controller"
+
+
+class EventRecorder:
+    def __init__(
+        self,
+        api: KubeApi,
+        *,
+        instance: str,
+        repeat_after_seconds: float = 3600.0,
+        wall_clock: Callable[[], float] = time.time,
+        on_result: Callable[[bool], None] | None = None,
+    ) -> None:
+        self._api = api
+        self._instance = instance
+        self._repeat_after = repeat_after_seconds
+        self._wall = wall_clock
+        self._on_result = on_result
+        self._last: dict[tuple[str, str, str, str, str], float] = {}
+
+    def _due(self, ev: Event, now: float) -> bool:
+        key = (ev.about.kind, ev.about.namespace, ev.about.name, ev.reason, ev.key or ev.message)
+        last = self._last.get(key)
+        if last is not None and now - last < self._repeat_after:
+            return False
+        self._last[key] = now
+        if len(self._last) > 50_000:  # forget the oldest half rather than grow for ever
+            for k, _ in sorted(self._last.items(), key=lambda kv: kv[1])[: len(self._last) // 2]:
+                del self._last[k]
+        return True
+
+    async def record(self, ev: Event, *, prefix: str = "") -> bool:
+        """Create the Event unless it repeats a recent one; never raises."""
+        now = self._wall()
+        if not self._due(ev, now):
+            return False
+        node = ev.about.kind == "Node"
+        namespace = "default" if node else ev.about.namespace
+        stamp = to_rfc3339(now)
+        body = {
+            "metadata": {"generateName": f"{ev.about.name}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": ev.about.api_version,
+                "kind": ev.about.kind,
+                "name": ev.about.name,
+                "namespace": ev.about.namespace or None,
+                "uid": ev.about.name if node else ev.about.uid,
+            },
+            "reason": ev.reason,
+            "message": (prefix + ev.message)[:1024],
+            "type": "Warning" if ev.warning else "Normal",
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self._instance,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        log.info(
+            "event",
+            extra={
+                "object": f"{ev.about.kind}/{ev.about.name}",
+                "reason": ev.reason,
+                "message": prefix + ev.message,
+            },
+        )
+        try:
+            await self._api.post(f"/api/v1/namespaces/{namespace}/events", body)
+        except KubeError as e:
+            log.warning("could not record an event", extra={"reason": ev.reason, "error": str(e)})
+            if self._on_result:
+                self._on_result(False)
+            return False
+        if self._on_result:
+            self._on_result(True)
+        return True

@@ -1,0 +1,467 @@
+"""The imperative shell: which nodes to look at, and carrying out what the pure parts decide.
+
+Watch handlers only mark node names dirty; a round takes the dirty and due nodes, reads the
+caches and the latest signals, evaluates (pure), admits new quarantines as one batch (pure),
+plans each node (pure) and then writes, oldest fault first. Every replica evaluates, so a
+standby's state is warm; only the leader records Events or writes, and it re-checks its lease
+right before each write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from gpumon.controller import contract as c
+from gpumon.controller.breaker import (
+    Admission,
+    BreakerTrip,
+    Candidate,
+    PoolView,
+    SafetyPolicy,
+    admit,
+    breaker_to_annotation,
+    breakers_from_annotations,
+)
+from gpumon.controller.cluster import Informer
+from gpumon.controller.drain import DrainPolicy, Escalation, EvictionResult, Evictor, needs_drain, plan_drain
+from gpumon.controller.events import EventRecorder
+from gpumon.controller.kube import KubeApi, KubeError, NotFound
+from gpumon.controller.metrics import ControllerMetrics
+from gpumon.controller.objects import NodeView, PdbView, PodView
+from gpumon.controller.plans import DrainPlan, Event, NodePlan, NodeWrite, ObjectRef, PlanKind
+from gpumon.controller.policy import EMPTY_NODE_STATE, NodeState, Policy, evaluate_node, with_records
+from gpumon.controller.quarantine import (
+    QuarantinePolicy,
+    apply_node_write,
+    drain_started_at,
+    is_excluded,
+    is_quarantined,
+    node_ref,
+    plan_node,
+    quarantined_at,
+    records_from_json,
+)
+from gpumon.controller.signals import NodeReading, SignalSource
+from gpumon.controller.verdicts import NodeVerdict, SignalStatus
+
+log = logging.getLogger(__name__)
+
+DRY_RUN_PREFIX = "[dry-run] "
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    policy: Policy
+    quarantine: QuarantinePolicy
+    drain: DrainPolicy
+    safety: SafetyPolicy
+    dry_run: bool = True
+    namespace: str = "gpumon-system"
+    state_configmap: str = "gpumon-controller"
+    # A full pass over every node now and then, in case a change was ever missed.
+    resync_seconds: float = 300.0
+    # How often a draining node is looked at again (pods leaving, PDBs changing).
+    drain_check_seconds: float = 5.0
+    retry_seconds: float = 5.0
+
+
+def pool_of(labels: Mapping[str, str], pool_label: str) -> str:
+    return labels.get(pool_label) or "default"
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        api: KubeApi,
+        nodes: Informer[NodeView],
+        pods: Informer[PodView],
+        pdbs: Informer[PdbView],
+        state: Informer[Mapping[str, str]],
+        source: SignalSource,
+        is_leader: Callable[[], bool],
+        recorder: EventRecorder,
+        evictor: Evictor,
+        metrics: ControllerMetrics,
+        settings: Settings,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._api = api
+        self._nodes = nodes
+        self._pods = pods
+        self._pdbs = pdbs
+        self._state = state
+        self._source = source
+        self._is_leader = is_leader
+        self._recorder = recorder
+        self._evictor = evictor
+        self._metrics = metrics
+        self.settings = settings
+        self._wall = wall_clock
+        self._states: dict[str, NodeState] = {}
+        self._status: dict[str, SignalStatus] = {}
+        self._dirty: set[str] = set()
+        self._timers: list[tuple[float, str]] = []
+        self._wake = asyncio.Event()
+        self.rounds = 0
+
+    # -- what to look at ----------------------------------------------------------------------
+
+    def mark(self, nodes: Iterable[str]) -> None:
+        self._dirty.update(nodes)
+        self._wake.set()
+
+    def on_node(self, key: str, old: NodeView | None, new: NodeView | None) -> None:
+        self.mark((key,))
+
+    def on_pod(self, key: str, old: PodView | None, new: PodView | None) -> None:
+        pod = new or old
+        assert pod is not None
+        if new is None:
+            self._evictor.forget(pod.uid)
+        node = self._nodes.get(pod.node_name)
+        if pod.node_name in self._states or (node is not None and is_quarantined(node)):
+            self.mark((pod.node_name,))
+
+    def _schedule(self, when: float | None, node: str) -> None:
+        if when is not None:
+            heapq.heappush(self._timers, (when, node))
+
+    # -- views of the cluster -----------------------------------------------------------------
+
+    @property
+    def state_annotations(self) -> Mapping[str, str]:
+        return self._state.get(self.settings.state_configmap) or {}
+
+    def paused(self) -> bool:
+        return self.settings.safety.paused or self.state_annotations.get(c.ANNOTATION_PAUSED) == "true"
+
+    def open_breakers(self) -> dict[str, BreakerTrip]:
+        return breakers_from_annotations(self.state_annotations)
+
+    def pools(self) -> dict[str, PoolView]:
+        sizes: dict[str, int] = {}
+        times: dict[str, list[float]] = {}
+        for view in self._nodes.items().values():
+            pool = pool_of(view.labels, self.settings.policy.pool_label)
+            sizes[pool] = sizes.get(pool, 0) + 1
+            at = quarantined_at(view)
+            if at is not None:
+                times.setdefault(pool, []).append(at)
+        return {p: PoolView(n, tuple(times.get(p, ()))) for p, n in sizes.items()}
+
+    def quarantined_counts(self) -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = {}
+        for view in self._nodes.items().values():
+            if not is_quarantined(view):
+                continue
+            records = records_from_json(view.annotations.get(c.ANNOTATION_UNHEALTHY_GPUS))
+            severity = (
+                max((r.severity for r in records), key=lambda s: s.rank).value if records else "unknown"
+            )
+            key = (pool_of(view.labels, self.settings.policy.pool_label), severity)
+            out[key] = out.get(key, 0) + 1
+        return out
+
+    def signal_counts(self) -> dict[str, int]:
+        out = {s.value: 0 for s in SignalStatus}
+        for node in self._nodes.items():
+            out[self._status.get(node, SignalStatus.MISSING).value] += 1
+        return out
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for informer in (self._nodes, self._pods, self._pdbs):
+            await informer.synced.wait()
+        next_resync = self._wall()
+        while True:
+            now = self._wall()
+            if now >= next_resync:
+                self._dirty.update(self._nodes.items())
+                next_resync = now + self.settings.resync_seconds
+            due = set(self._dirty)
+            self._dirty.clear()
+            while self._timers and self._timers[0][0] <= now:
+                due.add(heapq.heappop(self._timers)[1])
+            if due:
+                started = loop.time()
+                try:
+                    await self.round(due)
+                except Exception:
+                    log.exception("reconcile round failed; retrying its nodes")
+                    for node in due:
+                        self._schedule(now + self.settings.retry_seconds, node)
+                self._metrics.reconcile.observe(loop.time() - started)
+                continue
+            wake_at = min([next_resync, *(t for t, _ in self._timers[:1])])
+            self._wake.clear()
+            if self._dirty:
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.01, wake_at - self._wall()))
+
+    async def round(self, names: Iterable[str]) -> None:
+        self.rounds += 1
+        now = self._wall()
+        fleet = self._source.current()
+        policy = self.settings.policy
+        evaluated: list[tuple[NodeView, NodeVerdict, NodeReading | None, SignalStatus]] = []
+        for name in sorted(names):
+            view = self._nodes.get(name)
+            if view is None:
+                self._states.pop(name, None)
+                self._status.pop(name, None)
+                continue
+            records = records_from_json(view.annotations.get(c.ANNOTATION_UNHEALTHY_GPUS))
+            prev = with_records(self._states.get(name, EMPTY_NODE_STATE), records, policy)
+            reading = fleet.nodes.get(name)
+            ev = evaluate_node(name, view.labels, reading, prev, now, policy)
+            if ev.state.targets:
+                self._states[name] = ev.state
+            else:
+                self._states.pop(name, None)
+            before = self._status.get(name, SignalStatus.MISSING)
+            self._status[name] = ev.verdict.signals
+            if ev.verdict.age_seconds is not None:
+                self._metrics.signal_age.observe(ev.verdict.age_seconds)
+            self._schedule(ev.next_check_at, name)
+            evaluated.append((view, ev.verdict, reading, before))
+        self._source.focus(
+            set(self._states) | {n for n, v in self._nodes.items().items() if is_quarantined(v)}
+        )
+        if not self._is_leader():
+            return
+        for view, verdict, _, before in evaluated:
+            if before is SignalStatus.FRESH and verdict.signals is not SignalStatus.FRESH:
+                await self._signals_lost(view, verdict)
+        admission = await self._admit(evaluated, now)
+        order = sorted(evaluated, key=lambda e: (e[1].first_bad_at or float("inf"), e[0].name))
+        for view, verdict, reading, _ in order:
+            await self._act(view, verdict, reading, admission.refused.get(view.name), now)
+
+    # -- deciding -----------------------------------------------------------------------------
+
+    async def _admit(
+        self, evaluated: list[tuple[NodeView, NodeVerdict, NodeReading | None, SignalStatus]], now: float
+    ) -> Admission:
+        candidates = [
+            Candidate(
+                view.name, pool_of(view.labels, self.settings.policy.pool_label), verdict.first_bad_at or now
+            )
+            for view, verdict, _, _ in evaluated
+            if verdict.severity is not None
+            and verdict.signals is SignalStatus.FRESH
+            and not is_quarantined(view)
+            and not is_excluded(view)
+        ]
+        if not candidates:
+            return Admission(frozenset(), {})
+        safety = replace(self.settings.safety, paused=self.paused())
+        admission = admit(candidates, self.pools(), self.open_breakers(), now=now, policy=safety)
+        if admission.retry_at is not None:
+            for node in admission.refused:
+                self._schedule(admission.retry_at, node)
+        for trip in admission.tripped:
+            await self._record_trip(trip)
+        return admission
+
+    async def _record_trip(self, trip: BreakerTrip) -> None:
+        key, value = breaker_to_annotation(trip)
+        ns, name = self.settings.namespace, self.settings.state_configmap
+        ref = ObjectRef("ConfigMap", name, namespace=ns)
+        msg = f"circuit breaker for pool {trip.pool!r} opened: {trip.reason}"
+        msg += f"; remove annotation {key} to close it"
+        prefix = DRY_RUN_PREFIX if self.settings.dry_run else ""
+        await self._recorder.record(Event(ref, "GpuBreakerOpen", msg, warning=True, key=key), prefix=prefix)
+        if self.settings.dry_run or not self._is_leader():
+            return
+        path = f"/api/v1/namespaces/{ns}/configmaps/{name}"
+        try:
+            try:
+                obj = await self._api.patch(path, {"metadata": {"annotations": {key: value}}})
+            except NotFound:
+                obj = await self._api.post(
+                    f"/api/v1/namespaces/{ns}/configmaps",
+                    {"metadata": {"name": name, "namespace": ns, "annotations": {key: value}}},
+                )
+            meta = obj.get("metadata") or {}
+            self._state.update_local(
+                name, dict(meta.get("annotations") or {}), str(meta.get("resourceVersion", ""))
+            )
+        except KubeError as e:
+            self._metrics.api_errors.labels("breaker", type(e).__name__).inc()
+            log.error("could not record the open breaker", extra={"pool": trip.pool, "error": str(e)})
+
+    async def _signals_lost(self, view: NodeView, verdict: NodeVerdict) -> None:
+        if verdict.signals is SignalStatus.MISSING:
+            why = "no exporter data"
+        else:
+            why = f"last data {verdict.age_seconds:.0f}s old"
+        msg = f"GPU signals lost ({why}): gpumon takes no action on this node until they are back"
+        await self._recorder.record(
+            Event(node_ref(view), "GpuSignalsLost", msg, warning=True, key=f"dark:{verdict.signals}")
+        )
+
+    # -- acting -------------------------------------------------------------------------------
+
+    async def _act(
+        self,
+        view: NodeView,
+        verdict: NodeVerdict,
+        reading: NodeReading | None,
+        refusal: str | None,
+        now: float,
+    ) -> None:
+        if verdict.signals is not SignalStatus.FRESH:
+            return  # unknown holds everything: no quarantine, no drain, no recovery
+        drain_plan: DrainPlan | None = None
+        phase = c.NodeState.QUARANTINED
+        headed_for_quarantine = is_quarantined(view) or (refusal is None and not is_excluded(view))
+        if (
+            verdict.severity is not None
+            and headed_for_quarantine
+            and needs_drain(verdict, self.settings.drain)
+        ):
+            drain_plan = plan_drain(
+                verdict,
+                reading,
+                self._pods.indexed(view.name),
+                list(self._pdbs.items().values()),
+                now=now,
+                started_at=drain_started_at(view, now),
+                policy=self.settings.drain,
+            )
+            phase = drain_plan.phase
+        plan = plan_node(
+            view, verdict, now=now, phase=phase, refusal=refusal, policy=self.settings.quarantine
+        )
+        if plan.kind is PlanKind.NONE and drain_plan is None:
+            return
+        if self.paused() and plan.kind in (PlanKind.QUARANTINE, PlanKind.UPDATE, PlanKind.RECOVER):
+            msg = f"paused: not applying {plan.kind.value} ({c.ANNOTATION_PAUSED} or config)"
+            await self._recorder.record(
+                Event(node_ref(view), "GpuActionPaused", msg, key=f"paused:{plan.kind}")
+            )
+            return
+        applied = await self._apply(view, plan, verdict, phase, refusal, now)
+        if drain_plan is not None and applied and plan.kind not in (PlanKind.REFUSED, PlanKind.SKIPPED):
+            await self._drain(view, drain_plan, now)
+
+    async def _apply(
+        self,
+        view: NodeView,
+        plan: NodePlan,
+        verdict: NodeVerdict,
+        phase: c.NodeState,
+        refusal: str | None,
+        now: float,
+    ) -> bool:
+        prefix = DRY_RUN_PREFIX if self.settings.dry_run else ""
+        for ev in plan.events:
+            ok = await self._recorder.record(ev, prefix=prefix)
+            if ok:
+                self._metrics.events.labels("created").inc()
+        if plan.kind in (PlanKind.REFUSED, PlanKind.SKIPPED):
+            self._metrics.actions.labels(plan.kind.value, "refused").inc()
+            return False
+        if plan.write is None:
+            return True
+        if self.settings.dry_run:
+            self._metrics.actions.labels(plan.kind.value, "dry_run").inc()
+            log.info("dry-run: not writing", extra={"node": view.name, "action": plan.kind.value})
+            return True
+        if not self._is_leader():
+            return False
+
+        def replan(fresh: NodeView) -> NodeWrite | None:
+            return plan_node(
+                fresh, verdict, now=now, phase=phase, refusal=refusal, policy=self.settings.quarantine
+            ).write
+
+        try:
+            written = await apply_node_write(self._api, plan.write, replan)
+        except KubeError as e:
+            self._metrics.actions.labels(plan.kind.value, "error").inc()
+            self._metrics.api_errors.labels("quarantine", type(e).__name__).inc()
+            log.warning("node write failed; will retry", extra={"node": view.name, "error": str(e)})
+            self._schedule(now + self.settings.retry_seconds, view.name)
+            return False
+        if written is not None:
+            self._nodes.update_local(view.name, written, written.resource_version)
+        self._metrics.actions.labels(plan.kind.value, "success").inc()
+        if plan.kind is PlanKind.QUARANTINE and verdict.first_bad_at is not None:
+            latency = max(0.0, self._wall() - verdict.first_bad_at)
+            self._metrics.fault_to_taint.observe(latency)
+            log.info("quarantined", extra={"node": view.name, "fault_to_taint_seconds": round(latency, 3)})
+        return True
+
+    async def _drain(self, view: NodeView, plan: DrainPlan, now: float) -> None:
+        ref = node_ref(view)
+        dry = self.settings.dry_run
+        prefix = DRY_RUN_PREFIX if dry else ""
+        escalate = plan.overdue and self.settings.drain.escalation is Escalation.DELETE
+        if plan.overdue:
+            left = ", ".join(
+                f"{t.pod.namespace}/{t.pod.name}"
+                + (f" (PDB {', '.join(p.name for p in t.pdbs)})" if t.pdbs else "")
+                for t in plan.targets
+            )
+            then = "deleting them" if escalate else "escalation is report-only: evictions keep being retried"
+            msg = f"drain deadline passed with {len(plan.targets)} pod(s) left: {left}; {then}"
+            await self._recorder.record(
+                Event(ref, "GpuDrainDeadlineExceeded", msg, warning=True, key="deadline"), prefix=prefix
+            )
+        for target in plan.targets:
+            if not dry and not self._is_leader():
+                return
+            out = await self._evictor.run(target, now=now, delete=escalate, dry_run=dry)
+            if out.result is EvictionResult.WAITING:
+                continue
+            self._metrics.evictions.labels(out.result.value).inc()
+            pod = target.pod
+            pod_ref = ObjectRef("Pod", pod.name, pod.uid, pod.namespace)
+            name = f"{pod.namespace}/{pod.name}"
+            match out.result:
+                case EvictionResult.EVICTED | EvictionResult.DRY_RUN:
+                    msg = f"evicted from node {view.name}: {target.why}"
+                    await self._recorder.record(
+                        Event(pod_ref, "GpuPodEvicted", msg, key=pod.uid), prefix=prefix
+                    )
+                    await self._recorder.record(
+                        Event(ref, "GpuPodEvicted", f"evicted {name}: {target.why}", key=pod.uid),
+                        prefix=prefix,
+                    )
+                case EvictionResult.DELETED:
+                    msg = f"deleted from node {view.name} after the drain deadline: {target.why}"
+                    await self._recorder.record(
+                        Event(pod_ref, "GpuPodDeleted", msg, warning=True, key=pod.uid)
+                    )
+                case EvictionResult.BLOCKED:
+                    pdbs = ", ".join(f"{p.namespace}/{p.name}" for p in target.pdbs) or "none found"
+                    msg = f"eviction of {name} refused (PDB {pdbs}): {out.detail}; retrying with backoff"
+                    await self._recorder.record(
+                        Event(ref, "GpuEvictionBlocked", msg, warning=True, key=f"blocked:{pod.uid}")
+                    )
+                case EvictionResult.ERROR:
+                    msg = f"eviction of {name} failed: {out.detail}"
+                    await self._recorder.record(
+                        Event(ref, "GpuEvictionFailed", msg, warning=True, key=f"error:{pod.uid}")
+                    )
+                case _:
+                    pass
+        if plan.targets:
+            wake = [now + self.settings.drain_check_seconds]
+            retry = self._evictor.next_try_at(plan.targets)
+            if retry is not None:
+                wake.append(retry)
+            if not plan.overdue:
+                wake.append(plan.deadline_at)
+            self._schedule(min(wake), view.name)
