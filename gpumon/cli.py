@@ -17,6 +17,7 @@ from gpumon.config import ConfigError
 
 COMMANDS: dict[str, str] = {
     "exporter": "gpumon.exporter.command",
+    "controller": "gpumon.controller.command",
     "simulate": "gpumon.devices.simulate_command",
     "devcluster": "gpumon.devcluster.command",
 }

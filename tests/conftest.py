@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["devcluster_fixtures"]
+
 _TIERS = ("unit", "nvml", "prometheus", "cluster", "e2e")
 
 

@@ -159,10 +159,10 @@ class Controller:
     state: Informer[Mapping[str, str]]
     reconciler: Reconciler
     elector: LeaderElector | None
-    source: SignalSource | None = None
+    source: SignalSource
+    session: aiohttp.ClientSession
     endpoints: DiscoveredEndpoints | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    session: aiohttp.ClientSession | None = None
 
     def is_leader(self) -> bool:
         return self.elector is None or self.elector.is_leader()
@@ -174,27 +174,6 @@ class Controller:
 
 
 CONTROLLER = web.AppKey("controller", Controller)
-
-
-class _SourceProxy:
-    """The reconciler is built before the session-bound source exists (that needs a loop)."""
-
-    name = "pending"
-
-    def __init__(self) -> None:
-        self.target: SignalSource | None = None
-
-    def current(self) -> Any:
-        from gpumon.controller.signals import EMPTY_FLEET
-
-        return self.target.current() if self.target is not None else EMPTY_FLEET
-
-    def focus(self, nodes: Any) -> None:
-        if self.target is not None:
-            self.target.focus(nodes)
-
-    async def run(self, on_change: Any) -> None:
-        raise NotImplementedError
 
 
 def make_app(
@@ -271,7 +250,30 @@ def make_app(
         on_result=lambda ok: metrics.events.labels("created" if ok else "failed").inc(),
     )
     evictor = Evictor(api, Backoff(config.drain.retry_initial_seconds, config.drain.retry_max_seconds))
-    proxy = _SourceProxy()
+    endpoints = None
+    if config.signals.source == "direct" and not config.signals.direct.endpoints:
+        d = config.signals.direct
+        endpoints = DiscoveredEndpoints(api, d.namespace, d.label_selector, d.port, d.scheme)
+    # Exporter streams are many and long-lived: no pool limit; snapshot fetches have their own.
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    source = _build_source(config, policy, endpoints, session, metrics, wall_clock)
+    reconciler = Reconciler(
+        api=api,
+        nodes=nodes,
+        pods=pods,
+        pdbs=pdbs,
+        state=state,
+        source=source,
+        is_leader=lambda: elector is None or elector.is_leader(),
+        recorder=recorder,
+        evictor=evictor,
+        metrics=metrics,
+        settings=settings,
+        wall_clock=wall_clock,
+    )
+    nodes.on_change = reconciler.on_node
+    pods.on_change = reconciler.on_pod
+    state.on_change = lambda key, old, new: reconciler.mark(nodes.items())
     controller = Controller(
         config=config,
         api=api,
@@ -280,30 +282,12 @@ def make_app(
         pods=pods,
         pdbs=pdbs,
         state=state,
-        reconciler=None,  # type: ignore[arg-type]  # set just below: it needs is_leader
+        reconciler=reconciler,
         elector=elector,
+        source=source,
+        session=session,
+        endpoints=endpoints,
     )
-    reconciler = Reconciler(
-        api=api,
-        nodes=nodes,
-        pods=pods,
-        pdbs=pdbs,
-        state=state,
-        source=proxy,
-        is_leader=controller.is_leader,
-        recorder=recorder,
-        evictor=evictor,
-        metrics=metrics,
-        settings=settings,
-        wall_clock=wall_clock,
-    )
-    controller.reconciler = reconciler
-    nodes._on_change = reconciler.on_node
-    pods._on_change = reconciler.on_pod
-    state._on_change = lambda key, old, new: reconciler.mark(nodes.items())
-    if config.signals.source == "direct" and not config.signals.direct.endpoints:
-        d = config.signals.direct
-        controller.endpoints = DiscoveredEndpoints(api, d.namespace, d.label_selector, d.port, d.scheme)
     registry.register(
         ClusterGauges(
             quarantined=reconciler.quarantined_counts,
@@ -317,7 +301,7 @@ def make_app(
 
     app = web.Application()
     app[CONTROLLER] = controller
-    app.cleanup_ctx.append(_lifespan(proxy, wall_clock))
+    app.cleanup_ctx.append(_lifespan)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
@@ -325,16 +309,20 @@ def make_app(
 
 
 def _build_source(
-    controller: Controller, session: aiohttp.ClientSession, wall_clock: Callable[[], float]
+    config: ControllerConfig,
+    policy: Policy,
+    endpoints: DiscoveredEndpoints | None,
+    session: aiohttp.ClientSession,
+    metrics: ControllerMetrics,
+    wall_clock: Callable[[], float],
 ) -> SignalSource:
-    config = controller.config
     s = config.signals
     window = config.policy.health.xid_window_seconds
     if s.source == "prometheus":
         p = s.prometheus
 
         def on_round(ok: bool, seconds: float) -> None:
-            controller.metrics.signal_rounds.labels("success" if ok else "failure").inc()
+            metrics.signal_rounds.labels("success" if ok else "failure").inc()
 
         return PrometheusSource(
             PrometheusSettings(
@@ -346,13 +334,12 @@ def _build_source(
                 node_label=p.node_label,
                 bearer_token=_read_token(p.bearer_token_file),
             ),
-            controller.reconciler.settings.policy.rules,
+            policy.rules,
             session,
             wall_clock=wall_clock,
             on_round=on_round,
         )
     d = s.direct
-    endpoints = controller.endpoints if controller.endpoints is not None else StaticEndpoints(d.endpoints)
     return DirectSource(
         DirectSettings(
             heartbeat_seconds=d.heartbeat_seconds,
@@ -362,55 +349,45 @@ def _build_source(
             xid_window_seconds=window,
             bearer_token=_read_token(d.bearer_token_file),
         ),
-        endpoints,
+        endpoints if endpoints is not None else StaticEndpoints(d.endpoints),
         session,
         wall_clock=wall_clock,
     )
 
 
-def _lifespan(
-    proxy: _SourceProxy, wall_clock: Callable[[], float]
-) -> Callable[[web.Application], AsyncIterator[None]]:
-    async def lifespan(app: web.Application) -> AsyncIterator[None]:
-        controller = app[CONTROLLER]
-        # Exporter streams are many and long-lived: no pool limit; snapshot fetches have their own.
-        controller.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-        source = _build_source(controller, controller.session, wall_clock)
-        proxy.target = source
-        proxy.name = source.name
-        controller.source = source
+async def _lifespan(app: web.Application) -> AsyncIterator[None]:
+    controller = app[CONTROLLER]
+    source = controller.source
 
-        def start(coro: Any, name: str) -> None:
-            controller.tasks.append(asyncio.create_task(coro, name=name))
+    def start(coro: Any, name: str) -> None:
+        controller.tasks.append(asyncio.create_task(coro, name=name))
 
-        for informer in controller.informers:
-            start(informer.run(), f"informer {informer.name}")
-        start(source.run(controller.reconciler.mark), f"signals {source.name}")
-        if controller.elector is not None:
-            elector = controller.elector
-            start(elector.run(), "leader election")
+    for informer in controller.informers:
+        start(informer.run(), f"informer {informer.name}")
+    start(source.run(controller.reconciler.mark), f"signals {source.name}")
+    if controller.elector is not None:
+        elector = controller.elector
+        start(elector.run(), "leader election")
 
-            async def follow_leadership() -> None:
-                while True:
-                    await elector.leader_changed.wait()
-                    elector.leader_changed.clear()
-                    # A new leader looks at everything at once.
-                    controller.reconciler.mark(controller.nodes.items())
+        async def follow_leadership() -> None:
+            while True:
+                await elector.leader_changed.wait()
+                elector.leader_changed.clear()
+                # A new leader looks at everything at once.
+                controller.reconciler.mark(controller.nodes.items())
 
-            start(follow_leadership(), "leadership changes")
-        start(controller.reconciler.run(), "reconciler")
-        yield
-        for task in reversed(controller.tasks):
-            task.cancel()
-        for task in reversed(controller.tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        controller.tasks.clear()
-        if controller.elector is not None:
-            await controller.elector.release()
-        await controller.session.close()
-
-    return lifespan
+        start(follow_leadership(), "leadership changes")
+    start(controller.reconciler.run(), "reconciler")
+    yield
+    for task in reversed(controller.tasks):
+        task.cancel()
+    for task in reversed(controller.tasks):
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    controller.tasks.clear()
+    if controller.elector is not None:
+        await controller.elector.release()
+    await controller.session.close()
 
 
 async def _metrics(request: web.Request) -> web.Response:

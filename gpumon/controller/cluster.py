@@ -56,7 +56,7 @@ class Informer(Generic[T]):
         self._path = path
         self._convert = convert
         self._params = dict(params or {})
-        self._on_change = on_change
+        self.on_change = on_change
         self._same = same or (lambda a, b: a == b)
         self._index_of = index
         self._backoff = backoff
@@ -123,8 +123,8 @@ class Informer(Generic[T]):
                         del self._index[self._index_of(old)]
             if new is not None:
                 self._index.setdefault(self._index_of(new), set()).add(key)
-        if self._on_change is not None:
-            self._on_change(key, old, new)
+        if self.on_change is not None:
+            self.on_change(key, old, new)
 
     async def _list(self) -> str:
         seen: dict[str, T | None] = {}

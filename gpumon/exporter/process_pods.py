@@ -13,6 +13,7 @@ never mutating what ``lookup`` reads.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +44,8 @@ def start_time(stat: str) -> int | None:
 
 class ProcessPods:
     def __init__(self, host_proc: Path, errors: ErrorSink) -> None:
-        self._proc = host_proc
+        # Plain strings, not Path: pathlib interns every path part, and pids churn.
+        self._proc = os.fspath(host_proc)
         self._errors = errors
         self._entries: dict[int, _Entry] = {}
         self._seen: set[int] = set()
@@ -64,9 +66,9 @@ class ProcessPods:
         self._entries = entries
 
     def _read(self, pid: int, cached: _Entry | None) -> _Entry | None:
-        base = self._proc / str(pid)
+        base = f"{self._proc}/{pid}"
         try:
-            started = start_time((base / "stat").read_text())
+            started = start_time(_read(f"{base}/stat"))
         except OSError:
             return None  # exited; NVML lists processes a moment after they are gone
         if started is None:
@@ -75,7 +77,7 @@ class ProcessPods:
         if cached is not None and cached.start_time == started:
             return cached
         try:
-            text = (base / "cgroup").read_text()
+            text = _read(f"{base}/cgroup")
         except OSError:
             return None
         found = parse_cgroup(text)
@@ -85,3 +87,8 @@ class ProcessPods:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()

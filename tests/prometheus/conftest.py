@@ -11,6 +11,7 @@ per session, nothing scraped until a test configures it) and ``exporter`` (simul
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
@@ -253,18 +254,30 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # ---------------------------------------------------------------------------------------------
 # A small simulated fleet (dashboards, adapter rules): two exporters scraped under the job name
 # the alerts and dashboards expect, a `cluster` label added by the scrape config as relabeling
-# would, and GPUs broken in the ways the dashboards show.
+# would, GPUs broken in the ways the dashboards show, and pods holding whole GPUs as the
+# kubelet's pod-resources API reports them (a real gRPC server per node). Without the API
+# server, no process is attributed to a pod: allocated containers show 0 memory and 0 % busy.
 
 FLEET_JOB = "gpumon-exporter"
 FLEET_CLUSTER = "prom-test"
-# node -> (model, faults injected at start through POST /api/v1/faults)
-FLEET_NODES: dict[str, tuple[str, tuple[dict[str, Any], ...]]] = {
-    "gpu-node-a": ("A100-SXM4-80GB", (
-        {"gpu": 1, "fault": "xid", "code": 79},
-        {"gpu": 2, "fault": "overheat", "celsius": 97},
-        {"gpu": 3, "fault": "ecc", "count": 2},
-    )),
-    "gpu-node-b": ("H100-80GB-HBM3", ()),
+# node -> (model, faults injected at start through POST /api/v1/faults,
+#          pods: (namespace, pod, container, GPU indexes)).
+FleetPod = tuple[str, str, str, tuple[int, ...]]
+FLEET_NODES: dict[str, tuple[str, tuple[dict[str, Any], ...], tuple[FleetPod, ...]]] = {
+    "gpu-node-a": (
+        "A100-SXM4-80GB",
+        ({"gpu": 1, "fault": "xid", "code": 79},
+         {"gpu": 2, "fault": "overheat", "celsius": 97},
+         {"gpu": 3, "fault": "ecc", "count": 2}),
+        (("ml", "inference-7d9f8-abcde", "inference", (0,)),
+         ("ml", "trainer-0", "trainer", (2, 3))),
+    ),
+    "gpu-node-b": (
+        "H100-80GB-HBM3",
+        (),
+        (("ml", "inference-7d9f8-fghij", "inference", (0,)),
+         ("research", "notebook-alice", "notebook", (1,))),
+    ),
 }
 
 
@@ -281,23 +294,40 @@ def http_post_json(url: str, body: Any, *, timeout: float = 10.0) -> tuple[int, 
 
 @pytest.fixture(scope="session")
 def gpu_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ExporterProcess]]:
+    from podresources_server import pod_resources, serve, short_socket_dir
+
     fleet: dict[str, ExporterProcess] = {}
-    try:
-        for seed, (node, (model, _)) in enumerate(FLEET_NODES.items(), start=1):
-            fleet[node] = ExporterProcess(
-                tmp_path_factory.mktemp(node), "--backend", "simulated", "--node-name", node,
-                "--simulate-gpus", "4", "--simulate-model", model, "--simulate-seed", str(seed),
-                "--slow-interval", "1",
-            )
-            fleet[node].start()
-        for node, (_, faults) in FLEET_NODES.items():
-            for fault in faults:
-                status, answer = http_post_json(f"{fleet[node].url}/api/v1/faults", fault)
-                assert status == 200, answer
-        yield fleet
-    finally:
-        for process in fleet.values():
-            process.stop()
+    with contextlib.ExitStack() as stack:
+        sockets = stack.enter_context(short_socket_dir())
+        try:
+            for seed, (node, (model, _, pods)) in enumerate(FLEET_NODES.items(), start=1):
+                workdir = tmp_path_factory.mktemp(node)
+                kubelet = stack.enter_context(serve(sockets / f"{node}.sock"))
+                kubelet.pods = [
+                    pod_resources(ns, pod, {container: {"nvidia.com/gpu": [str(i) for i in gpus]}})
+                    for ns, pod, container, gpus in pods
+                ]
+                (workdir / "proc").mkdir()
+                config = workdir / "exporter.yaml"
+                config.write_text(yaml.safe_dump({"pods": {
+                    "pod_resources_socket": str(sockets / f"{node}.sock"),
+                    "host_proc": str(workdir / "proc"),
+                    "api": False,
+                }}))
+                fleet[node] = ExporterProcess(
+                    workdir, "--config", str(config), "--backend", "simulated", "--node-name", node,
+                    "--simulate-gpus", "4", "--simulate-model", model, "--simulate-seed", str(seed),
+                    "--slow-interval", "1",
+                )
+                fleet[node].start()
+            for node, (_, faults, _) in FLEET_NODES.items():
+                for fault in faults:
+                    status, answer = http_post_json(f"{fleet[node].url}/api/v1/faults", fault)
+                    assert status == 200, answer
+            yield fleet
+        finally:
+            for process in fleet.values():
+                process.stop()
 
 
 def fleet_scrape_config(
@@ -322,4 +352,7 @@ def fleet_prometheus(
     )
     prometheus.wait_for('gpumon_gpu_throttled{reason="hw_thermal"} == 1')
     prometheus.wait_for('gpumon_gpu_xid_errors_total{xid="79"}')
+    pods = sum(len(gpus) for _, _, node_pods in FLEET_NODES.values() for *_, gpus in node_pods)
+    prometheus.wait_for("count(gpumon_pod_gpu_allocated)",
+                        until=lambda r: bool(r) and int(r[0]["value"][1]) == pods)
     return prometheus

@@ -50,9 +50,7 @@ class Target:
 
     @property
     def pending(self) -> str | None:
-        if "or vector(" in self.expr:
-            return None  # a count with a zero fallback has data either way
-        return next((why for prefix, why in PENDING.items() if prefix in self.expr), None)
+        return None
 
 
 def _targets() -> list[Target]:

@@ -1,4 +1,5 @@
-"""Fixtures for tests against the real local control plane.
+"""Fixtures for tests against the real local control plane, shared by every tier that needs
+one (registered for the whole suite from tests/conftest.py, so a session starts at most one).
 
 ``devcluster``: one control plane per test session, started the first time a test asks for it
 and stopped at the end of the session (its files stay in pytest's temporary directory for

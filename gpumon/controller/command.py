@@ -1,0 +1,131 @@
+"""``gpumon controller``: flags onto :class:`~gpumon.config.ControllerConfig`, then run until signalled."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gpumon.config import DEFAULT_CONTROLLER_PORT, ControllerConfig, load
+
+HELP = "run the controller: judge GPUs, quarantine bad ones and move their pods (dry-run by default)"
+
+# (flag, dotted config key, metavar, help). Every other knob is in the YAML file or GPUMON_... .
+_FLAGS: tuple[tuple[str, str, str, str], ...] = (
+    ("--kubeconfig", "kubeconfig", "FILE", "kubeconfig to use (default: in-cluster, else ~/.kube/config)"),
+    (
+        "--namespace",
+        "namespace",
+        "NS",
+        "namespace of the lease and state ConfigMap (default: $POD_NAMESPACE)",
+    ),
+    (
+        "--identity",
+        "identity",
+        "ID",
+        "this replica's lease identity (default: $POD_NAME, else the host name)",
+    ),
+    (
+        "--listen-address",
+        "listen_address",
+        "ADDRESS",
+        "address of /metrics, /healthz, /readyz (default: 0.0.0.0)",
+    ),
+    ("--port", "port", "PORT", f"port of /metrics (default: {DEFAULT_CONTROLLER_PORT}; 0 picks a free one)"),
+    ("--signals", "signals.source", "SOURCE", "prometheus | direct (default: prometheus)"),
+    ("--prometheus-url", "signals.prometheus.url", "URL", "Prometheus base URL"),
+    ("--rules", "policy.rules_file", "FILE", "YAML file of rules (merged over the built-in rules)"),
+    ("--node-selector", "node_selector", "SELECTOR", "label selector of the nodes to manage (default: all)"),
+    ("--log-format", "log.format", "FORMAT", "text | json (default: text)"),
+    ("--log-level", "log.level", "LEVEL", "debug | info | warning | error (default: info)"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="YAML configuration file (flags > GPUMON_* environment > this file)",
+    )
+    acting = parser.add_mutually_exclusive_group()
+    acting.add_argument(
+        "--dry-run",
+        dest="dry_run",
+        action="store_const",
+        const="true",
+        default=argparse.SUPPRESS,
+        help="only report decisions as Events and logs (the default)",
+    )
+    acting.add_argument(
+        "--act",
+        dest="dry_run",
+        action="store_const",
+        const="false",
+        default=argparse.SUPPRESS,
+        help="carry decisions out: taint, condition, evict",
+    )
+    for flag, key, metavar, help_text in _FLAGS:
+        # Values stay strings: the config model validates them and names the field when wrong.
+        parser.add_argument(flag, dest=key, metavar=metavar, default=argparse.SUPPRESS, help=help_text)
+
+
+def load_config(args: argparse.Namespace) -> ControllerConfig:
+    given = vars(args)
+    keys = {key for _, key, _, _ in _FLAGS} | {"dry_run"}
+    flags = {key: given[key] for key in keys if key in given}
+    return load(ControllerConfig, flags=flags, config_file=given.get("config"))
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gpumon import logs
+    from gpumon.controller.app import build_policy
+
+    config = load_config(args)
+    build_policy(config)  # rule errors are configuration errors: report them before starting
+    logs.configure(config.log.format, config.log.level)
+    return asyncio.run(_serve(config))
+
+
+async def _serve(config: ControllerConfig) -> int:
+    import asyncio
+    import logging
+    import signal
+
+    from aiohttp import web
+
+    from gpumon.controller.app import make_app
+    from gpumon.controller.kube import connect
+
+    log = logging.getLogger(__name__)
+    api = await connect(config.kubeconfig)
+    try:
+        runner = web.AppRunner(
+            make_app(config, api), handle_signals=False, access_log=None, shutdown_timeout=5
+        )
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, config.listen_address, config.port)
+            try:
+                await site.start()
+            except OSError as e:
+                log.error("cannot listen on %s:%s: %s", config.listen_address, config.port, e.strerror or e)
+                return 1
+            host, port = runner.addresses[0][:2]
+            log.info(
+                "controller running",
+                extra={"metrics": f"http://{host}:{port}/metrics", "dry_run": config.dry_run},
+            )
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
+            log.info("stopping")
+            return 0
+        finally:
+            await runner.cleanup()
+    finally:
+        await api.close()
