@@ -65,7 +65,6 @@ class AttributionView:
 class Allocation:
     """Everything granted to one container on one GPU."""
 
-    uuid: str
     memory_bytes: int | None
     core_ratio: float | None
     resources: tuple[str, ...]
@@ -172,10 +171,9 @@ def resolve_grants(
         prev = merged.get(key)
         resources = (g.resource,) if g.resource else ()
         if prev is None:
-            merged[key] = Allocation(gpu.uuid, g.memory_bytes, g.core_ratio, resources)
+            merged[key] = Allocation(g.memory_bytes, g.core_ratio, resources)
         else:
             merged[key] = Allocation(
-                gpu.uuid,
                 _add(prev.memory_bytes, g.memory_bytes),
                 _add(prev.core_ratio, g.core_ratio),
                 tuple(sorted(set(prev.resources) | set(resources))),

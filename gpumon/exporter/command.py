@@ -59,6 +59,7 @@ _FLAGS: tuple[tuple[str, str, str, str], ...] = (
         "SECONDS",
         "timeout of one device call, seconds (default: 2)",
     ),
+    ("--host-proc", "pods.host_proc", "PATH", "the host's /proc, for per-pod attribution (default: /proc)"),
     ("--tls-cert-file", "tls.cert_file", "FILE", "serve HTTPS with this certificate (with --tls-key-file)"),
     ("--tls-key-file", "tls.key_file", "FILE", "private key of --tls-cert-file"),
     (

@@ -325,6 +325,8 @@ def _native_pods(snap: Snapshot) -> list[Metric]:
                          "Share of GPU cores allocated to the container on a shared GPU.", "ratio")
     allocated = _family("gpumon_pod_gpu_allocated", "gauge",
                         "1 when the device is assigned whole to the container (kubelet pod-resources).")
+    unallocated = _family("gpumon_pod_gpu_unallocated_use", "gauge",
+                          "1 when the container's processes use a GPU no source allocated to its pod.")
     for p in snap.pods:
         labels = dict(zip(_POD_LABELS, (snap.node, p.ref.namespace, p.ref.pod, p.ref.container,
                                         str(p.gpu_index), p.gpu_uuid), strict=True))
@@ -334,7 +336,9 @@ def _native_pods(snap: Snapshot) -> list[Metric]:
                 _add(family, labels, value)
         for resource in p.allocated_resources:
             _add(allocated, {**labels, "resource": resource}, 1)
-    return [used, util, alloc_mem, alloc_core, allocated]
+        if p.unallocated:
+            _add(unallocated, labels, 1)
+    return [used, util, alloc_mem, alloc_core, allocated, unallocated]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -57,7 +57,10 @@ class ProcessPods:
 
     def resolve(self) -> None:
         """Blocking: read /proc for the pids seen since the last call; forget the others."""
-        seen, self._seen = self._seen, set()
+        previous, self._seen = self._seen, set()
+        # tuple() copies in one step under the GIL; a lookup racing the swap may still add to
+        # the old set, which then only costs that pid one period.
+        seen = tuple(previous)
         entries: dict[int, _Entry] = {}
         for pid in seen:
             entry = self._read(pid, self._entries.get(pid))

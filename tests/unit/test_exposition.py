@@ -169,13 +169,15 @@ NATIVE_POD_FAMILIES = {
     "gpumon_pod_gpu_memory_allocated_bytes": ("gauge", "bytes"),
     "gpumon_pod_gpu_core_allocated_ratio": ("gauge", "ratio"),
     "gpumon_pod_gpu_allocated": ("gauge", ""),
+    "gpumon_pod_gpu_unallocated_use": ("gauge", ""),
 }
 
 
 def test_native_families_types_and_units() -> None:
     snap = snapshot([gpu(xids={13: 2})], [pod("p", used_memory_bytes=GiB, utilization_ratio=0.1,
                                              allocated_memory_bytes=2 * GiB, allocated_core_ratio=0.5,
-                                             allocated_resources=("nvidia.com/gpu",))])
+                                             allocated_resources=("nvidia.com/gpu",)),
+                                          pod("q", unallocated=True)])
     fams = families_of(snap, "native")
     assert {n: (f.type, f.unit) for n, f in fams.items()} == NATIVE_GPU_FAMILIES | NATIVE_POD_FAMILIES
 
@@ -295,17 +297,21 @@ def test_pod_series() -> None:
             allocated_resources=("nvidia.com/gpu",)),
         pod("shared-1", 1, namespace="team-b", container="c", allocated_memory_bytes=4 * GiB,
             allocated_core_ratio=0.25),
+        pod("stowaway", 1, namespace="team-b", used_memory_bytes=GiB, unallocated=True),
     ]
     s = series(render(snapshot([gpu(0), gpu(1)], pods), profile="native").text)
     trainer = {"node": NODE, "namespace": "team-a", "pod": "trainer-0", "container": "main", "gpu": "0",
                "uuid": "GPU-00000000-1111-2222-3333-444444444444"}
-    assert s["gpumon_pod_gpu_memory_used_bytes"] == [(trainer, 3 * GiB)]
+    assert s["gpumon_pod_gpu_memory_used_bytes"][0] == (trainer, 3 * GiB)
     assert s["gpumon_pod_gpu_utilization_ratio"] == [(trainer, 0.3)]
     assert s["gpumon_pod_gpu_allocated"] == [({**trainer, "resource": "nvidia.com/gpu"}, 1)]
     shared = {**trainer, "namespace": "team-b", "pod": "shared-1", "container": "c", "gpu": "1",
               "uuid": "GPU-00000001-1111-2222-3333-444444444444"}
     assert s["gpumon_pod_gpu_memory_allocated_bytes"] == [(shared, 4 * GiB)]
     assert s["gpumon_pod_gpu_core_allocated_ratio"] == [(shared, 0.25)]
+    stowaway = {**shared, "pod": "stowaway", "container": "main"}
+    assert (stowaway, GiB) in s["gpumon_pod_gpu_memory_used_bytes"]
+    assert s["gpumon_pod_gpu_unallocated_use"] == [(stowaway, 1)]
 
 
 ODD_NAMES = ['quote"d', "back\\slash", "new\nline", "ünïcødé-ポッド", 'all\\"\n\\n"', "trailing\\"]
