@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup tools system-packages demo test test-unit lint bench clean
+.PHONY: setup tools system-packages demo test test-unit lint bench clean dashboards
 
 setup: $(STAMP) system-packages tools
 
@@ -37,6 +37,10 @@ test-unit: $(STAMP)
 lint: $(STAMP)
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/mypy
+
+# Regenerate dashboards/json/ from the Python in dashboards/ (the JSON is committed).
+dashboards: $(STAMP)
+	@$(PY) -m dashboards
 
 bench: setup
 	@$(VENV)/bin/python -m bench

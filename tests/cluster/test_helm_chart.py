@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpumon.config import ControllerConfig, ExporterConfig, load
 from gpumon.devcluster.binaries import cache_dir
 from gpumon.devcluster.cluster import DevCluster
 
@@ -88,6 +89,32 @@ def test_prometheus_rule_is_the_rules_file(helm: Path) -> None:
     docs = _template(helm, "rules", "monitoring", {"monitoring.prometheusRule.enabled": "true"})
     (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
     assert rule["spec"] == yaml.safe_load((REPO / "alerts" / "gpumon.rules.yml").read_text())
+
+
+@pytest.mark.parametrize("values", [{}, {**EVERYTHING, "controller.drainEscalationDelete": "true"}],
+                         ids=["defaults", "everything"])
+def test_rendered_settings_load_in_gpumon(helm: Path, values: dict[str, str], tmp_path: Path) -> None:
+    """The ConfigMaps the chart renders are configurations the exporter and controller accept."""
+    rendered = _template(helm, "cfg", "gpumon", values)
+    docs = {d["metadata"]["name"]: d for d in rendered if d["kind"] == "ConfigMap"}
+    exporter_file = tmp_path / "exporter.yaml"
+    exporter_file.write_text(docs["cfg-gpumon-exporter"]["data"]["exporter.yaml"])
+    exporter = load(ExporterConfig, config_file=exporter_file)
+    assert exporter.pods.enabled and exporter.pods.host_proc == Path("/host/proc")
+    controller_file = tmp_path / "controller.yaml"
+    controller_file.write_text(docs["cfg-gpumon-controller"]["data"]["controller.yaml"])
+    controller = load(ControllerConfig, config_file=controller_file)
+    assert controller.dry_run
+    assert controller.state_configmap == controller.leader.lease_name == "cfg-gpumon-controller"
+    assert controller.signals.direct.label_selector == (
+        "app.kubernetes.io/instance=cfg,app.kubernetes.io/component=exporter"
+    )
+    escalating = values.get("controller.drainEscalationDelete") == "true"
+    assert controller.drain.escalation == ("delete" if escalating else "report")
+    (role,) = [d for d in rendered
+               if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "cfg-gpumon-controller"]
+    deletes_pods = any("pods" in r["resources"] and "delete" in r["verbs"] for r in role["rules"])
+    assert deletes_pods == escalating
 
 
 def test_rendered_objects_pass_server_side_dry_run(
@@ -167,7 +194,7 @@ def test_controller_rbac_is_what_it_needs_and_no_more(
         ("get", "nodes"), ("list", "nodes"), ("watch", "nodes"), ("patch", "nodes"),
         ("patch", "nodes", "--subresource=status"),
         ("list", "pods"), ("watch", "pods"), ("create", "pods", "--subresource=eviction"),
-        ("list", "poddisruptionbudgets.policy"), ("create", "events"), ("create", "events.events.k8s.io"),
+        ("list", "poddisruptionbudgets.policy"), ("create", "events"),
         ("create", "leases.coordination.k8s.io"), ("update", f"leases.coordination.k8s.io/{sa}"),
         ("get", f"configmaps/{sa}"), ("patch", f"configmaps/{sa}"),
         ("list", "machinedeployments.cluster.x-k8s.io"),

@@ -35,3 +35,20 @@ app.kubernetes.io/component: {{ .component }}
 
 {{- define "gpumon.exporter.name" -}}{{ include "gpumon.fullname" . }}-exporter{{- end -}}
 {{- define "gpumon.controller.name" -}}{{ include "gpumon.fullname" . }}-controller{{- end -}}
+
+{{/* GPU nodes only (any of the labels), tolerating their taints; call with .Values.exporter. */}}
+{{- define "gpumon.exporter.placement" -}}
+{{- if .gpuNodeLabels -}}
+affinity:
+  nodeAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      nodeSelectorTerms:
+        {{- range .gpuNodeLabels }}
+        - matchExpressions:
+            - {key: {{ . | quote }}, operator: Exists}
+        {{- end }}
+{{- end }}
+{{- with .tolerations }}
+tolerations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
