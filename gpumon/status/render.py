@@ -1,0 +1,257 @@
+"""Status views for people (rich renderables) and for machines (plain JSON-able values)."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from gpumon.exporter.server import to_jsonable
+from gpumon.status.model import (
+    ControllerStatus,
+    Explanation,
+    Fleet,
+    GpuCounts,
+    GpuProblem,
+    NodeStatus,
+    PoolPlan,
+)
+from gpumon.status.times import duration
+
+_SEVERITY_STYLE = {"unhealthy": "bold red", "degraded": "yellow", "lost": "bold red"}
+
+
+def dumps(view: Fleet | Explanation, output: str, *, stream: bool = False) -> str:
+    """One JSON or YAML document, ending in a newline. In a ``stream`` (``--watch``), JSON takes
+    one line per document and YAML documents start with ``---``."""
+    doc = to_jsonable(view)
+    if output == "yaml":
+        return ("---\n" if stream else "") + yaml.safe_dump(doc, sort_keys=False)
+    return json.dumps(doc, indent=None if stream else 2) + "\n"
+
+
+def _table(title: str, *columns: str, short: tuple[str, ...] = ()) -> Table:
+    """``short`` columns hold a number or a word: never wrapped, so the others get the room."""
+    t = Table(title=title, title_justify="left", title_style="bold", expand=True)
+    for col in columns:
+        t.add_column(col, overflow="fold", no_wrap=col in short)
+    return t
+
+
+def gpu_counts(g: GpuCounts) -> Text:
+    t = Text(f"{g.healthy} healthy", style="green")
+    for name in ("degraded", "unhealthy", "lost"):
+        n = getattr(g, name)
+        if n:
+            t.append(f", {n} {name}", style=_SEVERITY_STYLE[name])
+    return t
+
+
+def controller_line(ctl: ControllerStatus) -> Text:
+    line = Text("controller: ", style="bold")
+    if ctl.reachable:
+        line.append(f"answering at {ctl.source}")
+        if ctl.leader is not None:
+            line.append(" (leader)" if ctl.leader else " (a standby replica answered)")
+    else:
+        line.append(f"/metrics not reachable ({ctl.error or 'not read'})", style="yellow")
+    mode = {True: ("dry-run", "yellow"), False: ("acting", "green"), None: ("mode unknown", "dim")}[
+        ctl.dry_run
+    ]
+    line.append("; ")
+    line.append(
+        mode[0] + (f" (from {ctl.dry_run_from})" if ctl.dry_run_from == "events" else ""), style=mode[1]
+    )
+    if ctl.paused:
+        line.append("; PAUSED", style="bold yellow")
+    if ctl.signals:
+        line.append("; signals " + ", ".join(f"{int(n)} {s}" for s, n in sorted(ctl.signals.items())))
+    if ctl.evictions:
+        line.append("; evictions " + ", ".join(f"{int(n)} {r}" for r, n in sorted(ctl.evictions.items())))
+    return line
+
+
+def _problem(p: GpuProblem) -> Text:
+    where = "node" if p.index is None else f"GPU {p.index}"
+    t = Text(f"{where}: ")
+    t.append(p.reason, style=_SEVERITY_STYLE.get(p.severity, ""))
+    t.append(f" [{', '.join(p.rules)}]")
+    if p.evidence:
+        t.append(f" {p.evidence}", style="dim")
+    return t
+
+
+def _notes(n: NodeStatus) -> str:
+    notes = []
+    if not n.ready:
+        notes.append("NotReady")
+    if n.cordoned:
+        notes.append("cordoned by a person" if n.cordoned_by_person else "cordoned")
+    if n.excluded:
+        notes.append("excluded")
+    return ", ".join(notes)
+
+
+def _replicas(plan: PoolPlan) -> str:
+    def n(v: int | None) -> str:
+        return "?" if v is None else str(v)
+
+    text = f"{n(plan.current)} of {n(plan.desired)}"
+    if plan.min_replicas is not None or plan.max_replicas is not None:
+        text += f" ({n(plan.min_replicas)}..{n(plan.max_replicas)})"
+    return text
+
+
+def _plan(plan: PoolPlan) -> Text:
+    if plan.error is not None:
+        return Text(f"cannot read: {plan.error}", style="yellow")
+    lines = []
+    if plan.last_decision:
+        lines.append(f"{plan.last_decision_at}: {plan.last_decision}")
+    if plan.scaled_up_at:
+        lines.append(f"scaled up at {plan.scaled_up_at} for {plan.pods_provided_for} pending pod(s)")
+    if plan.replacing:
+        lines.append("replacing quarantined " + ", ".join(plan.replacing))
+    if plan.removing:
+        lines.append("scaling down: removing " + ", ".join(plan.removing))
+    if plan.scaled_down_at:
+        lines.append(f"scaled down at {plan.scaled_down_at}")
+    return Text("\n".join(lines) or "-")
+
+
+def fleet(view: Fleet) -> RenderableType:
+    parts: list[RenderableType] = [
+        Text(f"gpumon status at {view.taken_at}", style="bold"),
+        controller_line(view.controller),
+    ]
+    pools = _table("Pools", "pool", "nodes", "GPUs", "quarantined", "breaker", short=("nodes", "quarantined"))
+    for p in view.pools:
+        breaker = Text("open since " + p.breaker.opened_at, style="bold red") if p.breaker else Text("closed")
+        pools.add_row(p.name, str(p.nodes), gpu_counts(p.gpus), str(p.quarantined), breaker)
+    parts.append(pools)
+    if view.quarantined:
+        q = _table(
+            "Quarantined nodes",
+            "node",
+            "pool",
+            "state",
+            "for",
+            "why",
+            "evicted",
+            "notes",
+            short=("state", "for"),
+        )
+        for n in view.quarantined:
+            why = Text("\n").join(_problem(p) for p in n.problems) if n.problems else Text(n.reason)
+            q.add_row(
+                n.name,
+                n.pool,
+                n.state,
+                duration(n.quarantined_for_seconds),
+                why,
+                "\n".join(n.evicted) or "-",
+                _notes(n),
+            )
+        parts.append(q)
+    else:
+        parts.append(Text("No quarantined nodes.", style="green"))
+    if view.drains:
+        d = _table("Drains in progress", "node", "for", "GPU pods left", "blocked by", short=("for",))
+        for dr in view.drains:
+            blocked = "\n".join(f"{b.pod} (PDB {', '.join(b.pdbs) or '?'})" for b in dr.blockers) or "-"
+            d.add_row(dr.node, duration(dr.running_for_seconds), str(dr.gpu_pods_left), blocked)
+        parts.append(d)
+    if view.refusals:
+        r = _table("Decisions not carried out", "about", "reason", "when", "message")
+        for x in view.refusals:
+            r.add_row(x.about, x.reason, x.at or "?", x.message)
+        parts.append(r)
+    gpus = sum(p.gpus for p in view.pending)
+    parts.append(Text(f"Pending GPU pods: {len(view.pending)} asking for {gpus} GPU(s)", style="bold"))
+    if view.pending:
+        pend = _table("", "pod", "GPUs", "pending for")
+        for pod in view.pending[:10]:
+            pend.add_row(pod.pod, str(pod.gpus), duration(pod.pending_for_seconds))
+        parts.append(pend)
+    if view.scaling:
+        s = _table(
+            "Node pools' /scale targets", "pool", "target", "replicas", "autoscaler", short=("replicas",)
+        )
+        for plan in view.scaling:
+            s.add_row(plan.pool or "(not a gpumon pool)", plan.target, _replicas(plan), _plan(plan))
+        parts.append(s)
+    parts += [Text(f"could not read {p}", style="yellow") for p in view.problems]
+    return Group(*parts)
+
+
+def explanation(view: Explanation) -> RenderableType:
+    n = view.node
+    head = Text(f"node {n.name}", style="bold")
+    head.append(f"  pool {n.pool}, {n.gpus} GPU(s), {'Ready' if n.ready else 'NotReady'}")
+    if n.quarantined_at is not None:
+        head.append(
+            f", quarantined {duration(n.quarantined_for_seconds)} ago ({n.quarantined_at})", style="bold red"
+        )
+        head.append(f", state {n.state or '?'}, taint {n.taint or 'none'}")
+    else:
+        head.append(", not quarantined", style="green")
+    notes = _notes(n)
+    if notes:
+        head.append(f", {notes}")
+    parts: list[RenderableType] = [head, controller_line(view.controller)]
+    if view.condition is not None:
+        c = view.condition
+        parts.append(Text(f"condition GpuUnhealthy={c.status} {c.reason} since {c.since}: {c.message}"))
+    if n.problems:
+        fired = _table("Rules that fired", "GPU", "reason", "severity", "rules", "first seen", "evidence")
+        for p in n.problems:
+            fired.add_row(
+                "node" if p.index is None else f"{p.index} {p.uuid}",
+                p.reason,
+                Text(p.severity, style=_SEVERITY_STYLE.get(p.severity, "")),
+                ", ".join(p.rules),
+                p.first_seen,
+                p.evidence,
+            )
+        parts.append(fired)
+    if view.signals:
+        sig = _table(
+            f"Latest signals ({view.signals_source})", "GPU", "health", "why", "temp °C", "ECC unc.", "Xids"
+        )
+        for g in view.signals:
+            health = "lost" if g.lost else g.health
+            sig.add_row(
+                f"{g.index} {g.uuid}",
+                Text(health, style=_SEVERITY_STYLE.get(health, "green")),
+                "\n".join(g.reasons),
+                "" if g.temperature_celsius is None else f"{g.temperature_celsius:.0f}",
+                "" if g.ecc_uncorrected is None else str(g.ecc_uncorrected),
+                ", ".join(f"{x}×{k}" for k, x in sorted(g.xids.items())),
+            )
+        parts.append(sig)
+    else:
+        parts.append(Text(f"Latest signals: not available ({view.signals_error})", style="dim"))
+    if view.timeline:
+        tl = _table("What the controller did", "when", "event", "about", "message")
+        for e in view.timeline:
+            tl.add_row(e.at or "?", Text(e.reason, style="yellow" if e.warning else ""), e.about, e.message)
+        parts.append(tl)
+    else:
+        parts.append(
+            Text("No Events from the controller about this node (Events expire after an hour).", style="dim")
+        )
+    if view.blockers:
+        bl = _table("Evictions blocked", "pod", "PDBs", "the controller's last word")
+        for b in view.blockers:
+            bl.add_row(b.pod, ", ".join(b.pdbs) or "?", b.message)
+        parts.append(bl)
+    if view.refused:
+        parts.append(Text("Holding it back now:", style="bold"))
+        parts += [Text(f"  - {line}") for line in view.refused]
+    parts.append(Text("What would lift the quarantine:", style="bold"))
+    parts += [Text(f"  - {line}") for line in view.lift]
+    parts += [Text(f"could not read {p}", style="yellow") for p in view.problems]
+    return Group(*parts)
