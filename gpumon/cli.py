@@ -20,6 +20,9 @@ COMMANDS: dict[str, str] = {
     "controller": "gpumon.controller.command",
     "simulate": "gpumon.devices.simulate_command",
     "devcluster": "gpumon.devcluster.command",
+    "doctor": "gpumon.doctor.command",
+    "status": "gpumon.status.command",
+    "demo": "gpumon.demo.command",
 }
 
 

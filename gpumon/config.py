@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gpumon.controller.pools import PoolConfig, unique_pool_names
 from gpumon.devices.model import HealthState
 
 DEFAULT_EXPORTER_PORT = 9842
@@ -353,4 +354,11 @@ class ControllerConfig(_Settings):
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
     rate_limit: RateLimitConfig = Field(default_factory=RateLimitConfig)
     leader: LeaderConfig = Field(default_factory=LeaderConfig)
+    # GPU node pools to autoscale (docs/autoscaling.md); none by default.
+    pools: list[PoolConfig] = Field(default_factory=list)
     log: LogConfig = Field(default_factory=LogConfig)
+
+    @field_validator("pools")
+    @classmethod
+    def _pools(cls, v: list[PoolConfig]) -> list[PoolConfig]:
+        return unique_pool_names(v)

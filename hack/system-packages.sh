@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the tests use (a real Prometheus, promtool and Alertmanager),
-# once; later runs find them and do nothing.
+# Installs the Debian packages the tests use (a real Prometheus, promtool and Alertmanager) and
+# wrk for `make bench`, once; later runs find them and do nothing.
 set -euo pipefail
 need=()
 command -v prometheus >/dev/null || need+=(prometheus)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
+command -v wrk >/dev/null || need+=(wrk)
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "==> installing Debian packages: ${need[*]}"
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo

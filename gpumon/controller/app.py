@@ -41,9 +41,11 @@ from gpumon.controller.objects import (
     pod_from_json,
 )
 from gpumon.controller.policy import Policy
+from gpumon.controller.pools import pool_from_config
 from gpumon.controller.quarantine import QuarantinePolicy
 from gpumon.controller.reconciler import Reconciler, Settings
 from gpumon.controller.rules import load_rules
+from gpumon.controller.scale import AutoscaleMetrics, Autoscaler, gpu_resources
 from gpumon.controller.signals import SignalSource
 from gpumon.controller.signals_direct import DirectSettings, DirectSource, StaticEndpoints
 from gpumon.controller.signals_prometheus import PrometheusSettings, PrometheusSource
@@ -162,6 +164,7 @@ class Controller:
     source: SignalSource
     session: aiohttp.ClientSession
     endpoints: DiscoveredEndpoints | None = None
+    autoscaler: Autoscaler | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def is_leader(self) -> bool:
@@ -170,6 +173,7 @@ class Controller:
     @property
     def informers(self) -> list[Informer[Any]]:
         extra = [self.endpoints.informer] if self.endpoints is not None else []
+        extra += self.autoscaler.informers if self.autoscaler is not None else []
         return [self.nodes, self.pods, self.pdbs, self.state, *extra]
 
 
@@ -188,8 +192,11 @@ def make_app(
     settings = build_settings(config, policy)
     metrics = ControllerMetrics(registry)
     metrics.dry_run.set(1 if config.dry_run else 0)
-    resources = GpuResources(
-        frozenset(config.drain.gpu_resource_names), tuple(config.drain.gpu_resource_prefixes)
+    pools = [pool_from_config(p) for p in config.pools]
+    # Pods using a pool's shared-GPU resources are GPU pods too: their node is never idle.
+    resources = gpu_resources(
+        GpuResources(frozenset(config.drain.gpu_resource_names), tuple(config.drain.gpu_resource_prefixes)),
+        pools,
     )
 
     def on_error(component: str) -> Callable[[str], None]:
@@ -274,6 +281,22 @@ def make_app(
     nodes.on_change = reconciler.on_node
     pods.on_change = reconciler.on_pod
     state.on_change = lambda key, old, new: reconciler.mark(nodes.items())
+    autoscaler = None
+    if pools:
+        autoscaler = Autoscaler(
+            api,
+            pools,
+            pods=pods,
+            pdbs=pdbs,
+            recorder=recorder,
+            evictor=evictor,
+            metrics=AutoscaleMetrics(registry),
+            is_leader=lambda: elector is None or elector.is_leader(),
+            dry_run=config.dry_run,
+            resources=resources,
+            wall_clock=wall_clock,
+            on_error=on_error("autoscaler"),
+        )
     controller = Controller(
         config=config,
         api=api,
@@ -287,6 +310,7 @@ def make_app(
         source=source,
         session=session,
         endpoints=endpoints,
+        autoscaler=autoscaler,
     )
     registry.register(
         ClusterGauges(
@@ -378,6 +402,8 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
 
         start(follow_leadership(), "leadership changes")
     start(controller.reconciler.run(), "reconciler")
+    if controller.autoscaler is not None:
+        start(controller.autoscaler.run(), "autoscaler")
     yield
     for task in reversed(controller.tasks):
         task.cancel()

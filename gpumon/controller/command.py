@@ -49,22 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="YAML configuration file (flags > GPUMON_* environment > this file)",
     )
     acting = parser.add_mutually_exclusive_group()
-    acting.add_argument(
-        "--dry-run",
-        dest="dry_run",
-        action="store_const",
-        const="true",
-        default=argparse.SUPPRESS,
-        help="only report decisions as Events and logs (the default)",
-    )
-    acting.add_argument(
-        "--act",
-        dest="dry_run",
-        action="store_const",
-        const="false",
-        default=argparse.SUPPRESS,
-        help="carry decisions out: taint, condition, evict",
-    )
+    for flag, value, help_text in (
+        ("--dry-run", "true", "only report decisions as Events and logs (the default)"),
+        ("--act", "false", "carry decisions out: taint, condition, evict"),
+    ):
+        acting.add_argument(
+            flag, dest="dry_run", action="store_const", const=value, default=argparse.SUPPRESS, help=help_text
+        )
     for flag, key, metavar, help_text in _FLAGS:
         # Values stay strings: the config model validates them and names the field when wrong.
         parser.add_argument(flag, dest=key, metavar=metavar, default=argparse.SUPPRESS, help=help_text)

@@ -66,9 +66,13 @@ def plan_drain(
     policy: DrainPolicy,
 ) -> DrainPlan:
     """The pods to evict from a quarantined node now (``pods`` are the node's pods)."""
+    deadline = started_at + policy.deadline_seconds
+    if not verdict.whole_node and reading is not None and reading.pods_attributed is None:
+        # Which pod holds the bad GPU is being fetched: wait for it rather than evict them all.
+        return DrainPlan(NodeState.DRAINING, (), partial=True, deadline_at=deadline, overdue=False)
     drain_severities = {Severity.UNHEALTHY} | ({Severity.DEGRADED} if policy.on_degraded else set())
     bad = {g.uuid: g for g in verdict.gpus if g.severity in drain_severities}
-    partial = not verdict.whole_node and reading is not None and reading.pods_attributed
+    partial = not verdict.whole_node and reading is not None and reading.pods_attributed is True
     placed: dict[tuple[str, str], list[int]] = {}
     bad_users: dict[tuple[str, str], list[str]] = {}
     if partial and reading is not None:
@@ -95,7 +99,6 @@ def plan_drain(
         else:
             continue
         targets.append(DrainTarget(pod, why, pdbs_covering(pod, pdbs)))
-    deadline = started_at + policy.deadline_seconds
     return DrainPlan(
         phase=NodeState.DRAINING if targets else NodeState.DRAINED,
         targets=tuple(targets),

@@ -81,7 +81,7 @@ class EventRecorder:
             extra={
                 "object": f"{ev.about.kind}/{ev.about.name}",
                 "reason": ev.reason,
-                "message": prefix + ev.message,
+                "text": prefix + ev.message,
             },
         )
         try:

@@ -125,6 +125,8 @@ class Policy:
     pool_label: str = "gpumon.io/pool"
     # Recovery hysteresis for rules restored from a node's annotation whose rule is gone.
     default_recover_after_seconds: float = 900.0
+    # How soon to look again at a pending rule whose `for` is due but not yet proven by data.
+    recheck_seconds: float = 1.0
 
     def rule(self, name: str) -> Rule | None:
         for r in self.rules:
@@ -311,7 +313,9 @@ def _step(rule: Rule, st: RuleState, obs: _Obs, now: float, hold_recovery: bool)
             assert st.finding is not None
             finding = replace(st.finding, evidence=obs.evidence, reason=reason)
             return RuleState(first, st.firing_since, None, finding)
-        if now - first >= rule.for_seconds:
+        # The `for` is proven by data, not by the clock: a reading taken at least `for` after
+        # the first bad one (a dead exporter's last reading never completes it).
+        if obs.observed_at - first >= rule.for_seconds:
             finding = Finding(
                 rule=rule.name,
                 severity=rule.severity,
@@ -336,11 +340,15 @@ def _clearing(st: RuleState, now: float, recover_after: float, hold_recovery: bo
     return replace(st, clear_since=clear)
 
 
-def _next_check(rule: Rule | None, st: RuleState, recover_after: float) -> float | None:
+def _next_check(
+    rule: Rule | None, st: RuleState, recover_after: float, now: float, recheck: float
+) -> float | None:
     if st.firing:
         return None if st.clear_since is None else st.clear_since + recover_after
     if st.first_bad_at is not None and rule is not None:
-        return st.first_bad_at + rule.for_seconds
+        due = st.first_bad_at + rule.for_seconds
+        # Due, but no reading new enough yet: look again shortly.
+        return due if due > now else now + recheck
     return None
 
 
@@ -361,7 +369,7 @@ def _step_target(
         st = _step(rule, prev.rules.get(rule.name, _IDLE), observe(rule), now, flapping)
         if st != _IDLE:
             new_rules[rule.name] = st
-        wake = _next_check(rule, st, rule.recover_after_seconds)
+        wake = _next_check(rule, st, rule.recover_after_seconds, now, policy.recheck_seconds)
         if wake is not None:
             wakeups.append(wake)
     # Firing rules that no longer apply (removed from config, node relabelled): their
@@ -372,7 +380,7 @@ def _step_target(
         st = _clearing(st, now, policy.default_recover_after_seconds, flapping)
         if st != _IDLE:
             new_rules[name] = st
-            wake = _next_check(None, st, policy.default_recover_after_seconds)
+            wake = _next_check(None, st, policy.default_recover_after_seconds, now, policy.recheck_seconds)
             if wake is not None:
                 wakeups.append(wake)
     state = TargetState(prev.index, MappingProxyType(new_rules), onsets)

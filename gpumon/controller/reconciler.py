@@ -136,8 +136,12 @@ class Reconciler:
     # -- views of the cluster -----------------------------------------------------------------
 
     @property
+    def _state_key(self) -> str:
+        return f"{self.settings.namespace}/{self.settings.state_configmap}"
+
+    @property
     def state_annotations(self) -> Mapping[str, str]:
-        return self._state.get(self.settings.state_configmap) or {}
+        return self._state.get(self._state_key) or {}
 
     def paused(self) -> bool:
         return self.settings.safety.paused or self.state_annotations.get(c.ANNOTATION_PAUSED) == "true"
@@ -293,9 +297,8 @@ class Reconciler:
                     {"metadata": {"name": name, "namespace": ns, "annotations": {key: value}}},
                 )
             meta = obj.get("metadata") or {}
-            self._state.update_local(
-                name, dict(meta.get("annotations") or {}), str(meta.get("resourceVersion", ""))
-            )
+            annotations = dict(meta.get("annotations") or {})
+            self._state.update_local(self._state_key, annotations, str(meta.get("resourceVersion", "")))
         except KubeError as e:
             self._metrics.api_errors.labels("breaker", type(e).__name__).inc()
             log.error("could not record the open breaker", extra={"pool": trip.pool, "error": str(e)})

@@ -63,8 +63,9 @@ class NodeReading:
     # When the node's data was last confirmed (a heartbeat counts: it says nothing changed).
     observed_at: float
     gpus: tuple[GpuReading, ...]
-    # True when the exporter reports which pods use which GPU on this node.
-    pods_attributed: bool = False
+    # True when the exporter reports which pods use which GPU on this node; None while that
+    # detail is still being fetched (the drain waits for it rather than take every pod).
+    pods_attributed: bool | None = False
     # Values of node-scoped PromQL rules, by rule name.
     custom: Mapping[str, float] = field(default_factory=lambda: _NO_VALUES)
 

@@ -208,13 +208,14 @@ def reading_of(view: ExporterView) -> NodeReading | None:
         return None
     if view.snapshot is not None and view.snapshot_at >= view.verdicts_at:
         gpus = view.snapshot
-        attributed = view.pods_attributed
+        attributed: bool | None = view.pods_attributed
     else:
         gpus = tuple(
             gpu_from_verdict(uuid, index, v, view.heard_at)
             for uuid, (index, v) in sorted(view.verdicts.items(), key=lambda kv: kv[1][0])
         )
-        attributed = False
+        # A troubled node's snapshot (with pod placement) is on its way.
+        attributed = None if view.troubled else False
     return NodeReading(view.node, view.heard_at, gpus, pods_attributed=attributed)
 
 

@@ -4,32 +4,37 @@ in a log file kept for failure reports, and each told by the kernel to die with 
 (``PR_SET_PDEATHSIG``) so that a killed pytest or CLI leaves no orphans.
 
 The death signal fires when the *thread* that forked the child exits, so start processes
-from a thread that lives as long as the cluster (the main thread, in practice)."""
+from a thread that lives as long as the cluster (the main thread, in practice).
+
+The signal is set by a tiny launcher that then execs the program, not by a ``preexec_fn``:
+with a ``preexec_fn`` CPython forks instead of vforking and runs the at-fork handlers, and
+gRPC's (a pod-resources server in the same process) abort the child now and then."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True)
+# argv: parent pid, program, its arguments. The parent may have died between the spawn and
+# prctl; then nobody would signal us, so check.
+_LAUNCHER = (
+    "import ctypes, os, sys\n"
+    f"ctypes.CDLL(None).prctl({_PR_SET_PDEATHSIG}, {int(signal.SIGKILL)})\n"
+    "os.getppid() == int(sys.argv[1]) or os._exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
 
 
-def _die_with(parent_pid: int) -> Callable[[], None]:
-    def preexec() -> None:
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        # The parent may have died between fork and prctl; then nobody will signal us.
-        if os.getppid() != parent_pid:
-            os._exit(1)
-
-    return preexec
+def _die_with(parent_pid: int, argv: Sequence[str]) -> list[str]:
+    return [sys.executable, "-S", "-c", _LAUNCHER, str(parent_pid), *argv]
 
 
 @dataclass(frozen=True)
@@ -46,17 +51,19 @@ class Child:
         return self.process.poll()
 
 
-def spawn(name: str, argv: Sequence[str], log: Path, *, cwd: Path) -> Child:
+def spawn(name: str, argv: Sequence[str], log: Path, *, cwd: Path,
+          env: Mapping[str, str] | None = None) -> Child:
+    """``env`` is added to this process's environment for the child."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         process = subprocess.Popen(
-            list(argv),
+            _die_with(os.getpid(), argv),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=cwd,
+            env={**os.environ, **env} if env else None,
             process_group=0,
-            preexec_fn=_die_with(os.getpid()),
         )
     return Child(name, process, log)
 

@@ -34,6 +34,8 @@ class FakeKube:
         self._rv = 100
         # Hooks by (method, path): return a dict to answer, raise to fail, None to go on.
         self.hooks: dict[tuple[str, str], Callable[[Any], Any]] = {}
+        # Collections where POST creates an object (at <collection>/<metadata.name>).
+        self.creatable: set[str] = set()
 
     def _bump(self, obj: dict[str, Any]) -> None:
         self._rv += 1
@@ -65,10 +67,20 @@ class FakeKube:
     async def post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         self.calls.append(("POST", path, copy.deepcopy(dict(body))))
         answer = self._hook("POST", path, body)
-        return answer if answer is not None else {"kind": "Status", "status": "Success"}
+        if answer is not None:
+            return answer
+        if path in self.creatable:
+            target = f"{path}/{body['metadata']['name']}"
+            if target in self.objects:
+                raise Conflict(409, "AlreadyExists", target)
+            return copy.deepcopy(self.add(target, dict(body)))
+        return {"kind": "Status", "status": "Success"}
 
     async def put(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         self.calls.append(("PUT", path, copy.deepcopy(dict(body))))
+        answer = self._hook("PUT", path, body)
+        if answer is not None:
+            return answer
         obj = copy.deepcopy(dict(body))
         current = self.objects.get(path)
         if current is not None and obj.get("metadata", {}).get("resourceVersion") not in (

@@ -398,3 +398,14 @@ def test_fleet_evaluation_covers_known_nodes_only():
     assert set(out) == {"a", "b"}
     assert out["a"].verdict.severity is Severity.UNHEALTHY and out["a"].verdict.node == "a"
     assert out["b"].verdict.signals is SignalStatus.MISSING
+
+
+def test_for_is_proven_by_data_time_not_by_the_clock():
+    run = Run(policy(stale_after_seconds=100.0))
+    run(0.0, hot(0.0))
+    # The exporter died right after: its last reading never completes the 60 s `for`...
+    ev = run(61.0, hot(10.0))
+    assert ev.verdict.severity is None
+    assert ev.next_check_at == 62.0  # ...and the rule is looked at again shortly
+    # ...while a reading taken 60 s after the first bad one does.
+    assert run(62.0, hot(60.0)).verdict.severity is Severity.UNHEALTHY

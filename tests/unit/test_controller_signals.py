@@ -428,3 +428,13 @@ async def test_direct_source_polls_exporters_without_a_watch_endpoint(exporters)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             await old.close()
+
+
+def test_a_troubled_node_without_fresh_detail_says_placement_is_pending():
+    view, _ = on_message(ExporterView("n1"), state_msg({"gpu": 0, "uuid": "G0", **verdict_doc()}), now=1.0)
+    assert reading_of(view).pods_attributed is False  # healthy: nothing to place
+    bad = {"type": "health", "gpu": 0, "uuid": "G0", **verdict_doc("unhealthy", ("XidFatal", "Xid 79"))}
+    view, _ = on_message(view, bad, now=2.0)
+    assert reading_of(view).pods_attributed is None
+    view = on_snapshot(view, snapshot_doc(pods=[]), now=3.0, xid_window_seconds=600)
+    assert reading_of(view).pods_attributed is False  # the exporter attributes nothing here

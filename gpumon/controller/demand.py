@@ -1,0 +1,450 @@
+"""What a pending pod asks for, and how many nodes of a pool's template its kind would fill.
+
+Pure: parsing pods into :class:`PodDemand`, deciding whether a node template can host a pod
+(taints and tolerations, node selector, required node affinity, size), and a bin-packing
+simulation that places pods onto template nodes the way the scheduler and the sharing plugins
+would. Amounts are integers in thousandths of a unit (Kubernetes' milli-units), so ``500m`` CPU
+and ``5`` GiB of ``aliyun.com/gpu-mem`` are exact.
+
+Shared GPUs (Alibaba gpushare and cGPU): the node advertises ``aliyun.com/gpu-mem`` summed over
+its cards and ``aliyun.com/gpu-core.percentage`` at 100 per card, but the scheduler extender
+puts each pod on one card: the pod's memory and core share must fit what one card has left.
+Whole GPUs, MIG profiles (``nvidia.com/mig-*``) and time-sliced replicas are plain per-node
+counts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from types import MappingProxyType
+from typing import Any
+
+from gpumon.controller.objects import GpuResources, Requirement, Taint
+from gpumon.exporter.sharing import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+GPU_RESOURCES = GpuResources(
+    names=frozenset({"nvidia.com/gpu", GPUSHARE_MEMORY_RESOURCE, CGPU_CORE_RESOURCE}),
+    prefixes=("nvidia.com/mig-",),
+)
+"""Resources that make a pending pod GPU demand, beyond those a pool's template declares."""
+
+PODS = "pods"
+# Resources every node has: never what makes a pod a GPU pod.
+_NODE_BASICS = frozenset({"cpu", "memory", PODS, "ephemeral-storage"})
+_SCHEDULING_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+# ---------------------------------------------------------------------------------------------
+# Quantities
+
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
+_SCALE: Mapping[str, Decimal] = {
+    "": Decimal(1),
+    "m": Decimal("0.001"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+
+
+def milli(value: object) -> int | None:
+    """A Kubernetes quantity (``"500m"``, ``"16Gi"``, ``2``) in thousandths, rounded up as the
+    API server rounds requests; None when it is not one."""
+    m = _QUANTITY.match(str(value).strip())
+    if m is None or m.group(2) not in _SCALE:
+        return None
+    try:
+        amount = Decimal(m.group(1)) * _SCALE[m.group(2)] * 1000
+    except InvalidOperation:
+        return None
+    whole = int(amount)
+    return whole + (1 if amount > whole else 0)
+
+
+def units(amount: int) -> str:
+    """Thousandths back to a short number for people (``2``, ``0.5``)."""
+    return str(amount // 1000) if amount % 1000 == 0 else f"{amount / 1000:g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Scheduling constraints
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str = ""
+    operator: str = "Equal"  # Equal | Exists
+    value: str = ""
+    effect: str = ""  # "" tolerates every effect
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if not self.key:
+            return self.operator == "Exists"
+        if self.key != taint.key:
+            return False
+        return self.operator == "Exists" or self.value == (taint.value or "")
+
+
+def _requirement_holds(r: Requirement, labels: Mapping[str, str]) -> bool:
+    value = labels.get(r.key)
+    match r.operator:
+        case "In":
+            return value is not None and value in r.values
+        case "NotIn":
+            return value is None or value not in r.values
+        case "Exists":
+            return value is not None
+        case "DoesNotExist":
+            return value is None
+        case "Gt" | "Lt":
+            try:
+                have, bound = int(value or ""), int(next(iter(r.values)))
+            except (ValueError, StopIteration):
+                return False
+            return have > bound if r.operator == "Gt" else have < bound
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelectorTerm:
+    """One term of required node affinity: every requirement must hold. ``by_field`` holds
+    ``matchFields`` requirements (``metadata.name``), which a node that does not exist yet
+    cannot meet."""
+
+    requirements: tuple[Requirement, ...] = ()
+    by_field: bool = False
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return not self.by_field and all(_requirement_holds(r, labels) for r in self.requirements)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a node offers and what a pod asks
+
+
+@dataclass(frozen=True, slots=True)
+class SharedCards:
+    """A node's GPUs as the gpushare/cGPU plugins split them: memory units per card (in the
+    device plugin's unit, GiB by default) and 100 % of cores per card."""
+
+    cards: int
+    memory_per_card: int  # thousandths of a unit
+
+
+CARD_CORE = 100 * 1000  # one card's whole core share, in thousandths of a percent
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """What one new node of a pool offers the scheduler."""
+
+    resources: Mapping[str, int]  # allocatable, in thousandths
+    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    taints: tuple[Taint, ...] = ()
+    shared: SharedCards | None = None
+
+    @property
+    def gpu_resources(self) -> frozenset[str]:
+        """Resources of the template that only GPU nodes have: their absence from a joined
+        node's allocatable means its device plugin has not registered yet."""
+        return frozenset(
+            r for r in self.resources if r not in _NODE_BASICS and not r.startswith("hugepages-")
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PodDemand:
+    namespace: str
+    name: str
+    uid: str
+    requests: Mapping[str, int]  # the pod's effective requests, in thousandths, "pods" included
+    node_selector: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    affinity: tuple[NodeSelectorTerm, ...] = ()  # OR of terms; () when the pod has none
+    tolerations: tuple[Toleration, ...] = ()
+    priority: int = 0
+    pending_since: float | None = None  # when the scheduler first called it unschedulable
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def card_memory(self) -> int:
+        return self.requests.get(GPUSHARE_MEMORY_RESOURCE, 0)
+
+    @property
+    def card_core(self) -> int:
+        return self.requests.get(CGPU_CORE_RESOURCE, 0)
+
+
+def why_not_hosted(template: Template, pod: PodDemand) -> str | None:
+    """Why a node of ``template`` could never run ``pod`` (even empty), or None when it can."""
+    for taint in template.taints:
+        if taint.effect in _SCHEDULING_TAINT_EFFECTS and not any(t.tolerates(taint) for t in pod.tolerations):
+            return f"untolerated taint {taint.key}={taint.value or ''}:{taint.effect}"
+    for key, value in pod.node_selector.items():
+        if template.labels.get(key) != value:
+            return f"node selector {key}={value}"
+    if pod.affinity and not any(term.matches(template.labels) for term in pod.affinity):
+        return "required node affinity"
+    for resource, amount in pod.requests.items():
+        if resource in _NODE_BASICS and resource not in template.resources:
+            continue  # the template does not say: not what limits a GPU node
+        if amount > template.resources.get(resource, 0):
+            return f"asks {units(amount)} {resource}, a node has {units(template.resources.get(resource, 0))}"
+    shared = template.shared
+    if pod.card_memory or pod.card_core:
+        if shared is None:
+            return "asks for a shared GPU, the template has none"
+        if pod.card_memory > shared.memory_per_card:
+            return (
+                f"asks {units(pod.card_memory)} {GPUSHARE_MEMORY_RESOURCE} on one card, a card has "
+                + units(shared.memory_per_card)
+            )
+        if pod.card_core > CARD_CORE:
+            return f"asks {units(pod.card_core)} % of one card's cores"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing pods
+
+
+def _conditions(obj: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
+    return (obj.get("status") or {}).get("conditions") or ()
+
+
+def is_unschedulable(obj: Mapping[str, Any]) -> bool:
+    """Pending, not bound, not terminating, and the scheduler said no (PodScheduled=False,
+    reason Unschedulable); a gated pod (SchedulingGated) is not demand yet."""
+    meta = obj.get("metadata") or {}
+    if meta.get("deletionTimestamp") or (obj.get("spec") or {}).get("nodeName"):
+        return False
+    if (obj.get("status") or {}).get("phase", "Pending") != "Pending":
+        return False
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in _conditions(obj)
+    )
+
+
+def _container_requests(container: Mapping[str, Any]) -> dict[str, int]:
+    res = container.get("resources") or {}
+    # Extended resources must have requests equal to limits; a request left out defaults to the limit.
+    merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+    out: dict[str, int] = {}
+    for name, value in merged.items():
+        amount = milli(value)
+        if amount is not None and amount > 0:
+            out[str(name)] = amount
+    return out
+
+
+def pod_requests(spec: Mapping[str, Any]) -> dict[str, int]:
+    """Effective requests, as the scheduler computes them: the containers' sum or the largest
+    init container's, whichever is larger, per resource (sidecar init containers, which keep
+    running, add to the sum), plus the pod overhead and one pod slot."""
+    total: dict[str, int] = {}
+    for c in spec.get("containers") or ():
+        for r, v in _container_requests(c).items():
+            total[r] = total.get(r, 0) + v
+    init_peak: dict[str, int] = {}
+    sidecars: dict[str, int] = {}
+    for c in spec.get("initContainers") or ():
+        req = _container_requests(c)
+        for r, v in req.items():
+            # A restartable init container keeps its share while later ones run.
+            init_peak[r] = max(init_peak.get(r, 0), sidecars.get(r, 0) + v)
+        if c.get("restartPolicy") == "Always":
+            for r, v in req.items():
+                sidecars[r] = sidecars.get(r, 0) + v
+    for r, v in sidecars.items():
+        total[r] = total.get(r, 0) + v
+    for r, v in init_peak.items():
+        total[r] = max(total.get(r, 0), v)
+    for r, v in (spec.get("overhead") or {}).items():
+        amount = milli(v)
+        if amount:
+            total[r] = total.get(r, 0) + amount
+    total[PODS] = 1000
+    return total
+
+
+def _terms(spec: Mapping[str, Any]) -> tuple[NodeSelectorTerm, ...]:
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    return tuple(
+        NodeSelectorTerm(
+            tuple(
+                Requirement(
+                    str(e.get("key", "")), str(e.get("operator", "")), frozenset(e.get("values") or ())
+                )
+                for e in term.get("matchExpressions") or ()
+            ),
+            by_field=bool(term.get("matchFields")),
+        )
+        for term in required.get("nodeSelectorTerms") or ()
+    )
+
+
+def _pending_since(obj: Mapping[str, Any], parse_time: Callable[[str], float | None]) -> float | None:
+    for c in _conditions(obj):
+        if c.get("type") == "PodScheduled" and c.get("lastTransitionTime"):
+            return parse_time(str(c["lastTransitionTime"]))
+    return None
+
+
+def pending_gpu_pod(
+    obj: Mapping[str, Any],
+    gpu: GpuResources,
+    parse_time: Callable[[str], float | None],
+) -> PodDemand | None:
+    """The pod as GPU demand when it is unschedulable and asks for a GPU resource, else None."""
+    if not is_unschedulable(obj):
+        return None
+    spec = obj.get("spec") or {}
+    requests = pod_requests(spec)
+    if not any(gpu.matches(r) for r in requests):
+        return None
+    meta = obj.get("metadata") or {}
+    return PodDemand(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        requests=MappingProxyType(requests),
+        node_selector=MappingProxyType({str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()}),
+        affinity=_terms(spec),
+        tolerations=tuple(
+            Toleration(
+                key=str(t.get("key") or ""),
+                operator=str(t.get("operator") or "Equal"),
+                value=str(t.get("value") or ""),
+                effect=str(t.get("effect") or ""),
+            )
+            for t in spec.get("tolerations") or ()
+        ),
+        priority=int(spec.get("priority") or 0),
+        pending_since=_pending_since(obj, parse_time),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Bin packing
+
+
+def size(pod: PodDemand, template: Template) -> float:
+    """The pod's largest share of any resource of one template node: big pods are placed first."""
+    shares = [
+        amount / template.resources[r] for r, amount in pod.requests.items() if template.resources.get(r)
+    ]
+    if template.shared is not None and template.shared.memory_per_card:
+        shares.append(pod.card_memory / template.shared.memory_per_card)
+    return max(shares, default=0.0)
+
+
+class _Node:
+    __slots__ = ("cards", "free")
+
+    def __init__(self, template: Template) -> None:
+        self.free = dict(template.resources)
+        shared = template.shared
+        # [memory free, core free] per card
+        self.cards = [[shared.memory_per_card, CARD_CORE] for _ in range(shared.cards)] if shared else []
+
+    def card_for(self, pod: PodDemand) -> int | None:
+        """The card the gpushare extender's binpack policy picks: the fullest one that fits."""
+        best: int | None = None
+        for i, (mem, core) in enumerate(self.cards):
+            if (
+                mem >= pod.card_memory
+                and core >= pod.card_core
+                and (best is None or mem < self.cards[best][0])
+            ):
+                best = i
+        return best
+
+    def take(self, pod: PodDemand) -> bool:
+        free = self.free
+        wanted = [(r, a) for r, a in pod.requests.items() if r in free or r not in _NODE_BASICS]
+        if any(free.get(r, 0) < amount for r, amount in wanted):
+            return False
+        card = None
+        if pod.card_memory or pod.card_core:
+            card = self.card_for(pod)
+            if card is None:
+                return False
+        for r, amount in wanted:
+            free[r] -= amount
+        if card is not None:
+            self.cards[card][0] -= pod.card_memory
+            self.cards[card][1] -= pod.card_core
+        return True
+
+    def empty(self, template: Template) -> bool:
+        return self.free == template.resources
+
+
+@dataclass(frozen=True, slots=True)
+class Packing:
+    placed: Mapping[str, int]  # pod key -> node index (arriving nodes first, then new ones)
+    new_nodes: int  # nodes opened beyond the arriving ones
+    left: tuple[PodDemand, ...]  # pods not placed (no room within the limit)
+    empty_arriving: int  # arriving nodes nothing was placed on
+
+
+class Packer:
+    """First-fit onto a pool's nodes that are there or on their way and empty, then onto new
+    nodes. Callers offer pods biggest first (:func:`size`) for first-fit-decreasing."""
+
+    def __init__(self, template: Template, empty_nodes: int) -> None:
+        self.template = template
+        self.initial = empty_nodes
+        self._nodes = [_Node(template) for _ in range(empty_nodes)]
+
+    @property
+    def new_nodes(self) -> int:
+        return len(self._nodes) - self.initial
+
+    def place(self, pod: PodDemand, *, may_open: bool) -> int | None:
+        """The index of the node the pod went to (new nodes after the initial ones), or None."""
+        for i, node in enumerate(self._nodes):
+            if node.take(pod):
+                return i
+        if not may_open:
+            return None
+        node = _Node(self.template)
+        if not node.take(pod):
+            return None  # bigger than a whole node: callers filter with why_not_hosted first
+        self._nodes.append(node)
+        return len(self._nodes) - 1
+
+    def still_empty(self, start: int = 0, stop: int | None = None) -> int:
+        """How many of the initial nodes [start, stop) nothing was placed on."""
+        end = self.initial if stop is None else stop
+        return sum(1 for node in self._nodes[start:end] if node.empty(self.template))
+
+
+def nodes_needed(pods: Sequence[PodDemand], template: Template) -> int:
+    """New nodes of ``template`` that ``pods`` fill, packed biggest first (pods a node cannot
+    host are left out)."""
+    packer = Packer(template, 0)
+    for pod in sorted(pods, key=lambda p: (-size(p, template), p.key)):
+        if why_not_hosted(template, pod) is None:
+            packer.place(pod, may_open=True)
+    return packer.new_nodes

@@ -1,0 +1,509 @@
+"""The autoscaler's imperative shell: caches in, :func:`~gpumon.controller.autoscale.plan_pools`
+in the middle, thin idempotent writes out.
+
+Actuation, one function per action: read a target's ``/scale`` (with the target's annotations),
+patch ``spec.replicas`` as a JSON merge patch with an explicit integer (so 0 is written, not
+dropped) guarded by the resourceVersion that was read (a concurrent change answers 409 and
+the round is planned again), write the autoscaler's record on the target, cordon a node and
+drain it through the Eviction API (:class:`~gpumon.controller.drain.Evictor`, PDBs hold), mark
+it and its Cluster API Machine with ``cluster.x-k8s.io/delete-machine``.
+
+Only the leader plans and writes; the caches (pending GPU pods, each pool's nodes) run on every
+replica. With ``dry_run`` every decision is an Event and a log line, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gpumon.controller.autoscale import Action, PoolInput, PoolPlan, plan_pools, removal_record
+from gpumon.controller.cluster import Informer
+from gpumon.controller.demand import GPU_RESOURCES, PodDemand, pending_gpu_pod
+from gpumon.controller.drain import EvictionResult, Evictor
+from gpumon.controller.events import EventRecorder
+from gpumon.controller.kube import Conflict, KubeApi, KubeError, NotFound
+from gpumon.controller.objects import (
+    GpuResources,
+    PdbView,
+    PodView,
+    from_rfc3339,
+    pdbs_covering,
+    pod_from_json,
+    to_rfc3339,
+)
+from gpumon.controller.plans import DrainTarget, Event, ObjectRef
+from gpumon.controller.pools import (
+    DELETE_MACHINE_ANNOTATION,
+    RECORD_ANNOTATION,
+    REMOVING_ANNOTATION,
+    Pool,
+    PoolNode,
+    Record,
+    ScaleState,
+    ScaleTarget,
+    pool_node_from_json,
+    record_to_annotation,
+    scale_state,
+)
+from gpumon.controller.reconciler import DRY_RUN_PREFIX
+
+log = logging.getLogger(__name__)
+
+
+def gpu_resources(base: GpuResources, pools: Iterable[Pool]) -> GpuResources:
+    """``base`` plus every GPU resource a pool's template offers, so a node running pods that
+    use shared GPUs (``aliyun.com/gpu-mem``) is never taken for idle."""
+    names = set(base.names)
+    for pool in pools:
+        names |= pool.template.gpu_resources
+    return GpuResources(frozenset(names), base.prefixes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Actuation
+
+
+async def read_scale(api: KubeApi, target: ScaleTarget) -> ScaleState:
+    obj = await api.get(target.path)
+    return scale_state(obj, await api.get(target.scale_path))
+
+
+async def set_replicas(api: KubeApi, target: ScaleTarget, replicas: int, resource_version: str) -> str:
+    """Patch ``spec.replicas``; raises Conflict when the target changed since it was read.
+    Returns the new resourceVersion."""
+    body = {"metadata": {"resourceVersion": resource_version}, "spec": {"replicas": int(replicas)}}
+    answer = await api.patch(target.scale_path, body)
+    return str((answer.get("metadata") or {}).get("resourceVersion", ""))
+
+
+async def write_record(api: KubeApi, target: ScaleTarget, record: Record, resource_version: str) -> str:
+    """Write the record on the target, guarded like :func:`set_replicas`; returns the new
+    resourceVersion."""
+    body = {
+        "metadata": {
+            "resourceVersion": resource_version,
+            "annotations": {RECORD_ANNOTATION: record_to_annotation(record)},
+        }
+    }
+    answer = await api.patch(target.path, body)
+    return str((answer.get("metadata") or {}).get("resourceVersion", ""))
+
+
+async def cordon_for_removal(api: KubeApi, node: str, now: float) -> None:
+    body = {
+        "metadata": {"annotations": {REMOVING_ANNOTATION: to_rfc3339(now)}},
+        "spec": {"unschedulable": True},
+    }
+    await api.patch(f"/api/v1/nodes/{node}", body)
+
+
+async def uncordon(api: KubeApi, node: str) -> None:
+    body = {"metadata": {"annotations": {REMOVING_ANNOTATION: None}}, "spec": {"unschedulable": None}}
+    await api.patch(f"/api/v1/nodes/{node}", body)
+
+
+async def mark_for_deletion(api: KubeApi, node: PoolNode, target: ScaleTarget) -> None:
+    """``cluster.x-k8s.io/delete-machine`` on the node's Machine (Cluster API deletes marked
+    Machines first when replicas go down) and on the Node itself, where people and providers
+    without Machine objects look."""
+    mark = {"metadata": {"annotations": {DELETE_MACHINE_ANNOTATION: "gpumon"}}}
+    if target.is_cluster_api and node.machine:
+        ns = node.machine_namespace or target.namespace
+        path = f"/apis/{target.group}/{target.version}/namespaces/{ns}/machines/{node.machine}"
+        with contextlib.suppress(NotFound):
+            await api.patch(path, mark)
+    await api.patch(f"/api/v1/nodes/{node.name}", mark)
+
+
+async def pods_on(api: KubeApi, node: str, resources: GpuResources) -> list[PodView]:
+    doc = await api.get("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"})
+    return [pod_from_json(obj, resources) for obj in doc.get("items") or ()]
+
+
+def _stays(pod: PodView) -> bool:
+    """Pods a node keeps until it goes: the kubelet's (mirror) and the node's own (DaemonSet)."""
+    return pod.mirror or pod.owner_kind == "DaemonSet" or pod.finished
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics
+
+
+class AutoscaleMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.replicas = Gauge(
+            "gpumon_autoscaler_replicas",
+            "A pool's replicas: current (spec of its /scale target), desired (last plan), min, max.",
+            ["pool", "kind"],
+            registry=registry,
+        )
+        self.pending_pods = Gauge(
+            "gpumon_autoscaler_pending_pods",
+            "Unschedulable GPU pods a pool can host.",
+            ["pool"],
+            registry=registry,
+        )
+        self.arriving_nodes = Gauge(
+            "gpumon_autoscaler_arriving_nodes",
+            "Nodes requested but not registered, or registered without allocatable GPUs, still counted.",
+            ["pool"],
+            registry=registry,
+        )
+        self.refused = Gauge(
+            "gpumon_autoscaler_pool_refused",
+            "1 while a pool is not scaled (cluster-autoscaler manages it, bad bounds, unreadable target).",
+            ["pool"],
+            registry=registry,
+        )
+        self.plans = Counter(
+            "gpumon_autoscaler_plans",
+            "Plans by pool, action and result (applied, dry_run, conflict, error, refused, none).",
+            ["pool", "action", "result"],
+            registry=registry,
+        )
+        self.plan_duration = Histogram(
+            "gpumon_autoscaler_plan_duration_seconds",
+            "Time to plan every pool once (pure planning, no API calls).",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+            registry=registry,
+        )
+        self.pending_to_request = Histogram(
+            "gpumon_autoscaler_pending_to_request_seconds",
+            "From the first pod of a scale-up being found unschedulable to the /scale patch.",
+            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
+            registry=registry,
+        )
+
+    def observe(self, plan: PoolPlan) -> None:
+        self.refused.labels(plan.pool).set(1 if plan.action is Action.REFUSED else 0)
+        if plan.action is Action.REFUSED:
+            return
+        for kind, value in (
+            ("current", plan.current),
+            ("desired", plan.desired),
+            ("min", plan.min_replicas),
+            ("max", plan.max_replicas),
+        ):
+            self.replicas.labels(plan.pool, kind).set(value)
+        self.pending_pods.labels(plan.pool).set(plan.pending)
+        self.arriving_nodes.labels(plan.pool).set(plan.arriving)
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSettings:
+    # A round at least this often: cooldowns, idle timers and drains move on without events.
+    resync_seconds: float = 10.0
+    # After a change, wait this long for more (pods of one Job arrive together) before planning.
+    debounce_seconds: float = 0.5
+    # Retry of a round that failed on the API.
+    retry_seconds: float = 2.0
+
+
+class Autoscaler:
+    """Plans every pool on changes and on a timer, and carries the plans out (leader only)."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        pools: Sequence[Pool],
+        *,
+        pods: Informer[PodView],
+        pdbs: Informer[PdbView],
+        recorder: EventRecorder,
+        evictor: Evictor,
+        metrics: AutoscaleMetrics,
+        is_leader: Callable[[], bool],
+        dry_run: bool,
+        resources: GpuResources,
+        settings: LoopSettings = LoopSettings(),
+        wall_clock: Callable[[], float] = time.time,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
+        self._api = api
+        self.pools = tuple(pools)
+        self._pods = pods
+        self._pdbs = pdbs
+        self._recorder = recorder
+        self._evictor = evictor
+        self.metrics = metrics
+        self._is_leader = is_leader
+        self.dry_run = dry_run
+        self._resources = resources
+        self.settings = settings
+        self._wall = wall_clock
+        self._wake = asyncio.Event()
+        pending_kinds = gpu_resources(GPU_RESOURCES, pools)
+        self.pending: Informer[PodDemand] = Informer(
+            api,
+            "/api/v1/pods",
+            lambda obj: pending_gpu_pod(obj, pending_kinds, from_rfc3339),
+            name="pending-gpu-pods",
+            params={"fieldSelector": "spec.nodeName=,status.phase=Pending"},
+            on_change=self._changed,
+            on_error=on_error,
+        )
+        self.nodes: dict[str, Informer[PoolNode]] = {
+            pool.name: Informer(
+                api,
+                "/api/v1/nodes",
+                self._node_converter(pool),
+                name=f"pool-nodes-{pool.name}",
+                params={"labelSelector": pool.node_selector},
+                on_change=self._changed,
+                on_error=on_error,
+            )
+            for pool in pools
+        }
+        # Observations that are not in the cluster; after a restart they start again from now,
+        # which only ever delays a scale-down or makes new capacity wait to settle.
+        self._idle_since: dict[str, float] = {}
+        self._ready_since: dict[str, float] = {}
+        self._unregistered_since: dict[str, float] = {}
+        self._skip_until: dict[str, float] = {}
+        self.last_plans: tuple[PoolPlan, ...] = ()
+        self.rounds = 0
+
+    @staticmethod
+    def _node_converter(pool: Pool) -> Callable[[Mapping[str, Any]], PoolNode]:
+        return lambda obj: pool_node_from_json(obj, pool.template)
+
+    @property
+    def informers(self) -> list[Informer[Any]]:
+        return [self.pending, *self.nodes.values()]
+
+    def _changed(self, key: str, old: object, new: object) -> None:
+        self._wake.set()
+
+    # -- observing ----------------------------------------------------------------------------
+
+    def _busy(self, node: str) -> bool:
+        return any(p.uses_gpu and not _stays(p) for p in self._pods.indexed(node))
+
+    def inputs(self, scales: Mapping[str, ScaleState | str], now: float) -> list[PoolInput]:
+        """What the planner sees of every pool; ``scales`` holds each target's state, or the
+        error reading it."""
+        seen: set[str] = set()
+        out = []
+        for pool in self.pools:
+            nodes = tuple(self.nodes[pool.name].items().values())
+            busy = set()
+            for n in nodes:
+                seen.add(n.name)
+                if self._busy(n.name):
+                    busy.add(n.name)
+                    self._idle_since.pop(n.name, None)
+                else:
+                    self._idle_since.setdefault(n.name, now)
+                if n.gpus_allocatable:
+                    self._ready_since.setdefault(n.name, now)
+                else:
+                    self._ready_since.pop(n.name, None)
+            scale = scales.get(pool.name)
+            if isinstance(scale, ScaleState) and scale.spec_replicas > len(nodes):
+                self._unregistered_since.setdefault(pool.name, now)
+            else:
+                self._unregistered_since.pop(pool.name, None)
+            out.append(
+                PoolInput(
+                    pool=pool,
+                    scale=scale if isinstance(scale, ScaleState) else None,
+                    nodes=nodes,
+                    busy=frozenset(busy),
+                    idle_since=dict(self._idle_since),
+                    unregistered_since=self._unregistered_since.get(pool.name),
+                    ready_since=dict(self._ready_since),
+                    skip_until=dict(self._skip_until),
+                    read_error=scale if isinstance(scale, str) else "",
+                )
+            )
+        for table in (self._idle_since, self._ready_since, self._skip_until):
+            for gone in [k for k in table if k not in seen]:
+                del table[gone]
+        return out
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        for informer in (*self.informers, self._pods, self._pdbs):
+            await informer.synced.wait()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.resync_seconds)
+            if self._wake.is_set():
+                await asyncio.sleep(self.settings.debounce_seconds)
+            self._wake.clear()
+            if not self._is_leader():
+                continue
+            try:
+                await self.round()
+            except Exception:
+                log.exception("autoscaling round failed; retrying")
+                await asyncio.sleep(self.settings.retry_seconds)
+                self._wake.set()
+
+    async def round(self) -> tuple[PoolPlan, ...]:
+        self.rounds += 1
+        scales: dict[str, ScaleState | str] = {}
+        for pool in self.pools:
+            try:
+                scales[pool.name] = await read_scale(self._api, pool.target)
+            except KubeError as e:
+                scales[pool.name] = str(e)
+        now = self._wall()
+        inputs = self.inputs(scales, now)
+        started = time.perf_counter()
+        plans = plan_pools(inputs, list(self.pending.items().values()), now)
+        self.metrics.plan_duration.observe(time.perf_counter() - started)
+        self.last_plans = plans
+        by_pool = {i.pool.name: i for i in inputs}
+        for plan in plans:
+            self.metrics.observe(plan)
+            inp = by_pool[plan.pool]
+            await self._record_notes(inp, plan)
+            try:
+                result = await self._apply(inp, plan, now)
+            except Conflict:
+                result = "conflict"  # someone changed the target since it was read: plan again
+                self._wake.set()
+            except KubeError as e:
+                result = "error"
+                log.warning("autoscaling write failed", extra={"pool": plan.pool, "error": str(e)})
+            self.metrics.plans.labels(plan.pool, plan.action.value, result).inc()
+        return plans
+
+    async def _record_notes(self, inp: PoolInput, plan: PoolPlan) -> None:
+        target = inp.pool.target
+        ref = ObjectRef(
+            target.kind, target.name, inp.scale.uid if inp.scale else "", target.namespace, target.api_version
+        )
+        prefix = DRY_RUN_PREFIX if self.dry_run else ""
+        for note in plan.notes:
+            await self._recorder.record(
+                Event(ref, note.reason, note.message, warning=note.warning, key=note.key), prefix=prefix
+            )
+
+    # -- acting -------------------------------------------------------------------------------
+
+    async def _apply(self, inp: PoolInput, plan: PoolPlan, now: float) -> str:
+        if plan.action is Action.REFUSED:
+            return "refused"
+        if self.dry_run:
+            if plan.action is not Action.NONE:
+                log.info("dry-run: not scaling", extra={"pool": plan.pool, "plan": plan.reason})
+            return "dry_run" if plan.action is not Action.NONE else "none"
+        assert inp.scale is not None
+        target, rv = inp.pool.target, inp.scale.resource_version
+        for node in plan.abandon:
+            await self._give_up(node, now, inp.pool)
+        match plan.action:
+            case Action.SCALE_UP:
+                await self._scale_up(inp, plan, now)
+            case Action.FINISH_REMOVAL:
+                await set_replicas(self._api, target, plan.desired, rv)
+                log.info("scaled down", extra={"pool": plan.pool, "replicas": plan.desired})
+            case Action.SCALE_DOWN:
+                await self._scale_down(inp, plan, now)
+            case _:
+                if plan.record_changed:
+                    await write_record(self._api, target, plan.record, rv)
+                return "none"
+        return "applied"
+
+    async def _scale_up(self, inp: PoolInput, plan: PoolPlan, now: float) -> None:
+        assert inp.scale is not None
+        target = inp.pool.target
+        rv = await set_replicas(self._api, target, plan.desired, inp.scale.resource_version)
+        log.info("scale request", extra={"pool": plan.pool, "from": plan.current, "to": plan.desired})
+        waited = [
+            pod.pending_since
+            for pod in self.pending.items().values()
+            if pod.key in plan.pods and pod.pending_since is not None
+        ]
+        if waited:
+            self.metrics.pending_to_request.observe(max(0.0, self._wall() - min(waited)))
+        # Advisory: without it, requested replicas still count as arriving capacity.
+        try:
+            await write_record(self._api, target, plan.record, rv)
+        except KubeError as e:
+            log.warning("could not write the autoscaler record", extra={"pool": plan.pool, "error": str(e)})
+
+    async def _give_up(self, node: str, now: float, pool: Pool) -> None:
+        with contextlib.suppress(NotFound):
+            await uncordon(self._api, node)
+        self._skip_until[node] = now + pool.scale_down_unneeded_seconds
+
+    async def _scale_down(self, inp: PoolInput, plan: PoolPlan, now: float) -> None:
+        assert inp.scale is not None
+        pool = inp.pool
+        views = {n.name: n for n in inp.nodes}
+        drained: list[PoolNode] = []
+        for name in plan.drain:
+            node = views[name]
+            if await self._drain(node, pool, now):
+                drained.append(node)
+        if not drained:
+            return
+        for node in drained:
+            if not node.marked:
+                await mark_for_deletion(self._api, node, pool.target)
+        record, replicas = removal_record(plan, [n.name for n in drained], now)
+        # The record first: a restart before the patch finds it and finishes the removal.
+        rv = await write_record(self._api, pool.target, record, inp.scale.resource_version)
+        await set_replicas(self._api, pool.target, replicas, rv)
+        names = ", ".join(n.name for n in drained)
+        await self._recorder.record(
+            Event(
+                ObjectRef(
+                    pool.target.kind,
+                    pool.target.name,
+                    inp.scale.uid,
+                    pool.target.namespace,
+                    pool.target.api_version,
+                ),
+                "GpuPoolScaledDown",
+                f"scaled {pool.target} {plan.current} -> {replicas}: removed idle {names} "
+                f"(marked {DELETE_MACHINE_ANNOTATION})",
+                key=f"removed:{names}",
+            )
+        )
+
+    async def _drain(self, node: PoolNode, pool: Pool, now: float) -> bool:
+        """Cordon and evict; True once only pods that stay with the node are left."""
+        pods = await pods_on(self._api, node.name, self._resources)
+        if any(p.uses_gpu and not _stays(p) for p in pods):
+            # A GPU pod got there after the plan was made: leave the node in service.
+            if node.removing_since is not None:
+                await self._give_up(node.name, now, pool)
+            return False
+        if node.removing_since is None:
+            await cordon_for_removal(self._api, node.name, now)
+        left = [p for p in pods if not _stays(p)]
+        pdbs = list(self._pdbs.items().values())
+        for pod in left:
+            if pod.terminating:
+                continue
+            target = DrainTarget(pod, f"scale-down of node {node.name}", pdbs_covering(pod, pdbs))
+            out = await self._evictor.run(target, now=now, delete=False, dry_run=False)
+            if out.result is EvictionResult.BLOCKED:
+                await self._recorder.record(
+                    Event(
+                        ObjectRef("Node", node.name, node.name),
+                        "GpuPoolEvictionBlocked",
+                        f"scale-down eviction of {pod.namespace}/{pod.name} refused: {out.detail}",
+                        warning=True,
+                        key=f"blocked:{pod.uid}",
+                    )
+                )
+        return not left

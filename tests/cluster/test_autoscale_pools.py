@@ -1,0 +1,440 @@
+"""Pool autoscaling against the real control plane: the controller (as the shipped ServiceAccount
+plus the autoscaling rules of docs/autoscaling.md) scales a Cluster API MachineDeployment whose
+replicas the pool simulator turns into kwok nodes, with a boot delay and a further delay before
+the GPUs are allocatable; the real scheduler places the pods."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from controller_harness import (  # noqa: F401 - fixtures
+    TEST_LABEL,
+    KubeconfigFactory,
+    Running,
+    controller_config,
+    events,
+    exporters,
+    fresh_signals,
+    node_obj,
+    running,
+    sa_kubeconfig_for_fixture,
+    wait_for_event,
+)
+from kubernetes_asyncio import client
+
+from gpumon.controller.pools import RECORD_ANNOTATION, REMOVING_ANNOTATION
+from gpumon.devcluster import capi, nodes
+from gpumon.devcluster.poolplan import POOL_LABEL, Timing
+from gpumon.devcluster.poolsim import PoolSimulator, SimulatedPool
+from gpumon.devcluster.waiting import eventually
+
+# cluster-autoscaler's node-group bounds on a Cluster API target.
+CA = {
+    "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "0",
+    "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "1",
+}
+TIMING = Timing(boot_delay_seconds=1.0, gpu_delay_seconds=3.0)
+# What the autoscaler needs beyond deploy/rbac/controller.yaml (docs/autoscaling.md, "RBAC").
+AUTOSCALING_RULES = [
+    {
+        "apiGroups": ["cluster.x-k8s.io"],
+        "resources": ["machinedeployments", "machinesets", "machinepools", "machines"],
+        "verbs": ["get", "patch"],
+    },
+    {
+        "apiGroups": ["cluster.x-k8s.io"],
+        "resources": ["machinedeployments/scale", "machinesets/scale", "machinepools/scale"],
+        "verbs": ["get", "patch"],
+    },
+]
+
+
+@dataclass
+class Pool:
+    namespace: str
+    name: str
+    sim: SimulatedPool
+    custom: client.CustomObjectsApi
+
+    async def scale(self) -> dict[str, Any]:
+        result: dict[str, Any] = await self.custom.get_namespaced_custom_object_scale(
+            capi.GROUP, capi.VERSION, self.namespace, capi.MACHINE_DEPLOYMENTS, self.name
+        )
+        return result
+
+    async def replicas(self) -> int:
+        return int((await self.scale())["spec"].get("replicas", 0))  # a Scale omits 0
+
+    async def md(self) -> dict[str, Any]:
+        result: dict[str, Any] = await self.custom.get_namespaced_custom_object(
+            capi.GROUP, capi.VERSION, self.namespace, capi.MACHINE_DEPLOYMENTS, self.name
+        )
+        return result
+
+
+PoolFactory = Callable[..., Awaitable[Pool]]
+
+
+@pytest.fixture
+async def make_pool(api: client.ApiClient, namespace: str, test_id: str) -> AsyncIterator[PoolFactory]:
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    made: list[str] = []
+
+    async def make(
+        suffix: str = "gpu",
+        template: nodes.NodeTemplate | None = None,
+        replicas: int = 0,
+        annotations: dict[str, str] | None = None,
+    ) -> Pool:
+        name = f"{test_id}-{suffix}"
+        await custom.create_namespaced_custom_object(
+            capi.GROUP,
+            capi.VERSION,
+            namespace,
+            capi.MACHINE_DEPLOYMENTS,
+            capi.machine_deployment(name, namespace, replicas=replicas, annotations=annotations),
+        )
+        made.append(name)
+        tpl = template or nodes.NodeTemplate(gpus=8, labels={TEST_LABEL: test_id})
+        return Pool(namespace, name, SimulatedPool(namespace, name, tpl, TIMING), custom)
+
+    yield make
+    for name in made:
+        await core.delete_collection_node(label_selector=f"{POOL_LABEL}={name}")
+
+
+@pytest.fixture
+async def kubeconfig(
+    api: client.ApiClient,
+    namespace: str,
+    test_id: str,
+    sa_kubeconfig_for: KubeconfigFactory,
+) -> AsyncIterator[Path]:
+    """The shipped ServiceAccount plus the autoscaling rules."""
+    sa_kubeconfig = await sa_kubeconfig_for()
+    rbac = client.RbacAuthorizationV1Api(api)
+    name = f"gpumon-autoscaling-{test_id}"
+    await rbac.create_cluster_role({"metadata": {"name": name}, "rules": AUTOSCALING_RULES})
+    await rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": "gpumon-controller", "namespace": namespace}],
+        }
+    )
+    yield sa_kubeconfig
+    await rbac.delete_cluster_role_binding(name)
+    await rbac.delete_cluster_role(name)
+
+
+def pool_config(pool: Pool, test_id: str, **over: Any) -> dict[str, Any]:
+    template: dict[str, Any] = {"resources": {"nvidia.com/gpu": 8}, "labels": {TEST_LABEL: test_id}}
+    shared = pool.sim.template.shared
+    if shared is not None:
+        template = {
+            "shared_gpus": {"cards": shared.gpus, "memory_per_card": shared.memory_gib_per_gpu},
+            "labels": {TEST_LABEL: test_id},
+        }
+    return {
+        "name": pool.name,
+        "target": {"namespace": pool.namespace, "name": pool.name},
+        "node_selector": f"{POOL_LABEL}={pool.name}",
+        "template": template,
+        "max_replicas": 10,
+        **over,
+    }
+
+
+@contextlib.asynccontextmanager
+async def autoscaling(
+    kubeconfig: Path,
+    namespace: str,
+    test_id: str,
+    pools: list[dict[str, Any]],
+    *,
+    simulate: list[Pool],
+    api: client.ApiClient,
+    endpoints: dict[str, str] | None = None,
+) -> AsyncIterator[Running]:
+    cfg = controller_config(
+        kubeconfig=kubeconfig, namespace=namespace, test_id=test_id, endpoints=endpoints or {}, pools=pools
+    )
+    sim = PoolSimulator(api, [p.sim for p in simulate], interval_seconds=0.2)
+    async with sim.running(), running(cfg) as ctl:
+        autoscaler = ctl.controller.autoscaler
+        assert autoscaler is not None
+        await eventually(lambda: _true(autoscaler.rounds > 0), what="a first autoscaling round")
+        yield ctl
+
+
+async def _true(ok: bool) -> bool | None:
+    return True if ok else None
+
+
+async def rounds(ctl: Running, count: int) -> None:
+    """Let the autoscaler plan ``count`` more times."""
+    autoscaler = ctl.controller.autoscaler
+    assert autoscaler is not None
+    until = autoscaler.rounds + count
+    await eventually(lambda: _true(autoscaler.rounds >= until), what=f"{count} autoscaling rounds")
+
+
+def gpu_pod(name: str, test_id: str, limits: dict[str, str], **labels: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"app": "train", **labels}},
+        "spec": {
+            "nodeSelector": {TEST_LABEL: test_id},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "cuda", "image": "cuda:12", "resources": {"limits": limits}}],
+        },
+    }
+
+
+async def scheduled(core: client.CoreV1Api, namespace: str, count: int) -> list[client.V1Pod] | None:
+    pods = (await core.list_namespaced_pod(namespace, label_selector="app=train")).items
+    bound = [p for p in pods if p.spec.node_name]
+    return bound if len(bound) == count else None
+
+
+async def pool_nodes(core: client.CoreV1Api, pool: Pool) -> list[client.V1Node]:
+    listed = await core.list_node(label_selector=f"{POOL_LABEL}={pool.name}")
+    return sorted(listed.items, key=lambda n: n.metadata.name)
+
+
+async def test_pending_pods_scale_a_pool_from_zero_to_exactly_what_they_need(
+    api: client.ApiClient, namespace: str, test_id: str, make_pool: PoolFactory, kubeconfig: Path
+) -> None:
+    core = client.CoreV1Api(api)
+    pool = await make_pool()
+    async with autoscaling(
+        kubeconfig, namespace, test_id, [pool_config(pool, test_id)], simulate=[pool], api=api
+    ) as ctl:
+        created = time.time()
+        for i in range(5):
+            await core.create_namespaced_pod(namespace, gpu_pod(f"train-{i}", test_id, {nodes.GPU: "2"}))
+        seen: list[int] = []
+
+        async def requested() -> int | None:
+            n = await pool.replicas()
+            seen.append(n)
+            return n if n else None
+
+        assert await eventually(requested, what="a scale request", interval_seconds=0.05) == 2
+        to_request = time.time() - created
+
+        async def all_scheduled() -> list[client.V1Pod] | None:
+            seen.append(await pool.replicas())
+            return await scheduled(core, namespace, 5)
+
+        bound = await eventually(all_scheduled, what="5 pods scheduled on the new nodes", timeout_seconds=90)
+        names = {n.metadata.name for n in await pool_nodes(core, pool)}
+        assert {p.spec.node_name for p in bound} <= names and len(names) == 2
+        # Throughout the boot and the GPU-allocatable delay, and after: never more than 2.
+        await rounds(ctl, 3)
+        seen.append(await pool.replicas())
+        assert max(seen) == 2 and seen[-1] == 2
+        record = (await pool.md())["metadata"]["annotations"][RECORD_ANNOTATION]
+        assert "scaledUpAt" in record
+        event = await wait_for_event(core, namespace, pool.name, "GpuPoolScaleUp")
+        assert "0 -> 2" in event.message and "5 pending GPU pod(s) need 2 node(s)" in event.message
+        metric = ctl.controller.autoscaler.metrics.pending_to_request  # type: ignore[union-attr]
+        print(
+            f"pods created -> scale request: {to_request:.2f}s "
+            f"(controller's own measure from Unschedulable: {metric._sum.get():.2f}s)"
+        )
+        assert to_request <= 10.0
+
+
+async def test_shared_gpu_pods_are_bin_packed_per_card(
+    api: client.ApiClient, namespace: str, test_id: str, make_pool: PoolFactory, kubeconfig: Path
+) -> None:
+    core = client.CoreV1Api(api)
+    shared = nodes.NodeTemplate(gpus=0, shared=nodes.SharedGpus(4, 16), labels={TEST_LABEL: test_id})
+    pool = await make_pool("share", shared)
+    async with autoscaling(
+        kubeconfig, namespace, test_id, [pool_config(pool, test_id)], simulate=[pool], api=api
+    ) as ctl:
+        for i in range(12):
+            await core.create_namespaced_pod(
+                namespace, gpu_pod(f"infer-{i}", test_id, {nodes.SHARED_GPU_MEMORY: "5"})
+            )
+
+        async def requested() -> int | None:
+            return (await pool.replicas()) or None
+
+        # 3 pods of 5 GiB per 16 GiB card, 4 cards a node: one node, not twelve.
+        assert await eventually(requested, what="a scale request") == 1
+        await eventually(lambda: scheduled(core, namespace, 12), what="12 pods scheduled", timeout_seconds=90)
+        await rounds(ctl, 2)
+        assert await pool.replicas() == 1
+
+
+async def test_a_quarantined_node_gets_a_replacement_before_its_drain_finishes(
+    api: client.ApiClient, namespace: str, test_id: str, make_pool: PoolFactory, kubeconfig: Path
+) -> None:
+    core, policy = client.CoreV1Api(api), client.PolicyV1Api(api)
+    pool = await make_pool(replicas=2)
+    bad, good = f"{pool.name}-0", f"{pool.name}-1"  # the simulator's names
+    async with exporters([bad, good], gpus=8) as ex:
+        endpoints = {n: e.url for n, e in ex.items()}
+        cfg = [pool_config(pool, test_id)]
+        async with autoscaling(
+            kubeconfig, namespace, test_id, cfg, simulate=[pool], api=api, endpoints=endpoints
+        ) as ctl:
+            await eventually(
+                lambda: fresh_signals(ctl, 2),
+                what="both pool nodes joined, signals fresh",
+                timeout_seconds=60,
+            )
+            pod = gpu_pod("serve-0", test_id, {nodes.GPU: "1"}, tier="serve")
+            pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": bad}
+            await core.create_namespaced_pod(namespace, pod)
+            await policy.create_namespaced_pod_disruption_budget(
+                namespace,
+                {
+                    "metadata": {"name": "keep"},
+                    "spec": {"minAvailable": 1, "selector": {"matchLabels": {"tier": "serve"}}},
+                },
+            )
+            await eventually(lambda: scheduled(core, namespace, 1), what="the pod on the node to break")
+            ex[bad].fault(gpu=0, fault="xid", code=79)
+
+            async def replacement() -> int | None:
+                n = await pool.replicas()
+                return n if n == 3 else None
+
+            await eventually(replacement, what="a replacement node requested")
+            labels = (await node_obj(core, bad))["metadata"]["labels"]
+            assert labels.get("gpumon.io/state") == "draining"  # the PDB holds the drain
+            event = await wait_for_event(core, namespace, pool.name, "GpuPoolScaleUp")
+            assert f"replacing quarantined {bad}" in event.message
+            await rounds(ctl, 3)
+            assert await pool.replicas() == 3  # once per quarantined node
+
+
+async def test_idle_nodes_are_drained_respecting_pdbs_and_removed_down_to_min(
+    api: client.ApiClient, namespace: str, test_id: str, make_pool: PoolFactory, kubeconfig: Path
+) -> None:
+    core, policy = client.CoreV1Api(api), client.PolicyV1Api(api)
+    pool = await make_pool(replicas=2)
+    cfg = [
+        pool_config(
+            pool, test_id, min_replicas=1, scale_down_unneeded_seconds=2, scale_down_cooldown_seconds=0
+        )
+    ]
+    victim, stays = f"{pool.name}-0", f"{pool.name}-1"
+    # A CPU pod on the node that will be chosen (idle as long as the other, first by name), held
+    # by a PDB.
+    cpu = {
+        "metadata": {"name": "web", "labels": {"app": "web"}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": victim},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "web", "image": "nginx"}],
+        },
+    }
+    await policy.create_namespaced_pod_disruption_budget(
+        namespace,
+        {
+            "metadata": {"name": "web"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}},
+        },
+    )
+    async with PoolSimulator(api, [pool.sim], interval_seconds=0.2).running():
+        await eventually(lambda: _len(pool_nodes(core, pool), 2), what="2 pool nodes", timeout_seconds=60)
+        await core.create_namespaced_pod(namespace, cpu)
+
+        async def web_running() -> bool | None:
+            p = await core.read_namespaced_pod("web", namespace)
+            return True if p.status.phase == "Running" else None
+
+        await eventually(web_running, what="the CPU pod Running")
+        async with autoscaling(kubeconfig, namespace, test_id, cfg, simulate=[], api=api) as ctl:
+            blocked = await wait_for_event(core, "default", victim, "GpuPoolEvictionBlocked")
+            assert "web" in blocked.message
+            node = await node_obj(core, victim)
+            assert node["spec"].get("unschedulable") is True
+            assert REMOVING_ANNOTATION in node["metadata"]["annotations"]
+            await rounds(ctl, 2)
+            assert await pool.replicas() == 2  # the PDB holds it
+            await policy.delete_namespaced_pod_disruption_budget("web", namespace)
+
+            async def scaled_down() -> bool | None:
+                return True if await pool.replicas() == 1 else None
+
+            await eventually(scaled_down, what="replicas lowered to 1", timeout_seconds=60)
+            remaining = await eventually(lambda: _len(pool_nodes(core, pool), 1), what="one node left")
+            assert remaining[0].metadata.name == stays  # the marked node went, not another
+            event = await wait_for_event(core, namespace, pool.name, "GpuPoolScaledDown")
+            assert victim in event.message and "2 -> 1" in event.message
+            await rounds(ctl, 3)
+            assert await pool.replicas() == 1  # never below min
+
+
+async def _len(nodes_: Awaitable[list[client.V1Node]], count: int) -> list[client.V1Node] | None:
+    found = await nodes_
+    return found if len(found) == count else None
+
+
+async def test_bounds_step_limit_cooldown_and_cluster_autoscaler_pools(
+    api: client.ApiClient, namespace: str, test_id: str, make_pool: PoolFactory, kubeconfig: Path
+) -> None:
+    core = client.CoreV1Api(api)
+    refused = await make_pool("ca", annotations=CA)
+    stepped = await make_pool("step")
+    pools = [
+        # cluster-autoscaler manages it: refused, though it is first in line for the pods.
+        pool_config(refused, test_id),
+        pool_config(stepped, test_id, max_replicas=3, max_step=1, scale_up_cooldown_seconds=2),
+    ]
+    # No simulator: the requested nodes never come, so each step's capacity stays "arriving".
+    async with autoscaling(kubeconfig, namespace, test_id, pools, simulate=[], api=api) as ctl:
+        for i in range(5):
+            await core.create_namespaced_pod(namespace, gpu_pod(f"big-{i}", test_id, {nodes.GPU: "8"}))
+        steps: list[tuple[float, int]] = []
+
+        async def at_max() -> bool | None:
+            n = await stepped.replicas()
+            if not steps or steps[-1][1] != n:
+                steps.append((time.monotonic(), n))
+            return True if n == 3 else None
+
+        await eventually(at_max, what="the step-limited pool at its max", interval_seconds=0.05)
+        assert [n for _, n in steps] == [0, 1, 2, 3]
+        gaps = [b[0] - a[0] for a, b in itertools.pairwise(steps[1:])]
+        assert all(g >= 1.5 for g in gaps), gaps  # the 2 s cooldown, less polling slack
+
+        async def at_limit(text: str) -> str | None:
+            found = await events(core, namespace, stepped.name, "GpuPoolAtLimit")
+            return next((e.message for e in found if text in e.message), None)
+
+        await eventually(lambda: at_limit("step limit (1)"), what="an event naming the step limit")
+        message = await eventually(lambda: at_limit("max size"), what="an event naming the max size")
+        assert message.startswith("2 pending GPU pod(s)")
+        event = await wait_for_event(core, namespace, refused.name, "GpuPoolRefused")
+        assert "cluster-autoscaler" in event.message
+        await rounds(ctl, 2)
+        assert await refused.replicas() == 0 and await stepped.replicas() == 3
+        assert ctl.controller.autoscaler.metrics.refused.labels(refused.name)._value.get() == 1  # type: ignore[union-attr]
+
+
+async def test_cluster_autoscaler_annotations_are_the_bounds_when_allowed(
+    api: client.ApiClient, namespace: str, test_id: str, make_pool: PoolFactory, kubeconfig: Path
+) -> None:
+    core = client.CoreV1Api(api)
+    pool = await make_pool("ca", annotations=CA)
+    cfg = pool_config(pool, test_id, allow_cluster_autoscaler=True)
+    del cfg["max_replicas"]
+    async with autoscaling(kubeconfig, namespace, test_id, [cfg], simulate=[], api=api) as ctl:
+        for i in range(2):
+            await core.create_namespaced_pod(namespace, gpu_pod(f"big-{i}", test_id, {nodes.GPU: "8"}))
+        await wait_for_event(core, namespace, pool.name, "GpuPoolAtLimit")
+        await rounds(ctl, 2)
+        assert await pool.replicas() == 1

@@ -1,0 +1,443 @@
+"""The autoscaler's shell and actuator (gpumon.controller.scale) against a recording fake API:
+caches seeded by hand, every write checked."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+from controller_fakes import FakeKube
+from prometheus_client import CollectorRegistry
+from test_autoscale_demand import containers, unschedulable
+
+from gpumon.controller.backoff import Backoff
+from gpumon.controller.cluster import Informer
+from gpumon.controller.demand import GPU_RESOURCES, PodDemand
+from gpumon.controller.drain import Evictor
+from gpumon.controller.events import EventRecorder
+from gpumon.controller.kube import Conflict, TooManyRequests
+from gpumon.controller.objects import GpuResources, PdbView, PodView, from_rfc3339
+from gpumon.controller.pools import (
+    CA_MAX_ANNOTATION,
+    DELETE_MACHINE_ANNOTATION,
+    RECORD_ANNOTATION,
+    REMOVING_ANNOTATION,
+    Pool,
+    PoolConfig,
+    PoolNode,
+    Record,
+    Removal,
+    pool_from_config,
+    record_from_annotation,
+    record_to_annotation,
+)
+from gpumon.controller.scale import (
+    AutoscaleMetrics,
+    Autoscaler,
+    LoopSettings,
+    gpu_resources,
+    set_replicas,
+)
+
+GPU = "nvidia.com/gpu"
+NOW = 1_800_000_000.0
+
+
+def make_pool(**over: Any) -> Pool:
+    cfg = {
+        "name": "a",
+        "target": {"namespace": "capi", "name": "md"},
+        "node_selector": "pool=a",
+        "template": {"resources": {GPU: 8}},
+        "max_replicas": 10,
+        **over,
+    }
+    return pool_from_config(PoolConfig.model_validate(cfg))
+
+
+class ScaleKube(FakeKube):
+    """FakeKube whose ``/scale`` is a view of the target object, as on a real API server (one
+    resourceVersion for both), and which lists pods by node."""
+
+    def __init__(self, pool: Pool, replicas: int = 0, annotations: Mapping[str, str] | None = None) -> None:
+        super().__init__()
+        self.target = pool.target
+        self.add(
+            self.target.path,
+            {
+                "metadata": {
+                    "name": "md",
+                    "namespace": "capi",
+                    "uid": "uid-md",
+                    "annotations": dict(annotations or {}),
+                },
+                "spec": {"replicas": replicas},
+            },
+        )
+
+    @property
+    def md(self) -> dict[str, Any]:
+        return self.objects[self.target.path]
+
+    def _scale(self) -> dict[str, Any]:
+        obj = self.md
+        spec = {"replicas": obj["spec"]["replicas"]} if obj["spec"]["replicas"] else {}  # omitempty
+        return {
+            "kind": "Scale",
+            "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
+            "spec": spec,
+        }
+
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
+        if path == self.target.scale_path:
+            self.calls.append(("GET", path, params))
+            return self._scale()
+        if path == "/api/v1/pods":
+            self.calls.append(("GET", path, params))
+            node = (params or {})["fieldSelector"].removeprefix("spec.nodeName=")
+            pods = [
+                copy.deepcopy(o)
+                for p, o in self.objects.items()
+                if "/pods/" in p and o.get("spec", {}).get("nodeName") == node
+            ]
+            return {"items": pods}
+        return await super().get(path, params)
+
+    async def patch(self, path: str, body: Mapping[str, Any], *, strategic: bool = False) -> dict[str, Any]:
+        if path != self.target.scale_path:
+            return await super().patch(path, body, strategic=strategic)
+        self.calls.append(("PATCH", path, copy.deepcopy(dict(body))))
+        answer = self._hook("PATCH", path, body)
+        if answer is not None:
+            return answer
+        if body["metadata"]["resourceVersion"] != self.md["metadata"]["resourceVersion"]:
+            raise Conflict(409, "Conflict", path)
+        self.md["spec"]["replicas"] = body["spec"]["replicas"]
+        self.touch(self.target.path)
+        return self._scale()
+
+    def events(self, reason: str | None = None) -> list[dict[str, Any]]:
+        return [
+            b
+            for m, p, b in self.calls
+            if m == "POST" and p.endswith("/events") and reason in (None, b["reason"])
+        ]
+
+    def scale_patches(self) -> list[int]:
+        return [
+            b["spec"]["replicas"] for m, p, b in self.calls if m == "PATCH" and p == self.target.scale_path
+        ]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def autoscaler(
+    kube: ScaleKube, pool: Pool, *, dry_run: bool = False, clock: Clock | None = None
+) -> Autoscaler:
+    resources = gpu_resources(GpuResources(), [pool])
+    clock = clock or Clock()
+    pods: Informer[PodView] = Informer(
+        kube, "/api/v1/pods", lambda o: None, name="pods", index=lambda p: p.node_name
+    )
+    pdbs: Informer[PdbView] = Informer(
+        kube, "/apis/policy/v1/poddisruptionbudgets", lambda o: None, name="pdbs"
+    )
+    return Autoscaler(
+        kube,
+        [pool],
+        pods=pods,
+        pdbs=pdbs,
+        recorder=EventRecorder(kube, instance="t", wall_clock=clock),
+        evictor=Evictor(kube, Backoff(0.5, 2)),
+        metrics=AutoscaleMetrics(CollectorRegistry()),
+        is_leader=lambda: True,
+        dry_run=dry_run,
+        resources=resources,
+        settings=LoopSettings(),
+        wall_clock=clock,
+    )
+
+
+def pending(a: Autoscaler, count: int, gpus: int = 2) -> None:
+    for i in range(count):
+        pod = PodDemand(
+            "ml",
+            f"p{i}",
+            f"uid-p{i}",
+            MappingProxyType({GPU: gpus * 1000, "pods": 1000}),
+            pending_since=NOW - 3,
+        )
+        a.pending.update_local(f"ml/p{i}", pod, "1")
+
+
+def node(a: Autoscaler, name: str, **kw: Any) -> None:
+    a.nodes["a"].update_local(
+        name, PoolNode(name, kw.pop("created_at", 0.0), kw.pop("allocatable", True), **kw), "1"
+    )
+
+
+def gpu_pod_on(a: Autoscaler, node_name: str) -> None:
+    a._pods.update_local(
+        f"ml/{node_name}-job",
+        PodView("ml", f"{node_name}-job", "u", node_name, "Running", uses_gpu=True),
+        "1",
+    )
+
+
+def metric(a: Autoscaler, action: str, result: str) -> float:
+    return a.metrics.plans.labels("a", action, result)._value.get()
+
+
+# -- the pieces ----------------------------------------------------------------------------------
+
+
+async def test_replicas_are_patched_with_an_explicit_integer_and_the_version_read() -> None:
+    pool = make_pool()
+    kube = ScaleKube(pool, replicas=3)
+    rv = kube.md["metadata"]["resourceVersion"]
+    await set_replicas(kube, pool.target, 0, rv)
+    assert kube.calls[-1] == (
+        "PATCH",
+        pool.target.scale_path,
+        {"metadata": {"resourceVersion": rv}, "spec": {"replicas": 0}},
+    )
+    assert kube.md["spec"]["replicas"] == 0
+    with pytest.raises(Conflict):
+        await set_replicas(kube, pool.target, 2, rv)  # stale now
+
+
+def test_pods_on_shared_gpus_count_as_gpu_pods() -> None:
+    shared = make_pool(template={"shared_gpus": {"cards": 2, "memory_per_card": 16}})
+    r = gpu_resources(GpuResources(), [shared])
+    assert (
+        r.matches("aliyun.com/gpu-mem") and r.matches("nvidia.com/gpu") and r.matches("nvidia.com/mig-1g.5gb")
+    )
+    assert not r.matches("cpu") and GPU_RESOURCES.matches("aliyun.com/gpu-core.percentage")
+
+
+# -- rounds -------------------------------------------------------------------------------------
+
+
+async def test_a_round_scales_up_records_and_reports() -> None:
+    pool = make_pool()
+    kube = ScaleKube(pool)
+    a = autoscaler(kube, pool)
+    pending(a, 5)
+    (plan,) = await a.round()
+    assert plan.desired == 2 and kube.scale_patches() == [2] and kube.md["spec"]["replicas"] == 2
+    record = record_from_annotation(kube.md["metadata"]["annotations"][RECORD_ANNOTATION])
+    assert set(record.provided) == {f"uid-p{i}" for i in range(5)} and record.scaled_up_at == NOW
+    (event,) = kube.events("GpuPoolScaleUp")
+    assert event["involvedObject"] == {
+        "apiVersion": "cluster.x-k8s.io/v1beta2",
+        "kind": "MachineDeployment",
+        "name": "md",
+        "namespace": "capi",
+        "uid": "uid-md",
+    }
+    assert event["metadata"]["namespace"] == "capi" and "0 -> 2" in event["message"]
+    assert metric(a, "scale_up", "applied") == 1
+    assert a.metrics.pending_to_request._sum.get() == pytest.approx(3.0)
+    assert a.metrics.replicas.labels("a", "desired")._value.get() == 2
+    assert a.metrics.pending_pods.labels("a")._value.get() == 5
+    # The next round sees the capacity on its way: nothing more.
+    kube.calls.clear()
+    (again,) = await a.round()
+    assert (
+        again.desired == 2
+        and kube.scale_patches() == []
+        and a.metrics.arriving_nodes.labels("a")._value.get() == 2
+    )
+
+
+async def test_dry_run_writes_nothing_and_says_so() -> None:
+    pool = make_pool()
+    kube = ScaleKube(pool)
+    a = autoscaler(kube, pool, dry_run=True)
+    pending(a, 5)
+    await a.round()
+    assert kube.writes("PATCH") == []
+    (event,) = kube.events("GpuPoolScaleUp")
+    assert event["message"].startswith("[dry-run] scaling MachineDeployment capi/md 0 -> 2")
+    assert metric(a, "scale_up", "dry_run") == 1
+
+
+async def test_a_concurrent_change_makes_the_round_plan_again() -> None:
+    pool = make_pool()
+    kube = ScaleKube(pool)
+    a = autoscaler(kube, pool)
+    pending(a, 1)
+
+    def someone_else(body: Any) -> None:
+        raise Conflict(409, "Conflict", "changed")
+
+    kube.hooks[("PATCH", pool.target.scale_path)] = someone_else
+    await a.round()
+    assert metric(a, "scale_up", "conflict") == 1 and a._wake.is_set()
+    assert RECORD_ANNOTATION not in kube.md["metadata"]["annotations"]  # nothing recorded for it
+
+
+async def test_a_cluster_autoscaler_target_is_refused_with_an_event() -> None:
+    pool = make_pool()
+    kube = ScaleKube(pool, annotations={CA_MAX_ANNOTATION: "5"})
+    a = autoscaler(kube, pool)
+    pending(a, 5)
+    await a.round()
+    assert kube.writes("PATCH") == [] and metric(a, "refused", "refused") == 1
+    (event,) = kube.events("GpuPoolRefused")
+    assert event["type"] == "Warning" and "cluster-autoscaler" in event["message"]
+    assert a.metrics.refused.labels("a")._value.get() == 1
+
+
+async def test_an_unreadable_target_is_reported() -> None:
+    pool = make_pool()
+    kube = ScaleKube(pool)
+    del kube.objects[pool.target.path]
+    a = autoscaler(kube, pool)
+    await a.round()
+    (event,) = kube.events("GpuPoolUnreadable")
+    assert "404" in event["message"]
+
+
+# -- scale-down ---------------------------------------------------------------------------------
+
+
+def down_pool() -> Pool:
+    return make_pool(min_replicas=1, scale_down_unneeded_seconds=0, scale_down_cooldown_seconds=0)
+
+
+def cpu_pod(kube: ScaleKube, node_name: str, name: str = "web", **meta: Any) -> str:
+    path = f"/api/v1/namespaces/ml/pods/{name}"
+    kube.add(
+        path,
+        {
+            "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", **meta},
+            "spec": {"nodeName": node_name, "containers": [{"name": "c"}]},
+            "status": {"phase": "Running"},
+        },
+    )
+    return path
+
+
+async def test_scale_down_cordons_drains_then_marks_records_and_lowers_replicas() -> None:
+    pool = down_pool()
+    kube = ScaleKube(pool, replicas=2)
+    clock = Clock()
+    a = autoscaler(kube, pool, clock=clock)
+    node(a, "n0", machine="m0", machine_namespace="capi")
+    node(a, "n1")
+    gpu_pod_on(a, "n1")
+    for path in ("/api/v1/nodes/n0", "/api/v1/nodes/n1"):
+        kube.add(path, {"metadata": {"name": path.rsplit("/", 1)[1]}, "spec": {}})
+    web = cpu_pod(kube, "n0")
+    cpu_pod(kube, "n0", "agent", ownerReferences=[{"kind": "DaemonSet", "controller": True, "name": "ds"}])
+
+    def pdb_says_no(body: Any) -> None:
+        raise TooManyRequests(
+            429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget."
+        )
+
+    kube.hooks[("POST", web + "/eviction")] = pdb_says_no
+    (plan,) = await a.round()
+    assert plan.drain == ("n0",)
+    n0 = kube.objects["/api/v1/nodes/n0"]
+    assert n0["spec"]["unschedulable"] is True and REMOVING_ANNOTATION in n0["metadata"]["annotations"]
+    assert kube.scale_patches() == [] and kube.events("GpuPoolEvictionBlocked")
+    evictions = [p for m, p, _ in kube.calls if p.endswith("/eviction")]
+    assert evictions == [web + "/eviction"]  # never the DaemonSet pod
+
+    # The PDB allows it now; the pod goes.
+    del kube.hooks[("POST", web + "/eviction")]
+    kube.hooks[("POST", web + "/eviction")] = lambda body: kube.objects.pop(web) and None
+    clock.now += 5
+    node(a, "n0", unschedulable=True, removing_since=NOW, machine="m0", machine_namespace="capi")
+    await a.round()
+    assert web not in kube.objects and kube.scale_patches() == []
+    clock.now += 5
+    kube.calls.clear()
+    await a.round()
+    order = [(m, p) for m, p, _ in kube.writes("PATCH")]
+    assert order == [
+        ("PATCH", "/apis/cluster.x-k8s.io/v1beta2/namespaces/capi/machines/m0"),  # 404 here: no Machines
+        ("PATCH", "/api/v1/nodes/n0"),
+        ("PATCH", pool.target.path),  # the record first...
+        ("PATCH", pool.target.scale_path),  # ...then the replicas
+    ]
+    assert DELETE_MACHINE_ANNOTATION in kube.objects["/api/v1/nodes/n0"]["metadata"]["annotations"]
+    assert kube.md["spec"]["replicas"] == 1
+    record = record_from_annotation(kube.md["metadata"]["annotations"][RECORD_ANNOTATION])
+    assert record.removal == Removal(("n0",), 2, 1, NOW + 10)
+    (event,) = kube.events("GpuPoolScaledDown")
+    assert "2 -> 1" in event["message"] and "n0" in event["message"]
+
+
+async def test_a_gpu_pod_found_on_the_node_calls_the_removal_off() -> None:
+    pool = down_pool()
+    kube = ScaleKube(pool, replicas=2)
+    a = autoscaler(kube, pool)
+    node(a, "n0", unschedulable=True, removing_since=NOW - 1)
+    node(a, "n1")
+    gpu_pod_on(a, "n1")
+    kube.add(
+        "/api/v1/nodes/n0",
+        {
+            "metadata": {"name": "n0", "annotations": {REMOVING_ANNOTATION: "x"}},
+            "spec": {"unschedulable": True},
+        },
+    )
+    path = cpu_pod(kube, "n0", "late")
+    kube.objects[path]["spec"]["containers"] = [{"name": "c", "resources": {"limits": {GPU: "1"}}}]
+    await a.round()
+    n0 = kube.objects["/api/v1/nodes/n0"]
+    assert "unschedulable" not in n0["spec"] and REMOVING_ANNOTATION not in n0["metadata"]["annotations"]
+    assert not [p for m, p, _ in kube.calls if p.endswith("/eviction")] and kube.scale_patches() == []
+
+
+async def test_a_removal_recorded_before_a_restart_is_finished() -> None:
+    pool = down_pool()
+    record = Record(removal=Removal(("n0",), 2, 1, NOW - 10), scaled_down_at=NOW - 10)
+    kube = ScaleKube(pool, replicas=2, annotations={RECORD_ANNOTATION: record_to_annotation(record)})
+    a = autoscaler(kube, pool)
+    node(a, "n0", marked=True, unschedulable=True, removing_since=NOW - 20)
+    node(a, "n1")
+    gpu_pod_on(a, "n1")
+    (plan,) = await a.round()
+    assert plan.action.value == "finish_removal" and kube.scale_patches() == [1]
+
+
+async def test_observations_follow_the_nodes() -> None:
+    pool = make_pool()
+    kube = ScaleKube(pool, replicas=3)
+    clock = Clock()
+    a = autoscaler(kube, pool, clock=clock)
+    node(a, "n0")
+    node(a, "n1", allocatable=False)
+    gpu_pod_on(a, "n1")
+    await a.round()
+    assert a._idle_since == {"n0": NOW} and a._ready_since == {"n0": NOW}
+    assert a._unregistered_since == {"a": NOW}
+    clock.now += 7
+    gpu_pod_on(a, "n0")
+    a.nodes["a"]._put("n1", None)
+    await a.round()
+    assert a._idle_since == {} and a._ready_since == {"n0": NOW}
+
+
+def test_pending_pods_informer_keeps_only_unschedulable_gpu_pods() -> None:
+    pool = make_pool()
+    a = autoscaler(ScaleKube(pool), pool)
+    obj = unschedulable(containers({GPU: "1"}))
+    view = a.pending._convert(obj)
+    assert view is not None and view.pending_since == from_rfc3339("2026-01-01T00:00:10Z")
+    assert a.pending._params == {"fieldSelector": "spec.nodeName=,status.phase=Pending"}
+    assert a.nodes["a"]._params == {"labelSelector": "pool=a"}
+    assert a.pending._convert({**obj, "status": {"phase": "Pending"}}) is None

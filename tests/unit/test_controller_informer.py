@@ -1,0 +1,190 @@
+"""The list-then-watch cache against recorded API answers: paging, events, bookmarks, 410 Gone,
+transport errors, and the guard that keeps its own writes from being undone by a lagging watch."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from gpumon.controller.backoff import Backoff
+from gpumon.controller.cluster import Informer, object_key
+from gpumon.controller.kube import KubeError, Unreachable
+
+
+def obj(name: str, rv: int, ns: str | None = None, **labels: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "resourceVersion": str(rv), "labels": labels}
+    if ns:
+        meta["namespace"] = ns
+    return {"metadata": meta}
+
+
+def line(kind: str, o: dict[str, Any]) -> bytes:
+    return json.dumps({"type": kind, "object": o}).encode() + b"\n"
+
+
+class Recorded:
+    """Answers lists from ``pages`` (consumed in order) and watches from ``streams``."""
+
+    def __init__(self, pages: list[dict[str, Any]], streams: list[list[bytes] | Exception]) -> None:
+        self.pages = pages
+        self.streams = streams
+        self.lists: list[Mapping[str, str]] = []
+        self.watches: list[Mapping[str, str]] = []
+        self.done = asyncio.Event()
+        self.gate = asyncio.Event()  # watches wait for it
+        self.gate.set()
+
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
+        self.lists.append(dict(params or {}))
+        if not self.pages:
+            raise Unreachable("no more pages")
+        return self.pages.pop(0)
+
+    async def lines(self, path: str, params: Mapping[str, str]) -> AsyncIterator[bytes]:
+        self.watches.append(dict(params))
+        await self.gate.wait()
+        if not self.streams:
+            self.done.set()
+            await asyncio.Event().wait()  # a quiet watch, until cancelled
+        script = self.streams.pop(0)
+        if isinstance(script, Exception):
+            raise script
+        for item in script:
+            yield item
+
+
+def page(items: list[dict[str, Any]], rv: int, cont: str = "") -> dict[str, Any]:
+    return {"items": items, "metadata": {"resourceVersion": str(rv), "continue": cont}}
+
+
+async def run_until_done(informer: Informer[Any], api: Recorded) -> None:
+    task = asyncio.create_task(informer.run())
+    try:
+        async with asyncio.timeout(10):
+            await api.done.wait()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def names(informer: Informer[Any]) -> dict[str, str]:
+    return {k: v["metadata"]["resourceVersion"] for k, v in informer.items().items()}
+
+
+async def test_pages_then_events_then_bookmarks_with_changes_reported():
+    api = Recorded(
+        pages=[page([obj("a", 1, "ns")], 5, cont="tok"), page([obj("b", 2, "ns")], 5)],
+        streams=[
+            [
+                line("ADDED", obj("c", 6, "ns")),
+                line("MODIFIED", obj("a", 7, "ns", x="1")),
+                line("BOOKMARK", {"metadata": {"resourceVersion": "9"}}),
+                b"not json\n",
+                line("DELETED", obj("b", 10, "ns")),
+            ]
+        ],
+    )
+    changes: list[tuple[str, bool, bool]] = []
+    inf: Informer[dict[str, Any]] = Informer(
+        api, "/x", dict, name="t", on_change=lambda k, old, new: changes.append((k, old is None, new is None))
+    )
+    await run_until_done(inf, api)
+    assert api.lists[1]["continue"] == "tok" and api.lists[0]["limit"] == "500"
+    assert names(inf) == {"ns/a": "7", "ns/c": "6"}
+    assert inf.synced.is_set()
+    assert changes == [
+        ("ns/a", True, False),
+        ("ns/b", True, False),
+        ("ns/c", True, False),
+        ("ns/a", False, False),
+        ("ns/b", False, True),
+    ]
+    # The second watch resumes where the first ended (after the bookmark and the deletion).
+    assert api.watches[0]["resourceVersion"] == "5" and api.watches[1]["resourceVersion"] == "10"
+    assert api.watches[0]["allowWatchBookmarks"] == "true"
+
+
+async def test_410_relists_and_reports_the_difference():
+    api = Recorded(
+        pages=[page([obj("a", 1), obj("b", 1)], 5), page([obj("b", 8), obj("c", 8)], 8)],
+        streams=[
+            [line("ERROR", {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"})],
+        ],
+    )
+    changes: list[tuple[str, str]] = []
+
+    def record(k: str, old: Any, new: Any) -> None:
+        changes.append((k, "add" if old is None else "del" if new is None else "mod"))
+
+    inf: Informer[dict[str, Any]] = Informer(api, "/x", dict, name="t", on_change=record)
+    await run_until_done(inf, api)
+    assert names(inf) == {"b": "8", "c": "8"}
+    assert inf.relists == 2
+    assert changes[2:] == [("a", "del"), ("b", "mod"), ("c", "add")]
+    assert api.watches[-1]["resourceVersion"] == "8"
+
+
+async def test_transport_errors_back_off_and_keep_the_cache():
+    errors: list[str] = []
+    api = Recorded(
+        pages=[page([obj("a", 1)], 5)],
+        streams=[Unreachable("connection refused"), KubeError(500, "InternalError"), []],
+    )
+    inf: Informer[dict[str, Any]] = Informer(
+        api, "/x", dict, name="t", backoff=Backoff(0.001, 0.001), on_error=errors.append
+    )
+    await run_until_done(inf, api)
+    assert names(inf) == {"a": "1"} and errors == ["Unreachable", "KubeError"]
+    assert [w["resourceVersion"] for w in api.watches] == ["5", "5", "5", "5"]
+
+
+async def test_own_writes_are_not_undone_by_a_lagging_watch():
+    api = Recorded(
+        pages=[page([obj("a", 1)], 1)],
+        streams=[[line("MODIFIED", obj("a", 3)), line("MODIFIED", obj("a", 6))]],
+    )
+    seen: list[str] = []
+    inf: Informer[dict[str, Any]] = Informer(
+        api,
+        "/x",
+        dict,
+        name="t",
+        on_change=lambda k, o, n: seen.append(n["metadata"]["resourceVersion"] if n else "-"),
+    )
+    api.gate.clear()
+    task = asyncio.create_task(inf.run())
+    await inf.synced.wait()
+    inf.update_local("a", obj("a", 5), "5")  # written by this process after the list: answer rv 5
+    api.gate.set()
+    async with asyncio.timeout(10):
+        await api.done.wait()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert seen == ["1", "5", "6"]  # the older event (rv 3) was skipped
+    assert names(inf) == {"a": "6"}
+
+
+async def test_unchanged_views_are_stored_quietly_and_index_follows_moves():
+    api = Recorded(
+        pages=[page([obj("p", 1, "ns", node="n1")], 1)],
+        streams=[
+            [line("MODIFIED", obj("p", 2, "ns", node="n1")), line("MODIFIED", obj("p", 3, "ns", node="n2"))]
+        ],
+    )
+    changes: list[str] = []
+
+    def labels(o: Mapping[str, Any]) -> dict[str, str]:
+        return dict(o["metadata"]["labels"])
+
+    inf: Informer[dict[str, str]] = Informer(
+        api, "/x", labels, name="t", index=lambda v: v["node"], on_change=lambda k, o, n: changes.append(k)
+    )
+    await run_until_done(inf, api)
+    assert changes == ["ns/p", "ns/p"]  # the rv-only change was quiet
+    assert inf.indexed("n1") == [] and inf.indexed("n2") == [{"node": "n2"}]
+
+
+def test_object_keys():
+    assert object_key(obj("a", 1)) == "a" and object_key(obj("a", 1, "ns")) == "ns/a"

@@ -1,0 +1,133 @@
+from __future__ import annotations
+
+import pytest
+from controller_fakes import FakeKube
+
+from gpumon.controller.kube import Conflict
+from gpumon.controller.leader import LeaderElector, LeaderSettings, LeaseRecord, Step, decide
+
+S = LeaderSettings(lease_duration_seconds=15, renew_deadline_seconds=10, retry_period_seconds=2)
+NS = "/apis/coordination.k8s.io/v1/namespaces/gpumon/leases"
+LEASE = f"{NS}/gpumon-controller"
+
+
+def rec(holder: str, duration: float = 15) -> LeaseRecord:
+    return LeaseRecord(holder, duration, "a", "r", 0, "1")
+
+
+@pytest.mark.parametrize(
+    ("record", "observed", "now", "step"),
+    [
+        (None, 0, 0, Step.CREATE),
+        (rec("me"), 0, 100, Step.RENEW),
+        (rec(""), 99, 100, Step.ACQUIRE),  # released
+        (rec("other"), 90, 100, Step.WAIT),
+        (rec("other"), 85, 100, Step.ACQUIRE),  # unchanged for a full lease duration
+        (rec("other", duration=0), 90, 100, Step.WAIT),  # no duration recorded: ours
+    ],
+)
+def test_decide(record, observed, now, step):
+    assert decide(record, "me", observed_at=observed, now=now, settings=S) is step
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def elector(api: FakeKube, me: str, clock: Clock) -> LeaderElector:
+    return LeaderElector(
+        api,
+        namespace="gpumon",
+        name="gpumon-controller",
+        identity=me,
+        settings=S,
+        clock=clock,
+        wall_clock=clock,
+    )
+
+
+async def test_first_candidate_creates_the_lease_and_leads_until_its_renew_deadline():
+    api, clock = FakeKube(), Clock()
+    api.creatable.add(NS)
+    a = elector(api, "a", clock)
+    assert await a.try_once() and a.is_leader()
+    spec = api.objects[LEASE]["spec"]
+    assert spec["holderIdentity"] == "a" and spec["leaseDurationSeconds"] == 15
+    assert spec["renewTime"].endswith("Z") and spec["leaseTransitions"] == 0
+    clock.t += 9.9
+    assert a.is_leader()
+    clock.t += 0.2  # no renewal for the renew deadline: stop acting
+    assert not a.is_leader()
+    assert await a.try_once() and a.is_leader()  # renewing brings it back
+    assert api.objects[LEASE]["spec"]["acquireTime"] == spec["acquireTime"]
+
+
+async def test_standby_takes_over_only_after_a_full_lease_duration_and_never_overlaps():
+    api, clock = FakeKube(), Clock()
+    api.creatable.add(NS)
+    a, b = elector(api, "a", clock), elector(api, "b", clock)
+    assert await a.try_once()
+    assert not await b.try_once()  # first sight of a's record
+    clock.t += 2
+    assert await a.try_once()  # a renews: b sees a new version and restarts its count
+    for _ in range(7):
+        clock.t += 2
+        assert not await b.try_once()
+    # a stopped renewing at t=1002; b saw that version at t=1004 and must wait 15 s.
+    assert clock.t == 1016
+    assert not await b.try_once()
+    clock.t = 1019
+    assert await b.try_once() and b.is_leader()
+    assert not a.is_leader()  # a stopped acting at 1012, long before
+    spec = api.objects[LEASE]["spec"]
+    assert spec["holderIdentity"] == "b" and spec["leaseTransitions"] == 1
+
+
+async def test_racing_writers_one_wins():
+    api, clock = FakeKube(), Clock()
+    api.creatable.add(NS)
+    a = elector(api, "a", clock)
+    await a.try_once()
+
+    def someone_else(body):
+        raise Conflict(409, "Conflict", "the object has been modified")
+
+    api.hooks[("PUT", LEASE)] = someone_else
+    clock.t += 11
+    assert not await a.try_once() and not a.is_leader()
+
+
+async def test_release_hands_over_at_once():
+    api, clock = FakeKube(), Clock()
+    api.creatable.add(NS)
+    a, b = elector(api, "a", clock), elector(api, "b", clock)
+    await a.try_once()
+    assert not await b.try_once()
+    await a.release()
+    assert not a.is_leader()
+    assert api.objects[LEASE]["spec"]["holderIdentity"] == ""
+    assert await b.try_once()
+
+
+async def test_a_failed_round_keeps_leadership_until_the_deadline():
+    api, clock = FakeKube(), Clock()
+    api.creatable.add(NS)
+    a = elector(api, "a", clock)
+    await a.try_once()
+    del api.objects[LEASE]  # gone: the next round creates it again
+
+    def down(body):
+        from gpumon.controller.kube import Unreachable
+
+        raise Unreachable("connection refused")
+
+    api.hooks[("POST", NS)] = down
+    clock.t += 5
+    assert not await a.try_once()
+    assert a.is_leader()  # still within the renew deadline of the last success
+    clock.t += 6
+    assert not a.is_leader()

@@ -1,0 +1,262 @@
+"""The reconciler's rounds with seeded caches, a static signal source and a recording API."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from types import MappingProxyType
+from typing import Any
+
+from controller_fakes import FakeKube
+from prometheus_client import CollectorRegistry
+
+from gpumon.controller import contract as c
+from gpumon.controller.backoff import Backoff
+from gpumon.controller.breaker import SafetyPolicy
+from gpumon.controller.cluster import Informer
+from gpumon.controller.drain import DrainPolicy, Evictor
+from gpumon.controller.events import EventRecorder
+from gpumon.controller.metrics import ControllerMetrics
+from gpumon.controller.objects import PodView, node_from_json, to_rfc3339
+from gpumon.controller.policy import Policy
+from gpumon.controller.quarantine import QuarantinePolicy
+from gpumon.controller.reconciler import Reconciler, Settings
+from gpumon.controller.rules import load_rules
+from gpumon.controller.signals import FleetSignals, GpuReading, NodeReading
+from gpumon.devices.model import PodRef
+
+NS = "gpumon"
+CM = f"/api/v1/namespaces/{NS}/configmaps/gpumon-controller"
+
+
+class StaticSource:
+    name = "static"
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeReading] = {}
+        self.focused: set[str] = set()
+
+    def current(self) -> FleetSignals:
+        return FleetSignals(MappingProxyType(dict(self.nodes)))
+
+    def focus(self, nodes: Iterable[str]) -> None:
+        self.focused = set(nodes)
+
+    async def run(self, on_change: Any) -> None:
+        raise AssertionError("not used")
+
+
+class World:
+    def __init__(self, *, dry_run: bool = False, leader: bool = True, **safety: Any) -> None:
+        self.t = 1_000_000.0
+        self.api = FakeKube()
+        self.api.add(CM, {"metadata": {"name": "gpumon-controller", "namespace": NS, "annotations": {}}})
+        self.source = StaticSource()
+        self.leader = leader
+        self.nodes: Informer[Any] = Informer(self.api, "/api/v1/nodes", node_from_json, name="nodes")
+        self.pods: Informer[PodView] = Informer(
+            self.api, "/p", lambda o: None, name="pods", index=lambda p: p.node_name
+        )
+        self.pdbs: Informer[Any] = Informer(self.api, "/b", lambda o: None, name="pdbs")
+        self.state: Informer[Any] = Informer(self.api, "/s", lambda o: None, name="state")
+        self.state.update_local(f"{NS}/gpumon-controller", {}, "")
+        self.metrics = ControllerMetrics(CollectorRegistry())
+        self.reconciler = Reconciler(
+            api=self.api,
+            nodes=self.nodes,
+            pods=self.pods,
+            pdbs=self.pdbs,
+            state=self.state,
+            source=self.source,
+            is_leader=lambda: self.leader,
+            recorder=EventRecorder(self.api, instance="t", wall_clock=self.clock),
+            evictor=Evictor(self.api, Backoff(jitter=0)),
+            metrics=self.metrics,
+            settings=Settings(
+                policy=Policy(rules=load_rules(), stale_after_seconds=30),
+                quarantine=QuarantinePolicy(),
+                drain=DrainPolicy(),
+                safety=SafetyPolicy(**safety),
+                dry_run=dry_run,
+                namespace=NS,
+            ),
+            wall_clock=self.clock,
+        )
+
+    def clock(self) -> float:
+        return self.t
+
+    def node(
+        self, name: str, pool: str = "a", annotations: dict[str, str] | None = None, **labels: str
+    ) -> None:
+        obj = {
+            "metadata": {
+                "name": name,
+                "uid": f"uid-{name}",
+                "labels": {"gpumon.io/pool": pool, **labels},
+                "annotations": annotations or {},
+            },
+            "spec": {},
+            "status": {"conditions": []},
+        }
+        written = self.api.add(f"/api/v1/nodes/{name}", obj)
+        self.nodes.update_local(name, node_from_json(written), "")
+
+    def signals(
+        self,
+        name: str,
+        *,
+        xid: int | None = None,
+        pods: dict[int, str] | None = None,
+        at: float | None = None,
+    ):
+        at = self.t if at is None else at
+        gpus = tuple(
+            GpuReading(
+                f"{name}-GPU-{i}",
+                i,
+                at,
+                temperature_celsius=40.0,
+                ecc_uncorrectable=0,
+                row_remap_failure=False,
+                lost=False,
+                recent_xids=frozenset({xid}) if xid is not None and i == 1 else frozenset(),
+                pods=(PodRef("ml", pods[i], "c"),) if pods and i in pods else (),
+            )
+            for i in range(2)
+        )
+        self.source.nodes[name] = NodeReading(name, at, gpus, pods_attributed=pods is not None)
+
+    def pod(self, name: str, node: str) -> None:
+        self.pods.update_local(
+            f"ml/{name}", PodView("ml", name, f"uid-{name}", node, "Running", uses_gpu=True), ""
+        )
+
+    def node_obj(self, name: str) -> dict[str, Any]:
+        return self.api.objects[f"/api/v1/nodes/{name}"]
+
+    def tainted(self) -> list[str]:
+        return sorted(
+            n["metadata"]["name"]
+            for p, n in self.api.objects.items()
+            if p.startswith("/api/v1/nodes/")
+            and any(t["key"] == c.TAINT_KEY for t in n["spec"].get("taints", []))
+        )
+
+    def events(self, reason: str | None = None) -> list[dict[str, Any]]:
+        return [
+            b
+            for m, p, b in self.api.calls
+            if m == "POST" and p.endswith("/events") and reason in (None, b["reason"])
+        ]
+
+
+async def test_three_of_five_in_one_round_quarantines_the_two_oldest_and_opens_the_breaker():
+    w = World()
+    for i in range(5):
+        w.node(f"n{i}")
+    for i, age in zip(range(3), (3.0, 1.0, 2.0), strict=True):
+        w.signals(f"n{i}", xid=79, at=w.t - age)
+    await w.reconciler.round(w.nodes.items())
+    assert w.tainted() == ["n0", "n2"]  # oldest faults first
+    refused = w.events("GpuQuarantineRefused")
+    assert [e["involvedObject"]["name"] for e in refused] == ["n1"]
+    assert "circuit breaker tripped: 3 of 5 nodes in pool 'a'" in refused[0]["message"]
+    assert "breaker.gpumon.io/a" in w.api.objects[CM]["metadata"]["annotations"]
+    assert w.reconciler.open_breakers().keys() == {"a"}  # seen at once, ahead of the watch
+    assert [e["involvedObject"]["kind"] for e in w.events("GpuBreakerOpen")] == ["ConfigMap"]
+    # Recorded quarantines drive the breaker's arithmetic after a restart as well.
+    assert {p: v.quarantined_at for p, v in w.reconciler.pools().items()}["a"] == (w.t, w.t)
+
+
+async def test_dry_run_writes_nothing_but_events():
+    w = World(dry_run=True)
+    w.node("n0")
+    w.signals("n0", xid=79, pods={1: "victim"})
+    w.pod("victim", "n0")
+    await w.reconciler.round(["n0"])
+    assert w.tainted() == []
+    assert not [call for call in w.api.calls if call[0] == "PATCH" or call[1].endswith("/eviction")]
+    messages = [e["message"] for e in w.events()]
+    assert messages and all(m.startswith("[dry-run] ") for m in messages)
+    assert {e["reason"] for e in w.events()} == {"GpuQuarantined", "GpuPodEvicted"}
+    assert w.metrics.evictions.labels("dry_run")._value.get() == 1
+
+
+async def test_a_standby_evaluates_but_never_writes():
+    w = World(leader=False)
+    w.node("n0")
+    w.signals("n0", xid=79)
+    await w.reconciler.round(["n0"])
+    assert w.api.writes() == []
+    assert w.reconciler._states["n0"].targets  # warm state for a takeover
+    assert w.source.focused == {"n0"}
+
+
+async def test_pause_switch_on_the_configmap_refuses_and_holds_everything():
+    w = World()
+    w.state.update_local(f"{NS}/gpumon-controller", {c.ANNOTATION_PAUSED: "true"}, "")
+    w.node("n0")
+    w.signals("n0", xid=79)
+    await w.reconciler.round(["n0"])
+    assert w.tainted() == []
+    (ev,) = w.events("GpuQuarantineRefused")
+    assert ev["message"].startswith("paused: ")
+
+
+async def test_partial_drain_evicts_only_the_pod_on_the_bad_gpu_and_labels_progress():
+    w = World()
+    w.node("n0")
+    w.pod("victim", "n0")
+    w.pod("bystander", "n0")
+    w.signals("n0", xid=79, pods={0: "bystander", 1: "victim"})
+    await w.reconciler.round(["n0"])
+    evictions = [p for m, p, _ in w.api.calls if p.endswith("/eviction")]
+    assert evictions == ["/api/v1/namespaces/ml/pods/victim/eviction"]
+    assert w.node_obj("n0")["metadata"]["labels"][c.LABEL_STATE] == "draining"
+    pod_events = [e for e in w.events("GpuPodEvicted") if e["involvedObject"]["kind"] == "Pod"]
+    assert pod_events[0]["metadata"]["namespace"] == "ml" and "GPU 1" in pod_events[0]["message"]
+    # The victim leaves: the node is drained.
+    w.pods._put("ml/victim", None)
+    w.t += 1
+    w.signals("n0", xid=79, pods={0: "bystander"})
+    await w.reconciler.round(["n0"])
+    assert w.node_obj("n0")["metadata"]["labels"][c.LABEL_STATE] == "drained"
+
+
+async def test_after_a_restart_recorded_quarantine_waits_out_the_hysteresis():
+    w = World()
+    records = (
+        '[{"uuid":"n0-GPU-1","index":1,"reason":"XidFatal","severity":"unhealthy","rules":["xid-unhealthy"],'
+        f'"firstSeen":"{to_rfc3339(w.t - 5000)}","evidence":"Xid 79"}}]'
+    )
+    w.node(
+        "n0",
+        annotations={
+            c.ANNOTATION_UNHEALTHY_GPUS: records,
+            c.ANNOTATION_QUARANTINED_AT: to_rfc3339(w.t - 5000),
+            c.ANNOTATION_CORDON_PREEXISTING: "false",
+        },
+    )
+    w.signals("n0")  # healthy now
+    await w.reconciler.round(["n0"])
+    assert w.node_obj("n0")["metadata"]["labels"][c.LABEL_STATE] == "recovering"
+    assert not w.events("GpuRecovered")
+    w.t += 900
+    w.signals("n0")
+    await w.reconciler.round(["n0"])
+    assert w.events("GpuRecovered")
+    assert c.ANNOTATION_UNHEALTHY_GPUS not in w.node_obj("n0")["metadata"]["annotations"]
+
+
+async def test_a_node_going_dark_is_reported_once_and_left_alone():
+    w = World()
+    w.node("n0")
+    w.signals("n0")
+    await w.reconciler.round(["n0"])
+    w.t += 31  # no news for longer than stale_after
+    await w.reconciler.round(["n0"])
+    await w.reconciler.round(["n0"])
+    (ev,) = w.events("GpuSignalsLost")
+    assert "31s old" in ev["message"] and ev["type"] == "Warning"
+    assert w.reconciler.signal_counts() == {"fresh": 0, "stale": 1, "missing": 0}
+    assert w.tainted() == []
