@@ -10,6 +10,7 @@ ETCD_VERSION=v3.6.8
 KWOK_VERSION=v0.8.0
 # main after v0.3.0: v0.3.0's nvmlEventSetWait_v2 returns TIMEOUT at once instead of blocking.
 MOCKNVML_VERSION=v0.3.1-0.20260821154203-3b2b865d91b1
+ADAPTER_VERSION=v0.12.0
 CAPI_VERSION=v1.13.5
 PROMOP_VERSION=v0.93.0
 HELM_VERSION=v3.21.4
@@ -203,6 +204,19 @@ build_helm() {
   touch "$out/.done"
 }
 
+build_adapter() {
+  local out="$CACHE/prometheus-adapter-$ADAPTER_VERSION"
+  [ -f "$out/.done" ] && { log "prometheus-adapter $ADAPTER_VERSION cached in $out"; return; }
+  log "prometheus-adapter $ADAPTER_VERSION (HPA external metrics for the end-to-end tests)"
+  mkdir -p "$out/bin"
+  # Built inside its own module so its go.mod (k8s.io v0.30) decides every version.
+  local src; src=$(go mod download -json "sigs.k8s.io/prometheus-adapter@$ADAPTER_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  local dir="$CACHE/src/prometheus-adapter-$ADAPTER_VERSION"
+  rm -rf "$dir"; mkdir -p "$dir"; cp -r "$src/." "$dir/"; chmod -R u+w "$dir"
+  (cd "$dir" && CGO_ENABLED=0 with_progress "prometheus-adapter" go build -mod=mod -trimpath -ldflags "-s -w" -o "$out/bin/prometheus-adapter" ./cmd/adapter)
+  touch "$out/.done"
+}
+
 fetch_crds() {
   local out="$CACHE/crds-capi-$CAPI_VERSION-promop-$PROMOP_VERSION"
   [ -f "$out/.done" ] && { log "CRDs cached in $out"; return; }
@@ -226,11 +240,12 @@ for p in "${parts[@]}"; do
   case "$p" in
     # The proxy answers 403 for github.com/NVIDIA/k8s-test-infra (docs/decisions.md): the NVML
     # tests skip with that reason until it serves the module, so its failure is not fatal here.
-    all) fetch_crds; build_kwok; build_etcd; build_kube; build_helm
+    all) fetch_crds; build_kwok; build_etcd; build_kube; build_helm; build_adapter
          build_mocknvml || log "mock NVML unavailable: NVML backend tests will be skipped" ;;
+    adapter) build_adapter ;;
     kube) build_kube ;; etcd) build_etcd ;; kwok) build_kwok ;;
     mocknvml) build_mocknvml ;; crds) fetch_crds ;; helm) build_helm ;;
-    *) echo "unknown part: $p (all|kube|etcd|kwok|mocknvml|crds|helm)" >&2; exit 2 ;;
+    *) echo "unknown part: $p (all|kube|etcd|kwok|mocknvml|crds|helm|adapter)" >&2; exit 2 ;;
   esac
 done
 log "tools ready in $CACHE"
