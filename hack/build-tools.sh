@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real parts the tests and the demo run against, from the Go module proxy, into a
 # cache outside the repository keyed by version. Idempotent: a part whose stamp file exists is
-# not rebuilt. Usage: hack/build-tools.sh [all|kube|etcd|kwok|mocknvml|crds|helm]...
+# not rebuilt. Usage: hack/build-tools.sh [all|kube|etcd|kwok|mocknvml|crds|helm|adapter]...
 set -euo pipefail
 
 K8S_VERSION=v1.36.3
