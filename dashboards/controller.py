@@ -63,7 +63,7 @@ def pool_sizes(layout: Layout) -> cogbuilder.Builder[model.Panel]:
         "Pool sizes",
         "Replicas per GPU node pool: current, desired (the controller's plan) and the bounds.",
         "none",
-        Query(f"max by (pool, kind) (gpumon_controller_pool_replicas{{{C}}})", "{{pool}} {{kind}}"),
+        Query(f"max by (pool, kind) (gpumon_autoscaler_replicas{{{C}}})", "{{pool}} {{kind}}"),
         layout=layout, min_value=0,
     )
 
@@ -134,7 +134,7 @@ def build() -> model.Dashboard:
                     "GPU pods waiting for a pool's capacity, and quarantined nodes still draining past "
                     "the drain deadline.",
                     "none",
-                    Query(f"max by (pool) (gpumon_controller_pending_gpu_pods{{{C}}})",
+                    Query(f"max by (pool) (gpumon_autoscaler_pending_pods{{{C}}})",
                           "{{pool}} pending"),
                     Query(f"max by (pool) (gpumon_controller_drain_overdue_nodes{{{C}}})",
                           "{{pool}} overdue"),

@@ -370,7 +370,6 @@ def _build_source(
             poll_interval_seconds=d.poll_interval_seconds,
             timeout_seconds=d.timeout_seconds,
             max_concurrency=d.max_concurrency,
-            xid_window_seconds=window,
             bearer_token=_read_token(d.bearer_token_file),
         ),
         endpoints if endpoints is not None else StaticEndpoints(d.endpoints),

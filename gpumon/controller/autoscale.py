@@ -101,6 +101,7 @@ class PoolPlan:
     notes: tuple[Note, ...] = ()
     # Figures for metrics.
     pending: int = 0  # pending GPU pods this pool can host
+    demand_nodes: int = 0  # nodes of the scale-up that are for pending pods (the rest: replacements, ...)
     arriving: int = 0  # arriving nodes (requested or without allocatable GPUs) still counted
     quarantined: int = 0
     min_replicas: int = 0
@@ -166,7 +167,6 @@ class _Pool:
     stuck: int  # requested, never registered within the timeout
     settling: bool  # arriving capacity, or some just arrived: provided-for pods keep waiting
     arriving: int  # nodes requested or joined without allocatable GPUs, within the timeout
-    idle_ready: list[PoolNode]  # ready, schedulable, no GPU pods
     packer: Packer  # its initial nodes: the arriving ones, then the idle ready ones
     provided: dict[str, float] = field(default_factory=dict)  # pod uid -> when, kept on the record
     hosted: dict[str, PodDemand] = field(default_factory=dict)  # pending pods the template hosts
@@ -248,7 +248,6 @@ def _prepare(inp: PoolInput, now: float) -> _Pool | PoolPlan:
         stuck=unregistered - requested,
         settling=arriving > 0 or now - newest_ready < SETTLE_SECONDS,
         arriving=arriving,
-        idle_ready=idle_ready,
         packer=Packer(pool.template, arriving + len(idle_ready)),
     )
 
@@ -373,7 +372,7 @@ def _scale_down(p: _Pool, now: float, keep: list[str]) -> tuple[list[str], list[
     if chosen:
         idle_for = ", ".join(f"{n.name} (idle {now - inp.idle_since.get(n.name, now):.0f}s)" for n in chosen)
         names = ",".join(n.name for n in chosen)
-        msg = f"draining {idle_for} to remove it from {pool.target}"
+        msg = f"draining {idle_for} to remove from {pool.target}"
         notes.append(Note("GpuPoolScaleDown", msg, key=f"down:{names}"))
     return keep + [n.name for n in chosen], notes
 
@@ -500,6 +499,7 @@ def _decide(p: _Pool, now: float) -> PoolPlan:
             desired=p.base + add,
             reason=reason,
             pods=tuple(p.for_new),
+            demand_nodes=demand_nodes,
             abandon=gave_up,
             notes=(Note("GpuPoolScaleUp", reason),),
         )

@@ -400,14 +400,6 @@ class _Node:
         return self.free == template.resources
 
 
-@dataclass(frozen=True, slots=True)
-class Packing:
-    placed: Mapping[str, int]  # pod key -> node index (arriving nodes first, then new ones)
-    new_nodes: int  # nodes opened beyond the arriving ones
-    left: tuple[PodDemand, ...]  # pods not placed (no room within the limit)
-    empty_arriving: int  # arriving nodes nothing was placed on
-
-
 class Packer:
     """First-fit onto a pool's nodes that are there or on their way and empty, then onto new
     nodes. Callers offer pods biggest first (:func:`size`) for first-fit-decreasing."""

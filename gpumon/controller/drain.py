@@ -120,7 +120,7 @@ class EvictionResult(enum.StrEnum):
     DELETED = "deleted"  # escalation
     ERROR = "error"
     DRY_RUN = "dry_run"
-    WAITING = "waiting"  # not retried yet: backing off
+    WAITING = "waiting"  # not tried now: backing off, or already evicted and on its way out
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,28 +131,34 @@ class EvictionOutcome:
 
 
 class Evictor:
-    """Evicts (or, escalating, deletes) pods; remembers per pod when to try again after a 429."""
+    """Evicts (or, escalating, deletes) pods; remembers per pod when to try again after a 429,
+    and which pods it already evicted or deleted."""
 
     def __init__(self, api: KubeApi, backoff: Backoff) -> None:
         self._api = api
         self._backoff = backoff
         self._attempts: dict[str, int] = {}
         self._next_try: dict[str, float] = {}
+        # Until the pod cache sees these pods go (forget), they are not evicted again: a cache
+        # that lags behind (its watch reconnecting after an API server restart) still shows
+        # them running, and the Eviction API accepts a second eviction of a terminating pod.
+        self._done: set[str] = set()
 
     def next_try_at(self, targets: Sequence[DrainTarget]) -> float | None:
         times = [self._next_try[t.pod.uid] for t in targets if t.pod.uid in self._next_try]
         return min(times) if times else None
 
     def forget(self, uid: str) -> None:
-        """Drop the retry state of a pod that is gone."""
+        """Drop what is remembered about a pod that is gone."""
         self._attempts.pop(uid, None)
         self._next_try.pop(uid, None)
+        self._done.discard(uid)
 
     async def run(self, target: DrainTarget, *, now: float, delete: bool, dry_run: bool) -> EvictionOutcome:
         pod = target.pod
         if dry_run:
             return EvictionOutcome(target, EvictionResult.DRY_RUN)
-        if not delete and now < self._next_try.get(pod.uid, 0.0):
+        if pod.uid in self._done or (not delete and now < self._next_try.get(pod.uid, 0.0)):
             return EvictionOutcome(target, EvictionResult.WAITING)
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
         # Preconditions: never act on a same-named successor of the pod we planned for.
@@ -188,4 +194,6 @@ class Evictor:
                 return EvictionOutcome(target, EvictionResult.ERROR, str(e))
         self._attempts.pop(pod.uid, None)
         self._next_try.pop(pod.uid, None)
+        if result is not EvictionResult.GONE and pod.uid:
+            self._done.add(pod.uid)
         return EvictionOutcome(target, result)

@@ -2,6 +2,8 @@
 
 A plan is recomputed on every evaluation, so the same refusal or dry-run decision comes back
 again and again; a repeat within ``repeat_after`` is dropped here instead of flooding the API.
+Only an Event the API took counts: one that failed (API server unreachable) is sent again the
+next time its decision comes back, so an outage loses no Event.
 Events about a Node live in the ``default`` namespace with the node's name as involved UID,
 which is where ``kubectl describe node`` looks (the kubelet does the same).
 """
@@ -38,16 +40,19 @@ class EventRecorder:
         self._on_result = on_result
         self._last: dict[tuple[str, str, str, str, str], float] = {}
 
+    @staticmethod
+    def _key(ev: Event) -> tuple[str, str, str, str, str]:
+        return (ev.about.kind, ev.about.namespace, ev.about.name, ev.reason, ev.key or ev.message)
+
     def _due(self, ev: Event, now: float) -> bool:
-        key = (ev.about.kind, ev.about.namespace, ev.about.name, ev.reason, ev.key or ev.message)
-        last = self._last.get(key)
-        if last is not None and now - last < self._repeat_after:
-            return False
-        self._last[key] = now
+        last = self._last.get(self._key(ev))
+        return last is None or now - last >= self._repeat_after
+
+    def _sent(self, ev: Event, now: float) -> None:
+        self._last[self._key(ev)] = now
         if len(self._last) > 50_000:  # forget the oldest half rather than grow for ever
             for k, _ in sorted(self._last.items(), key=lambda kv: kv[1])[: len(self._last) // 2]:
                 del self._last[k]
-        return True
 
     async def record(self, ev: Event, *, prefix: str = "") -> bool:
         """Create the Event unless it repeats a recent one; never raises."""
@@ -91,6 +96,7 @@ class EventRecorder:
             if self._on_result:
                 self._on_result(False)
             return False
+        self._sent(ev, now)
         if self._on_result:
             self._on_result(True)
         return True

@@ -141,7 +141,8 @@ class AutoscaleMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.replicas = Gauge(
             "gpumon_autoscaler_replicas",
-            "A pool's replicas: current (spec of its /scale target), desired (last plan), min, max.",
+            "A pool's replicas: current (spec of its /scale target), status (what exists), desired "
+            "(last plan), min, max.",
             ["pool", "kind"],
             registry=registry,
         )
@@ -165,7 +166,7 @@ class AutoscaleMetrics:
         )
         self.plans = Counter(
             "gpumon_autoscaler_plans",
-            "Plans by pool, action and result (applied, dry_run, conflict, error, refused, none).",
+            "Plans by pool, action and result (applied, dry_run, conflict, error, refused, none, not_leader)",
             ["pool", "action", "result"],
             registry=registry,
         )
@@ -182,11 +183,12 @@ class AutoscaleMetrics:
             registry=registry,
         )
 
-    def observe(self, plan: PoolPlan) -> None:
+    def observe(self, plan: PoolPlan, scale: ScaleState | None) -> None:
         self.refused.labels(plan.pool).set(1 if plan.action is Action.REFUSED else 0)
-        if plan.action is Action.REFUSED:
+        if plan.action is Action.REFUSED or scale is None:
             return
         for kind, value in (
+            ("status", scale.status_replicas),
             ("current", plan.current),
             ("desired", plan.desired),
             ("min", plan.min_replicas),
@@ -272,7 +274,6 @@ class Autoscaler:
         self._ready_since: dict[str, float] = {}
         self._unregistered_since: dict[str, float] = {}
         self._skip_until: dict[str, float] = {}
-        self.last_plans: tuple[PoolPlan, ...] = ()
         self.rounds = 0
 
     @staticmethod
@@ -366,11 +367,10 @@ class Autoscaler:
         started = time.perf_counter()
         plans = plan_pools(inputs, list(self.pending.items().values()), now)
         self.metrics.plan_duration.observe(time.perf_counter() - started)
-        self.last_plans = plans
         by_pool = {i.pool.name: i for i in inputs}
         for plan in plans:
-            self.metrics.observe(plan)
             inp = by_pool[plan.pool]
+            self.metrics.observe(plan, inp.scale)
             await self._record_notes(inp, plan)
             try:
                 result = await self._apply(inp, plan, now)
@@ -403,6 +403,8 @@ class Autoscaler:
             if plan.action is not Action.NONE:
                 log.info("dry-run: not scaling", extra={"pool": plan.pool, "plan": plan.reason})
             return "dry_run" if plan.action is not Action.NONE else "none"
+        if not self._is_leader():
+            return "not_leader"  # lost the lease during the round: the next leader plans again
         assert inp.scale is not None
         target, rv = inp.pool.target, inp.scale.resource_version
         for node in plan.abandon:
@@ -425,7 +427,17 @@ class Autoscaler:
         assert inp.scale is not None
         target = inp.pool.target
         rv = await set_replicas(self._api, target, plan.desired, inp.scale.resource_version)
-        log.info("scale request", extra={"pool": plan.pool, "from": plan.current, "to": plan.desired})
+        log.info(
+            "scale request",
+            extra={
+                "pool": plan.pool,
+                "from": plan.current,
+                "to": plan.desired,
+                # What the target reported before: how many machines exist, which they are.
+                "status_replicas": inp.scale.status_replicas,
+                "selector": inp.scale.selector,
+            },
+        )
         waited = [
             pod.pending_since
             for pod in self.pending.items().values()

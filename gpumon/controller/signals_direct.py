@@ -7,7 +7,8 @@ Nodes that need more (a GPU the exporter does not call healthy, or a node the co
 watching: pending, quarantined, recovering) also have their ``/api/v1/snapshot`` fetched every
 poll interval, with a bounded pool, for raw fields (temperature, ECC, row remapping, Xid
 counters) and for which pods use which GPU. An exporter without the watch endpoint is polled
-the same way.
+the same way. Xid codes come as the exporter's structured ``recent_xids`` (every code seen within
+its ``health.xid_window_seconds``), which the controller classifies with its own Xid classes.
 
 Freshness: a node counts as observed when its exporter last spoke (a heartbeat says "no
 change"); an exporter whose device backend is down, or that cannot be reached, yields no reading.
@@ -34,7 +35,6 @@ from gpumon.devices.model import HealthReason, HealthState, HealthVerdict, PodRe
 
 log = logging.getLogger(__name__)
 
-_XID_DETAIL = re.compile(r"^Xid (\d+)\b")
 _ECC_DETAIL = re.compile(r"^(\d+) uncorrectable ECC")
 _TEMP_DETAIL = re.compile(r"^temperature (\d+(?:\.\d+)?) C")
 
@@ -54,31 +54,47 @@ def verdict_from_json(doc: Mapping[str, Any]) -> HealthVerdict:
     return HealthVerdict(state, reasons)
 
 
-def _xids_in(v: HealthVerdict) -> set[int]:
-    return {int(m.group(1)) for r in v.reasons if (m := _XID_DETAIL.match(r.detail))}
+def xids_from_json(doc: Mapping[str, Any]) -> frozenset[int] | None:
+    """The exporter's ``recent_xids``; None (cannot tell) when it does not send them."""
+    codes = doc.get("recent_xids")
+    return frozenset(int(c) for c in codes) if isinstance(codes, list) else None
 
 
-def gpu_from_verdict(uuid: str, index: int, v: HealthVerdict, at: float) -> GpuReading:
+@dataclass(frozen=True, slots=True)
+class GpuHealth:
+    """One GPU as a watch line tells it: the exporter's verdict and its recent Xid codes."""
+
+    index: int
+    verdict: HealthVerdict
+    recent_xids: frozenset[int] | None
+
+
+def health_from_json(doc: Mapping[str, Any], index: int) -> GpuHealth:
+    return GpuHealth(index, verdict_from_json(doc), xids_from_json(doc))
+
+
+def gpu_from_verdict(uuid: str, health: GpuHealth, at: float) -> GpuReading:
     """What a verdict alone tells: the exporter flags any uncorrectable ECC error, row-remap
     failure or lost GPU, so their absence from the reasons means "none"; a temperature is known
     only when the verdict quotes one."""
+    v = health.verdict
     codes = {r.code for r in v.reasons}
     ecc = next((int(m.group(1)) for r in v.reasons if (m := _ECC_DETAIL.match(r.detail))), 0)
     temp = next((float(m.group(1)) for r in v.reasons if (m := _TEMP_DETAIL.match(r.detail))), None)
     return GpuReading(
         uuid=uuid,
-        index=index,
+        index=health.index,
         observed_at=at,
         temperature_celsius=temp,
         ecc_uncorrectable=ecc,
         row_remap_failure="RowRemapFailure" in codes,
         lost=v.state is HealthState.LOST,
         health=v,
-        recent_xids=frozenset(_xids_in(v)),
+        recent_xids=health.recent_xids,
     )
 
 
-_NO_VERDICTS: Mapping[str, tuple[int, HealthVerdict]] = MappingProxyType({})
+_NO_VERDICTS: Mapping[str, GpuHealth] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,20 +102,18 @@ class ExporterView:
     node: str
     heard_at: float | None = None
     backend_up: bool = True
-    verdicts: Mapping[str, tuple[int, HealthVerdict]] = field(default_factory=lambda: _NO_VERDICTS)
+    verdicts: Mapping[str, GpuHealth] = field(default_factory=lambda: _NO_VERDICTS)
     verdicts_at: float = 0.0
     # From the latest /api/v1/snapshot, while the node is of interest.
     snapshot: tuple[GpuReading, ...] | None = None
     snapshot_at: float = 0.0
     pods_attributed: bool = False
-    xid_counts: Mapping[str, Mapping[int, int]] = field(default_factory=lambda: MappingProxyType({}))
-    xid_seen: Mapping[tuple[str, int], float] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def troubled(self) -> bool:
         """The exporter calls some GPU not healthy, or reports a transition newer than the
         snapshot: detail is worth fetching."""
-        bad = any(v.state is not HealthState.HEALTHY for _, v in self.verdicts.values())
+        bad = any(h.verdict.state is not HealthState.HEALTHY for h in self.verdicts.values())
         return bad or (self.snapshot is not None and self.verdicts_at > self.snapshot_at)
 
 
@@ -113,9 +127,7 @@ def on_message(view: ExporterView, msg: Mapping[str, Any], now: float) -> tuple[
         return replace(view, heard_at=now, backend_up=up, verdicts_at=now), up != view.backend_up
     if kind == "state":
         verdicts = {
-            str(g["uuid"]): (int(g["gpu"]), verdict_from_json(g))
-            for g in msg.get("gpus") or ()
-            if "uuid" in g
+            str(g["uuid"]): health_from_json(g, int(g["gpu"])) for g in msg.get("gpus") or () if "uuid" in g
         }
         changed = verdicts != dict(view.verdicts) or bool(msg.get("backend_up", True)) != view.backend_up
         return (
@@ -130,7 +142,7 @@ def on_message(view: ExporterView, msg: Mapping[str, Any], now: float) -> tuple[
         )
     if kind == "health" and "uuid" in msg:
         verdicts = dict(view.verdicts)
-        verdicts[str(msg["uuid"])] = (int(msg.get("gpu", -1)), verdict_from_json(msg))
+        verdicts[str(msg["uuid"])] = health_from_json(msg, int(msg.get("gpu", -1)))
         return replace(view, heard_at=now, verdicts=MappingProxyType(verdicts), verdicts_at=now), True
     return replace(view, heard_at=now), False
 
@@ -139,10 +151,8 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def on_snapshot(
-    view: ExporterView, doc: Mapping[str, Any], now: float, xid_window_seconds: float
-) -> ExporterView:
-    """Fold an /api/v1/snapshot document in (raw fields, Xid counters, pods per GPU)."""
+def on_snapshot(view: ExporterView, doc: Mapping[str, Any], now: float) -> ExporterView:
+    """Fold an /api/v1/snapshot document in (raw fields, recent Xids, pods per GPU)."""
     pods: dict[str, list[PodRef]] = {}
     for p in doc.get("pods") or ():
         ref = p.get("ref") or {}
@@ -155,22 +165,14 @@ def on_snapshot(
                     str(ref.get("uid", "")),
                 )
             )
-    counts: dict[str, dict[int, int]] = {}
-    seen = {k: t for k, t in view.xid_seen.items() if now - t < xid_window_seconds}
     gpus: list[GpuReading] = []
-    verdicts: dict[str, tuple[int, HealthVerdict]] = {}
+    verdicts: dict[str, GpuHealth] = {}
     for g in doc.get("gpus") or ():
         ident = g.get("identity") or {}
         uuid, index = str(ident.get("uuid", "")), int(ident.get("index", -1))
         fast, slow = g.get("fast") or {}, g.get("slow") or {}
-        verdict = verdict_from_json(g.get("health") or {})
-        verdicts[uuid] = (index, verdict)
-        counts[uuid] = {int(k): int(v) for k, v in (g.get("xid_counts") or {}).items()}
-        before = view.xid_counts.get(uuid)
-        if before is not None:  # the first snapshot is a baseline, not news
-            for code, n in counts[uuid].items():
-                if n > before.get(code, 0):
-                    seen[(uuid, code)] = now
+        health = GpuHealth(index, verdict_from_json(g.get("health") or {}), xids_from_json(g))
+        verdicts[uuid] = health
         sampled = _num(g.get("sampled_at")) or 0.0
         remap = slow.get("row_remap_failure")
         ecc = slow.get("ecc_uncorrected")
@@ -184,8 +186,8 @@ def on_snapshot(
                 ecc_uncorrectable=int(ecc) if isinstance(ecc, int) else None,
                 row_remap_failure=bool(remap) if isinstance(remap, bool) else None,
                 lost=bool(g.get("lost", False)),
-                health=verdict,
-                recent_xids=frozenset(_xids_in(verdict) | {c for (u, c) in seen if u == uuid}),
+                health=health.verdict,
+                recent_xids=health.recent_xids,
                 pods=tuple(pods.get(uuid, ())),
             )
         )
@@ -198,8 +200,6 @@ def on_snapshot(
         snapshot=tuple(gpus),
         snapshot_at=now,
         pods_attributed=bool(pods),
-        xid_counts=MappingProxyType({u: MappingProxyType(c) for u, c in counts.items()}),
-        xid_seen=MappingProxyType(seen),
     )
 
 
@@ -211,8 +211,8 @@ def reading_of(view: ExporterView) -> NodeReading | None:
         attributed: bool | None = view.pods_attributed
     else:
         gpus = tuple(
-            gpu_from_verdict(uuid, index, v, view.heard_at)
-            for uuid, (index, v) in sorted(view.verdicts.items(), key=lambda kv: kv[1][0])
+            gpu_from_verdict(uuid, health, view.heard_at)
+            for uuid, health in sorted(view.verdicts.items(), key=lambda kv: kv[1].index)
         )
         # A troubled node's snapshot (with pod placement) is on its way.
         attributed = None if view.troubled else False
@@ -283,7 +283,6 @@ class DirectSettings:
     poll_interval_seconds: float = 5.0
     timeout_seconds: float = 5.0
     max_concurrency: int = 32
-    xid_window_seconds: float = 600.0
     bearer_token: str | None = None
 
 
@@ -391,7 +390,7 @@ class DirectSource:
                 log.debug("snapshot fetch failed", extra={"node": node, "error": repr(e)})
                 return
         view = self._views.get(node) or ExporterView(node)
-        new = on_snapshot(view, doc, self._clock(), self._s.xid_window_seconds)
+        new = on_snapshot(view, doc, self._clock())
         self._views[node] = new
         if reading_of(new) != reading_of(view):
             self._on_change((node,))

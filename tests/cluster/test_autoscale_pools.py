@@ -41,21 +41,6 @@ CA = {
     "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "1",
 }
 TIMING = Timing(boot_delay_seconds=1.0, gpu_delay_seconds=3.0)
-# What the autoscaler needs beyond deploy/rbac/controller.yaml (docs/autoscaling.md, "RBAC").
-AUTOSCALING_RULES = [
-    {
-        "apiGroups": ["cluster.x-k8s.io"],
-        "resources": ["machinedeployments", "machinesets", "machinepools", "machines"],
-        "verbs": ["get", "patch"],
-    },
-    {
-        "apiGroups": ["cluster.x-k8s.io"],
-        "resources": ["machinedeployments/scale", "machinesets/scale", "machinepools/scale"],
-        "verbs": ["get", "patch"],
-    },
-]
-
-
 @dataclass
 class Pool:
     namespace: str
@@ -111,27 +96,9 @@ async def make_pool(api: client.ApiClient, namespace: str, test_id: str) -> Asyn
 
 
 @pytest.fixture
-async def kubeconfig(
-    api: client.ApiClient,
-    namespace: str,
-    test_id: str,
-    sa_kubeconfig_for: KubeconfigFactory,
-) -> AsyncIterator[Path]:
-    """The shipped ServiceAccount plus the autoscaling rules."""
-    sa_kubeconfig = await sa_kubeconfig_for()
-    rbac = client.RbacAuthorizationV1Api(api)
-    name = f"gpumon-autoscaling-{test_id}"
-    await rbac.create_cluster_role({"metadata": {"name": name}, "rules": AUTOSCALING_RULES})
-    await rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": "gpumon-controller", "namespace": namespace}],
-        }
-    )
-    yield sa_kubeconfig
-    await rbac.delete_cluster_role_binding(name)
-    await rbac.delete_cluster_role(name)
+async def kubeconfig(sa_kubeconfig_for: KubeconfigFactory) -> Path:
+    """The shipped ServiceAccount and its RBAC, autoscaling rules included."""
+    return await sa_kubeconfig_for()
 
 
 def pool_config(pool: Pool, test_id: str, **over: Any) -> dict[str, Any]:

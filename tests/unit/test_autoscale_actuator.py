@@ -286,6 +286,16 @@ async def test_a_concurrent_change_makes_the_round_plan_again() -> None:
     assert RECORD_ANNOTATION not in kube.md["metadata"]["annotations"]  # nothing recorded for it
 
 
+async def test_a_replica_that_lost_its_lease_mid_round_writes_nothing() -> None:
+    pool = make_pool()
+    kube = ScaleKube(pool)
+    a = autoscaler(kube, pool)
+    pending(a, 1)
+    a._is_leader = lambda: False
+    await a.round()
+    assert kube.writes("PATCH") == [] and metric(a, "scale_up", "not_leader") == 1
+
+
 async def test_a_cluster_autoscaler_target_is_refused_with_an_event() -> None:
     pool = make_pool()
     kube = ScaleKube(pool, annotations={CA_MAX_ANNOTATION: "5"})

@@ -94,7 +94,7 @@ def idle_since(*names: str, at: float = 0.0) -> dict[str, float]:
 
 def test_pending_pods_ask_for_exactly_the_nodes_they_fill() -> None:
     p = plan1(make_pool(), scale(0), pods(5))
-    assert p.action is Action.SCALE_UP and (p.current, p.desired) == (0, 2)
+    assert p.action is Action.SCALE_UP and (p.current, p.desired, p.demand_nodes) == (0, 2, 2)
     assert p.pods == tuple(f"ml/p{i}" for i in range(5))
     assert set(p.record.provided) == {f"uid-p{i}" for i in range(5)} and p.record.scaled_up_at == NOW
     assert p.record_changed and p.pending == 5
@@ -203,7 +203,7 @@ def test_each_quarantined_node_is_replaced_once() -> None:
     pool = make_pool()
     nodes = (node("n0", quarantined=True), node("n1"))
     p = plan1(pool, scale(2), nodes=nodes, busy=frozenset({"n1"}))
-    assert p.action is Action.SCALE_UP and p.desired == 3 and p.quarantined == 1
+    assert p.action is Action.SCALE_UP and p.desired == 3 and p.quarantined == 1 and p.demand_nodes == 0
     assert "replacing quarantined n0" in p.reason and p.record.replaced == {"n0": NOW}
     again = plan1(pool, after(p), nodes=nodes, busy=frozenset({"n1"}), now=NOW + 1)
     assert again.action is Action.NONE

@@ -18,8 +18,6 @@ SUFFIXES = ("_total", "_bucket", "_sum", "_count")
 # Read by alerts and dashboards, to be exported by the controller's drain and autoscale code.
 PROPOSED = {
     "gpumon_controller_drain_overdue_nodes",  # gauge {pool}: nodes draining past the deadline
-    "gpumon_controller_pool_replicas",  # gauge {pool, kind=current|desired|min|max}
-    "gpumon_controller_pending_gpu_pods",  # gauge {pool}: GPU pods waiting for the pool
 }
 
 
