@@ -23,9 +23,10 @@ system-packages:
 tools:
 	@bash hack/build-tools.sh all
 
-# Until the full demo exists: the exporter on 8 simulated GPUs; its log says where the metrics are.
+# The main job on a local cluster: simulated GPU nodes, exporters, Prometheus and the controller
+# playing the embedded scenario live (docs/demo.md). `gpumon demo --help` for its flags.
 demo: setup
-	@$(VENV)/bin/gpumon exporter --backend simulated --simulate-gpus 8
+	@$(VENV)/bin/gpumon demo
 
 test: setup
 	@$(VENV)/bin/pytest -q -ra $(PYTEST_ARGS); rc=$$?; \

@@ -106,13 +106,15 @@ class DevCluster:
         layout.kwok_config.write_text(components.kwok_config([p.read_text() for p in tools.kwok_stages]))
         return cls(tools, layout, ports, components.all_components(tools, ports, layout, options))
 
+    def _spawn(self, c: Component) -> processes.Child:
+        return processes.spawn(c.name, c.argv, self.layout.logs / f"{c.name}.log", cwd=self.layout.root)
+
     def _run(self, deadline: float) -> None:
         for wave in sorted({c.wave for c in self.components}):
             t = time.monotonic()
             started = []
             for c in (c for c in self.components if c.wave == wave):
-                child = processes.spawn(c.name, c.argv, self.layout.logs / f"{c.name}.log",
-                                        cwd=self.layout.root)
+                child = self._spawn(c)
                 self.children.append(child)
                 started.append((c, child))
             self._wait_healthy(started, deadline)
@@ -165,6 +167,41 @@ class DevCluster:
                      timeout_seconds=timeout_seconds)
         self.kubectl("wait", "--for=condition=Established", f"--timeout={int(timeout_seconds)}s",
                      *(f"crd/{n}" for n in names), timeout_seconds=timeout_seconds + 5)
+
+    # -- one component down and up again, in place -------------------------------------------
+
+    def _member(self, name: str) -> tuple[int, Component]:
+        """Where the component's child is in :attr:`children`, and the component."""
+        component = next((c for c in self.components if c.name == name), None)
+        if component is None:
+            raise KeyError(f"no component {name!r} (have: {', '.join(c.name for c in self.components)})")
+        for i, child in enumerate(self.children):
+            if child.name == name:
+                return i, component
+        raise StartupError(f"{name} was never started: the cluster is not running")
+
+    def stop_component(self, name: str, grace_seconds: float = 5.0) -> None:
+        """Stop one component (SIGTERM, SIGKILL after the grace), keeping its files and its
+        port, so :meth:`start_component` brings it back as it was. Blocks until it exited;
+        any thread may call it."""
+        i, _ = self._member(name)
+        processes.stop([self.children[i]], grace_seconds)
+
+    def start_component(self, name: str) -> None:
+        """Start a stopped component again with its original command line: same port, same
+        certificates, same data (the API server keeps talking to the same etcd). Returns once
+        it is spawned: :meth:`wait_healthy`. Call it from the thread that owns the cluster's
+        children (see :mod:`gpumon.devcluster.processes`), never from a short-lived one."""
+        i, c = self._member(name)
+        if self.children[i].exited() is None:
+            raise StartupError(f"{name} is still running: stop it first")
+        self.children[i] = self._spawn(c)
+
+    def wait_healthy(self, *names: str, timeout_seconds: float = 120.0) -> None:
+        """Block until each named component answers its health check (StartupError with the
+        tail of its log otherwise). Any thread may call it."""
+        members = [self._member(n) for n in names]
+        self._wait_healthy([(c, self.children[i]) for i, c in members], time.monotonic() + timeout_seconds)
 
     def health(self) -> dict[str, Probe]:
         prober = self.prober

@@ -241,3 +241,44 @@ class ExporterProcess(LoggedProcess):
         if status != 200:
             raise RuntimeError(f"{self.name} refused fault {dict(fault)}: {status} {answer!r}")
         return answer
+
+
+class ControllerProcess(LoggedProcess):
+    """``gpumon controller --config FILE`` on a loopback port (the file's ``listen_address``
+    and ``port`` are set to it), ``args`` appended (``--act``). :meth:`leading`: caches synced
+    and the lease held."""
+
+    name = "gpumon controller"
+
+    def __init__(self, workdir: Path, config: Mapping[str, Any], *args: str, port: int | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
+        super().__init__(workdir / "controller.log", env=env)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config_file = workdir / "controller.yaml"
+        self.config = {**config, "listen_address": "127.0.0.1", "port": self.port}
+        self.args = args
+
+    def spawn(self) -> None:
+        self.config_file.parent.mkdir(parents=True, exist_ok=True)
+        self.config_file.write_text(yaml.safe_dump(self.config, sort_keys=False))
+        self._spawn([sys.executable, "-m", "gpumon.cli", "controller", "--config", str(self.config_file),
+                     *self.args])
+
+    def leading(self) -> bool:
+        try:
+            if http_get(f"{self.url}/readyz", timeout=2)[0] != 200:
+                return False
+            status, body = http_get(f"{self.url}/metrics", timeout=2)
+        except OSError:  # not listening yet
+            return False
+        return status == 200 and b"gpumon_controller_leader 1.0" in body
+
+    def start(self, *, deadline_seconds: float = READY_DEADLINE_SECONDS) -> None:
+        self.spawn()
+        self._wait_until(self.leading, "leading", deadline_seconds)
+
+    def metrics(self) -> bytes:
+        status, body = http_get(f"{self.url}/metrics")
+        assert status == 200, body
+        return body

@@ -1,0 +1,107 @@
+"""One ``gpumon exporter`` process per node that exists (simulated GPUs, on the port the fleet
+chose for the node's name), started when the node joins and stopped when it leaves; the file
+Prometheus discovers them from; and the two calls the demo makes to them (snapshot, fault)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from gpumon.demo import fleet as fleet_mod
+from gpumon.demo.agents import NodeAgents
+from gpumon.demo.fleet import Fleet, NodeSpec
+from gpumon.demo.scenario import Scenario
+from gpumon.demo.views import ClusterView
+from gpumon.devcluster.localservers import ExporterProcess
+
+log = logging.getLogger(__name__)
+_TIMEOUT = aiohttp.ClientTimeout(total=3)
+
+
+class ExporterFleet:
+    def __init__(self, fleet: Fleet, scenario: Scenario, root: Path, *, agents: NodeAgents,
+                 kubeconfig: Path, targets_file: Path) -> None:
+        self._fleet = fleet
+        self._scenario = scenario
+        self._root = root
+        self._agents = agents
+        self._env = {"KUBECONFIG": str(kubeconfig)}  # the exporters' pod watch
+        self._targets_file = targets_file
+        self.running: dict[str, ExporterProcess] = {}
+        self._unknown: set[str] = set()  # nodes without a port, warned about once
+        self._write_targets()
+
+    def start(self, spec: NodeSpec) -> ExporterProcess:
+        workdir = self._root / spec.name
+        (workdir / "proc").mkdir(parents=True, exist_ok=True)
+        socket = self._agents.socket(spec.name, spec.template.gpu_count)
+        config = fleet_mod.exporter_config(spec, self._scenario, pod_resources_socket=socket,
+                                           host_proc=workdir / "proc")
+        (workdir / "exporter.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        process = ExporterProcess(workdir, "--config", str(workdir / "exporter.yaml"), port=spec.port,
+                                  env=self._env)
+        process.spawn()
+        self.running[spec.name] = process
+        self._write_targets()
+        log.info("exporter started", extra={"node": spec.name, "url": process.url})
+        return process
+
+    async def sync(self, view: ClusterView) -> None:
+        """Exporters for the nodes that joined, none for the nodes that left."""
+        present = {n.name for n in view.nodes}
+        for name in sorted(present - self.running.keys()):
+            spec = self._fleet.spec(name)
+            if spec is None:
+                if name not in self._unknown:
+                    self._unknown.add(name)
+                    log.warning("no exporter port for this node name", extra={"node": name})
+                continue
+            self.start(spec)
+        for name in sorted(self.running.keys() - present):
+            process = self.running.pop(name)
+            self._write_targets()
+            await asyncio.to_thread(process.stop)
+            log.info("exporter stopped", extra={"node": name})
+
+    def _write_targets(self) -> None:
+        ports = {name: p.port for name, p in self.running.items()}
+        tmp = self._targets_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(fleet_mod.file_sd_targets(ports)))
+        tmp.replace(self._targets_file)  # Prometheus never reads half a file
+
+    def stop_all(self) -> None:
+        for process in self.running.values():
+            process.stop(5.0)
+        self.running.clear()
+
+    async def snapshots(self, session: aiohttp.ClientSession) -> dict[str, Mapping[str, Any]]:
+        """The exporters' current snapshots; one that does not answer is left out."""
+        async def one(name: str, url: str) -> tuple[str, Mapping[str, Any] | None]:
+            try:
+                async with session.get(f"{url}/api/v1/snapshot", timeout=_TIMEOUT) as resp:
+                    return name, (await resp.json()) if resp.status == 200 else None
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                return name, None
+
+        got = await asyncio.gather(*(one(n, p.url) for n, p in list(self.running.items())))
+        return {name: doc for name, doc in got if doc is not None}
+
+    async def inject(self, session: aiohttp.ClientSession, node: str, body: Mapping[str, Any]) -> None:
+        """POST a fault to the node's exporter; RuntimeError when it cannot be delivered."""
+        process = self.running.get(node)
+        if process is None:
+            raise RuntimeError(f"node {node} has no exporter running")
+        try:
+            url = f"{process.url}/api/v1/faults"
+            async with session.post(url, json=dict(body), timeout=_TIMEOUT) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"exporter of {node} refused {dict(body)}: {await resp.text()}")
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise RuntimeError(f"exporter of {node} unreachable: {e!r}") from None

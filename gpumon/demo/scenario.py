@@ -1,0 +1,146 @@
+"""The demo's scenario file: the fleet, the workload, the controller's demo timings and the
+steps to play, each with what it does and the cluster state it waits for. Validated here, at
+the edge; a bad file is one readable message naming the field (exit code 2).
+
+The embedded default is ``default.yaml`` beside this module; ``--scenario FILE`` replaces it.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib.resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gpumon.config import ConfigError, format_validation_error, read_yaml_file
+from gpumon.devices.simulated import SimulationError, parse_fault
+
+DEFAULT_NAME = "default.yaml"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Fleet(_Model):
+    pool_nodes: int = Field(3, ge=1, le=20)
+    max_extra_nodes: int = Field(3, ge=1, le=20)
+    gpus_per_node: int = Field(4, ge=1, le=8)
+    gpu_model: Literal["A100-SXM4-80GB", "H100-80GB-HBM3", "L40S", "T4"] = "A100-SXM4-80GB"
+    shared_node: bool = True
+    windows_node: bool = True
+    boot_seconds: float = Field(3.0, ge=0, le=600)
+    gpu_seconds: float = Field(2.0, ge=0, le=600)
+
+
+class Workload(_Model):
+    replicas: int = Field(6, ge=1, le=200)
+    gpus_per_pod: int = Field(1, ge=1, le=8)
+    max_unavailable: int = Field(1, ge=1)
+
+
+class ControllerTiming(_Model):
+    recover_after_seconds: float = Field(20.0, ge=0, le=3600)
+    xid_window_seconds: float = Field(20.0, gt=0, le=3600)
+    scale_down_unneeded_seconds: float = Field(10.0, ge=0, le=3600)
+
+
+class Expect(enum.StrEnum):
+    STEADY = "steady"
+    QUARANTINED = "quarantined"
+    SCALED_UP = "scaled-up"
+    RECOVERED = "recovered"
+    SCALED_DOWN = "scaled-down"
+
+
+class Inject(_Model):
+    """A fault as the simulated exporter takes it (docs/exporter.md), on ``node`` and ``gpu``;
+    either left out means: a pool node's GPU that holds a workload pod."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    fault: str
+    node: str | None = None
+    gpu: int | None = Field(None, ge=0)
+
+    def body(self, gpu: int) -> dict[str, Any]:
+        """The POST /api/v1/faults body for this fault on ``gpu``."""
+        extra = dict(self.model_extra or {})
+        return {"fault": self.fault, **({} if self.fault == "unavailable" else {"gpu": gpu}), **extra}
+
+    @model_validator(mode="after")
+    def _a_known_fault(self) -> Inject:
+        if self.fault in ("clear", "unavailable"):
+            raise ValueError(f"fault {self.fault!r} is not for inject (use `clear: true` to reset GPUs)")
+        try:
+            parse_fault(self.body(self.gpu or 0))
+        except SimulationError as e:
+            raise ValueError(" ".join(str(e).removeprefix("invalid fault:").split())) from None
+        return self
+
+
+class Step(_Model):
+    name: str = Field(..., pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=40)
+    say: str = ""
+    inject: Inject | None = None
+    clear: bool = False  # reset every GPU an earlier step broke
+    scale: int | None = Field(None, ge=0, le=200)  # the workload's replicas
+    expect: Expect
+    hold_seconds: float = Field(0.0, ge=0, le=600)  # keep showing the state once reached
+    timeout_seconds: float | None = Field(None, gt=0, le=3600)  # default: --step-timeout
+
+    @model_validator(mode="after")
+    def _one_action(self) -> Step:
+        actions = [a for a, on in (("inject", self.inject), ("clear", self.clear),
+                                   ("scale", self.scale is not None)) if on]
+        if len(actions) > 1:
+            raise ValueError(f"a step does one thing; this one has {', '.join(actions)}")
+        return self
+
+
+class Scenario(_Model):
+    fleet: Fleet = Field(default_factory=Fleet)
+    workload: Workload = Field(default_factory=Workload)
+    controller: ControllerTiming = Field(default_factory=ControllerTiming)
+    steps: list[Step] = Field(..., min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Scenario:
+        f, w = self.fleet, self.workload
+        if w.gpus_per_pod > f.gpus_per_node:
+            raise ValueError(f"workload.gpus_per_pod ({w.gpus_per_pod}) exceeds fleet.gpus_per_node "
+                             f"({f.gpus_per_node}): no node could run a pod")
+        names = [s.name for s in self.steps]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"step names must be unique: {', '.join(dup)}")
+        broken = False
+        for i, s in enumerate(self.steps):
+            broken |= s.inject is not None
+            needs = "clear" if s.clear else s.expect.value
+            if needs in ("clear", Expect.QUARANTINED, Expect.RECOVERED) and not broken:
+                raise ValueError(f"steps.{i} ({s.name}): {needs} needs an earlier step (or this one) "
+                                 "to inject a fault")
+        return self
+
+    def with_pool_nodes(self, n: int) -> Scenario:
+        return self.model_copy(update={"fleet": self.fleet.model_copy(update={"pool_nodes": n})})
+
+
+def parse(doc: Any, source: str) -> Scenario:
+    try:
+        return Scenario.model_validate(doc)
+    except ValidationError as e:
+        detail = format_validation_error(e).removeprefix("invalid configuration:\n")
+        raise ConfigError(f"invalid scenario {source}:\n{detail}") from None
+
+
+def load(path: Path | None) -> Scenario:
+    """The scenario in ``path``, or the embedded default; :class:`ConfigError` when invalid."""
+    if path is None:
+        text = importlib.resources.files(__package__).joinpath(DEFAULT_NAME).read_text()
+        return parse(yaml.safe_load(text), f"(embedded {DEFAULT_NAME})")
+    return parse(read_yaml_file(path), str(path))
