@@ -320,6 +320,7 @@ def make_app(
             signal_status=reconciler.signal_counts,
             synced=lambda: {i.name: i.synced.is_set() for i in controller.informers},
             paused=reconciler.paused,
+            overdue_drains=reconciler.overdue_drains,
         )
     )
 

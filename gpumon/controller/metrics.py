@@ -84,6 +84,7 @@ class ClusterGauges(Collector):
         signal_status: Callable[[], Mapping[str, int]],
         synced: Callable[[], Mapping[str, bool]],
         paused: Callable[[], bool],
+        overdue_drains: Callable[[], Mapping[str, int]],
     ) -> None:
         self._quarantined = quarantined
         self._breakers = breakers
@@ -91,6 +92,7 @@ class ClusterGauges(Collector):
         self._signal_status = signal_status
         self._synced = synced
         self._paused = paused
+        self._overdue_drains = overdue_drains
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         q = GaugeMetricFamily(
@@ -108,6 +110,14 @@ class ClusterGauges(Collector):
         for pool in sorted(set(self._pools()) | open_pools):
             b.add_metric([pool], 1 if pool in open_pools else 0)
         yield b
+        d = GaugeMetricFamily(
+            "gpumon_controller_drain_overdue_nodes",
+            "Quarantined nodes still draining past the drain deadline, by pool.",
+            labels=["pool"],
+        )
+        for pool, n in sorted(self._overdue_drains().items()):
+            d.add_metric([pool], n)
+        yield d
         s = GaugeMetricFamily(
             "gpumon_controller_nodes_by_signal_status",
             "Managed nodes by the freshness of their signals (fresh, stale, missing).",

@@ -173,6 +173,16 @@ class Reconciler:
             out[key] = out.get(key, 0) + 1
         return out
 
+    def overdue_drains(self) -> dict[str, int]:
+        """Nodes still draining past the drain deadline, by pool (every pool, zeros too)."""
+        now = self._wall()
+        out = dict.fromkeys(self.pools(), 0)
+        for view in self._nodes.items().values():
+            draining = view.labels.get(c.LABEL_STATE) == c.NodeState.DRAINING
+            if draining and now - drain_started_at(view, now) >= self.settings.drain.deadline_seconds:
+                out[pool_of(view.labels, self.settings.policy.pool_label)] += 1
+        return out
+
     def signal_counts(self) -> dict[str, int]:
         out = {s.value: 0 for s in SignalStatus}
         for node in self._nodes.items():
@@ -243,6 +253,7 @@ class Reconciler:
         )
         if not self._is_leader():
             return
+        await self._recorder.retry()
         for view, verdict, _, before in evaluated:
             if before is SignalStatus.FRESH and verdict.signals is not SignalStatus.FRESH:
                 await self._signals_lost(view, verdict)
@@ -368,10 +379,8 @@ class Reconciler:
         now: float,
     ) -> bool:
         prefix = DRY_RUN_PREFIX if self.settings.dry_run else ""
-        for ev in plan.events:
-            ok = await self._recorder.record(ev, prefix=prefix)
-            if ok:
-                self._metrics.events.labels("created").inc()
+        for ev in plan.events:  # counted in gpumon_controller_events_total by the recorder
+            await self._recorder.record(ev, prefix=prefix)
         if plan.kind in (PlanKind.REFUSED, PlanKind.SKIPPED):
             self._metrics.actions.labels(plan.kind.value, "refused").inc()
             return False

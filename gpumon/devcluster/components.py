@@ -72,6 +72,8 @@ class Options:
 class HealthCheck:
     url: str
     client_cert: bool  # the endpoint needs the admin client certificate (the API server's does)
+    # Healthy only when the answer's body also holds this text.
+    expect: str | None = None
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,13 @@ def kube_controller_manager(tools: Tools, ports: Ports, layout: Layout, options:
             f"--node-monitor-grace-period={options.node_monitor_grace_period_seconds}s",
             f"--horizontal-pod-autoscaler-sync-period={options.hpa_sync_period_seconds}s",
         ),
-        health=HealthCheck(f"{_loopback(ports.controller_manager)}/healthz", client_cert=False),
+        # Its plain /healthz says ok before it has built its controllers, and it exits if the API
+        # server goes away meanwhile; the verbose answer lists the controllers once they run.
+        health=HealthCheck(
+            f"{_loopback(ports.controller_manager)}/healthz?verbose",
+            client_cert=False,
+            expect="-controller ok",
+        ),
         wave=2,
     )
 

@@ -40,13 +40,15 @@ class Prober:
         else:
             conn = http.client.HTTPConnection(url.netloc, timeout=self.timeout_seconds)
         try:
-            conn.request("GET", url.path)
+            conn.request("GET", f"{url.path}?{url.query}" if url.query else url.path)
             resp = conn.getresponse()
             body = resp.read(2048).decode("utf-8", "replace").strip()
         except (OSError, http.client.HTTPException) as e:
             return Probe(False, f"{type(e).__name__}: {e}")
         finally:
             conn.close()
-        if resp.status == 200:
+        if resp.status == 200 and (check.expect is None or check.expect in body):
             return Probe(True, body or "ok")
+        if resp.status == 200:
+            return Probe(False, f"not {check.expect!r} yet: {body[-200:]}")
         return Probe(False, f"HTTP {resp.status}: {body[-500:]}")

@@ -176,6 +176,8 @@ class GpuSample:
     lost: bool = False
     # The most recent Xid code, what dcgm-exporter's DCGM_FI_DEV_XID_ERRORS reports.
     last_xid: int | None = None
+    # Every Xid code (informational ones too) seen within the health policy's Xid window, sorted.
+    recent_xids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

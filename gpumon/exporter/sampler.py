@@ -126,7 +126,11 @@ def with_xid(state: GpuState, xid: int, now: float, window_seconds: float) -> Gp
 
 def to_sample(state: GpuState, *, now: float, policy: HealthPolicy) -> GpuSample:
     uuid, index = state.identity.uuid, state.identity.index
-    recent = [XidEvent(uuid, code, at, index) for code, at in state.xid_seen_at.items()]
+    recent = [
+        XidEvent(uuid, code, at, index)
+        for code, at in state.xid_seen_at.items()
+        if now - at <= policy.xid_window_seconds
+    ]
     verdict = judge(
         fast=state.fast, slow=state.slow, recent_xids=recent, lost=state.lost, now=now, policy=policy
     )
@@ -139,6 +143,7 @@ def to_sample(state: GpuState, *, now: float, policy: HealthPolicy) -> GpuSample
         xid_counts=state.xid_counts,
         lost=state.lost,
         last_xid=state.last_xid,
+        recent_xids=tuple(sorted(e.xid for e in recent)),
     )
 
 
@@ -163,6 +168,7 @@ class HealthChange:
     previous: HealthVerdict | None
     current: HealthVerdict
     at: float
+    recent_xids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,20 +180,32 @@ class BackendChange:
 WatchEvent = HealthChange | BackendChange
 
 
-def _health_key(v: HealthVerdict) -> tuple[str, tuple[str, ...]]:
-    return v.state.value, tuple(r.code for r in v.reasons)
+def _health_key(g: GpuSample) -> tuple[str, tuple[str, ...], tuple[int, ...]]:
+    # Recent Xid codes count even when they leave the verdict alone (informational ones): the
+    # controller classifies codes with its own Xid classes, which may act on them.
+    return g.health.state.value, tuple(r.code for r in g.health.reasons), g.recent_xids
 
 
 def watch_events(previous: Snapshot | None, current: Snapshot) -> tuple[WatchEvent, ...]:
-    """Health transitions (state or reasons changed) and backend up/down between two snapshots."""
+    """Health transitions (state, reasons or recent Xid codes changed) and backend up/down
+    between two snapshots."""
     events: list[WatchEvent] = []
     if previous is None or previous.backend_up != current.backend_up:
         events.append(BackendChange(current.backend_up, current.taken_at))
-    before = {g.identity.uuid: g.health for g in previous.gpus} if previous else {}
+    before = {g.identity.uuid: g for g in previous.gpus} if previous else {}
     for g in current.gpus:
         old = before.get(g.identity.uuid)
-        if old is None or _health_key(old) != _health_key(g.health):
-            events.append(HealthChange(g.identity.index, g.identity.uuid, old, g.health, current.taken_at))
+        if old is None or _health_key(old) != _health_key(g):
+            events.append(
+                HealthChange(
+                    g.identity.index,
+                    g.identity.uuid,
+                    old.health if old else None,
+                    g.health,
+                    current.taken_at,
+                    g.recent_xids,
+                )
+            )
     return tuple(events)
 
 

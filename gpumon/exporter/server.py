@@ -179,7 +179,12 @@ def state_message(snapshot: Snapshot | None, *, node: str, now: float) -> dict[s
         "time": now,
         "backend_up": snapshot.backend_up if snapshot else False,
         "gpus": [
-            {"gpu": g.identity.index, "uuid": g.identity.uuid, **_verdict(g.health)}
+            {
+                "gpu": g.identity.index,
+                "uuid": g.identity.uuid,
+                **_verdict(g.health),
+                "recent_xids": list(g.recent_xids),
+            }
             for g in (snapshot.gpus if snapshot else ())
         ],
     }
@@ -197,6 +202,7 @@ def event_message(ev: WatchEvent, *, node: str) -> dict[str, Any]:
         "uuid": ev.uuid,
         "from": ev.previous.state.value if ev.previous else None,
         **_verdict(ev.current),
+        "recent_xids": list(ev.recent_xids),
     }
 
 

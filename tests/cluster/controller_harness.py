@@ -26,7 +26,7 @@ from aiohttp.test_utils import TestServer
 from kubernetes_asyncio import client
 
 # The Deployment of one-GPU pods pinned to a test's own nodes, as the scheduling tests use it.
-from test_scheduling import gpu_deployment  # noqa: F401 - re-exported for the controller tests
+from test_scheduling import gpu_deployment
 
 from gpumon.config import ControllerConfig, ExporterConfig, SamplingConfig
 from gpumon.controller.app import CONTROLLER, Controller, make_app
@@ -372,6 +372,35 @@ class Scene:
 
     async def nodes(self, count: int, gpus: int = 4, **labels: str) -> list[str]:
         return await self.make_nodes(count, own_nodes(self.test_id, gpus, **labels))
+
+    async def deployment(self, app: str, replicas: int) -> list[client.V1Pod]:
+        """A Deployment of one-GPU pods on this test's nodes; its pods (by name) once all Running."""
+        await client.AppsV1Api(self.api).create_namespaced_deployment(
+            self.namespace, gpu_deployment(app, replicas, self.test_id)
+        )
+
+        async def all_running() -> list[client.V1Pod] | None:
+            pods = await running_pods(self.core, self.namespace, app)
+            return pods if len(pods) == replicas else None
+
+        pods = await eventually(all_running, what=f"{replicas} pods of {app} Running")
+        return sorted(pods, key=lambda p: p.metadata.name)
+
+    async def pdb(self, name: str, app: str, min_available: int, allowed: int) -> None:
+        """A PodDisruptionBudget over ``app``, once the disruption controller computed it."""
+        policy = client.PolicyV1Api(self.api)
+        spec = {"minAvailable": min_available, "selector": {"matchLabels": {"app": app}}}
+        await policy.create_namespaced_pod_disruption_budget(
+            self.namespace, {"metadata": {"name": name}, "spec": spec}
+        )
+
+        async def settled() -> bool | None:
+            pdb = await policy.read_namespaced_pod_disruption_budget(name, self.namespace)
+            s = pdb.status
+            ok = s is not None and s.observed_generation == pdb.metadata.generation
+            return True if ok and s.disruptions_allowed == allowed else None
+
+        await eventually(settled, what=f"PDB {name} computed: {allowed} disruptions allowed")
 
     def config(self, ex: Mapping[str, Exporter], **over: Any) -> ControllerConfig:
         over.setdefault("kubeconfig", self.kubeconfig)

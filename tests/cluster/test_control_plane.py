@@ -1,11 +1,12 @@
 """The control plane comes up whole: every component healthy, kwok acting as the kubelet of
-annotated nodes, the CRDs served with their scale subresource."""
+annotated nodes, the CRDs served with their scale subresource; the API server restarts in place."""
 
 from __future__ import annotations
 
+import pytest
 from kubernetes_asyncio import client
 
-from gpumon.devcluster.cluster import DevCluster
+from gpumon.devcluster.cluster import DevCluster, StartupError
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
 
@@ -55,3 +56,24 @@ async def test_kwok_node_becomes_ready_and_holds_its_lease(
     assert found.spec.lease_duration_seconds == 40
     assert found.spec.renew_time is not None
     assert [(o.kind, o.name) for o in found.metadata.owner_references] == [("Node", name)]
+
+
+def test_the_api_server_restarts_in_place(devcluster: DevCluster) -> None:
+    """Same port, certificates and etcd: the admin kubeconfig works again and the data is there."""
+    devcluster.kubectl("create", "configmap", "restart-probe", "-n", "default", "--from-literal=k=v")
+    try:
+        with pytest.raises(StartupError, match="still running"):
+            devcluster.start_component("kube-apiserver")
+        with pytest.raises(KeyError, match="kube-nothing"):
+            devcluster.stop_component("kube-nothing")
+        devcluster.stop_component("kube-apiserver")
+        assert not devcluster.health()["kube-apiserver"].ok
+        assert devcluster.health()["etcd"].ok
+        devcluster.start_component("kube-apiserver")
+        devcluster.wait_healthy("kube-apiserver")
+        got = devcluster.kubectl("get", "cm", "restart-probe", "-n", "default", "-o", "jsonpath={.data.k}")
+        assert got == "v"
+    finally:
+        devcluster.kubectl("delete", "configmap", "restart-probe", "-n", "default", "--ignore-not-found")
+    health = devcluster.health()
+    assert {name: p.ok for name, p in health.items()} == dict.fromkeys(health, True), health

@@ -12,7 +12,6 @@ from controller_harness import (  # noqa: F401 - fixtures
     Scene,
     exporters,
     gpu_condition,
-    gpu_deployment,
     node_obj,
     our_taint,
     running_pods,
@@ -32,17 +31,9 @@ TAINT = "gpumon.io/gpu-unhealthy"
 async def _deployment_on_one_node(scene: Scene, app: str, replicas: int) -> tuple[str, list[client.V1Pod]]:
     """A node carrying ``replicas`` pods of a Deployment (made before any other node exists)."""
     (node,) = await scene.nodes(1)
-    await client.AppsV1Api(scene.api).create_namespaced_deployment(
-        scene.namespace, gpu_deployment(app, replicas, scene.test_id)
-    )
-
-    async def all_running() -> list[client.V1Pod] | None:
-        pods = await running_pods(scene.core, scene.namespace, app)
-        return pods if len(pods) == replicas else None
-
-    pods = await eventually(all_running, what=f"{replicas} pods Running")
+    pods = await scene.deployment(app, replicas)
     assert {p.spec.node_name for p in pods} == {node}
-    return node, sorted(pods, key=lambda p: p.metadata.name)
+    return node, pods
 
 
 async def test_fatal_xid_quarantines_the_node_and_moves_only_the_pod_on_the_bad_gpu(scene: Scene) -> None:
@@ -98,23 +89,8 @@ async def test_pdb_allowing_no_disruption_blocks_eviction_until_the_deadline_the
     scene: Scene, escalation: str
 ) -> None:
     core, namespace = scene.core, scene.namespace
-    policy = client.PolicyV1Api(scene.api)
     bad, pods = await _deployment_on_one_node(scene, "serve", 2)
-    await policy.create_namespaced_pod_disruption_budget(
-        namespace,
-        {
-            "metadata": {"name": "keep-both"},
-            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "serve"}}},
-        },
-    )
-
-    async def pdb_settled() -> bool | None:
-        pdb = await policy.read_namespaced_pod_disruption_budget("keep-both", namespace)
-        s = pdb.status
-        ok = s is not None and s.observed_generation == pdb.metadata.generation and s.current_healthy == 2
-        return True if ok and s.disruptions_allowed == 0 else None
-
-    await eventually(pdb_settled, what="PDB computed: 0 disruptions allowed")
+    await scene.pdb("keep-both", "serve", min_available=2, allowed=0)
     (good,) = await scene.nodes(1)
     kubeconfig = await scene.kubeconfigs(delete=escalation == "delete")
     async with exporters([bad, good]) as ex:

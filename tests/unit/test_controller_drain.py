@@ -294,3 +294,18 @@ def test_drain_waits_while_pod_placement_is_being_fetched():
     # A node-wide finding needs no placement: every GPU pod goes.
     whole = verdict(node_findings=(finding("nv", reason="Custom"),))
     assert names(plan(whole, pending, PODS)) == ["a", "b", "c"]
+
+
+async def test_a_pod_evicted_once_is_not_evicted_again_until_the_cache_sees_it_go():
+    # After an API server restart the pod cache can lag: the pod still looks like it runs.
+    api = FakeKube()
+    ev = Evictor(api, Backoff())
+    assert (await ev.run(target(), now=0.0, delete=False, dry_run=False)).result is EvictionResult.EVICTED
+    for later in (1.0, 100.0):
+        assert (
+            await ev.run(target(), now=later, delete=False, dry_run=False)
+        ).result is EvictionResult.WAITING
+    assert (await ev.run(target(), now=700.0, delete=True, dry_run=False)).result is EvictionResult.WAITING
+    assert len(api.writes()) == 1
+    ev.forget("uid-a")  # the cache saw it go: nothing is remembered about it any more
+    assert (await ev.run(target(), now=800.0, delete=False, dry_run=False)).result is EvictionResult.EVICTED

@@ -15,7 +15,8 @@ from gpumon.controller.breaker import SafetyPolicy
 from gpumon.controller.cluster import Informer
 from gpumon.controller.drain import DrainPolicy, Evictor
 from gpumon.controller.events import EventRecorder
-from gpumon.controller.metrics import ControllerMetrics
+from gpumon.controller.kube import TooManyRequests
+from gpumon.controller.metrics import ClusterGauges, ControllerMetrics
 from gpumon.controller.objects import PodView, node_from_json, to_rfc3339
 from gpumon.controller.policy import Policy
 from gpumon.controller.quarantine import QuarantinePolicy
@@ -260,3 +261,46 @@ async def test_a_node_going_dark_is_reported_once_and_left_alone():
     assert "31s old" in ev["message"] and ev["type"] == "Warning"
     assert w.reconciler.signal_counts() == {"fresh": 0, "stale": 1, "missing": 0}
     assert w.tainted() == []
+
+
+async def test_a_drain_past_its_deadline_is_counted_overdue_by_pool():
+    w = World()
+    w.node("n0")
+    w.node("n1", pool="b")
+    w.pod("victim", "n0")
+
+    def refuse(body: Any) -> Any:
+        raise TooManyRequests(429, "TooManyRequests", "Cannot evict pod: disruption budget")
+
+    w.api.hooks[("POST", "/api/v1/namespaces/ml/pods/victim/eviction")] = refuse
+    w.signals("n0", xid=79, pods={1: "victim"})
+    w.signals("n1")
+    await w.reconciler.round(["n0", "n1"])
+    assert w.node_obj("n0")["metadata"]["labels"][c.LABEL_STATE] == "draining"
+    registry = CollectorRegistry()
+    registry.register(
+        ClusterGauges(
+            quarantined=w.reconciler.quarantined_counts,
+            breakers=w.reconciler.open_breakers,
+            pools=w.reconciler.pools,
+            signal_status=w.reconciler.signal_counts,
+            synced=lambda: {},
+            paused=w.reconciler.paused,
+            overdue_drains=w.reconciler.overdue_drains,
+        )
+    )
+
+    def overdue(pool: str) -> float | None:
+        return registry.get_sample_value("gpumon_controller_drain_overdue_nodes", {"pool": pool})
+
+    assert (overdue("a"), overdue("b")) == (0, 0)
+    w.t += DrainPolicy().deadline_seconds - 1
+    assert overdue("a") == 0
+    w.t += 1
+    assert (overdue("a"), overdue("b")) == (1, 0)
+    # Drained at last: no longer overdue.
+    w.api.hooks.clear()
+    w.pods._put("ml/victim", None)
+    w.signals("n0", xid=79, pods={})
+    await w.reconciler.round(["n0"])
+    assert w.node_obj("n0")["metadata"]["labels"][c.LABEL_STATE] == "drained" and overdue("a") == 0

@@ -20,6 +20,7 @@ from gpumon.controller.signals_direct import (
     DirectSettings,
     DirectSource,
     ExporterView,
+    GpuHealth,
     StaticEndpoints,
     gpu_from_verdict,
     on_message,
@@ -45,33 +46,56 @@ from gpumon.exporter.server import make_app
 # --- direct: pure ------------------------------------------------------------------------------
 
 
-def verdict_doc(state: str = "healthy", *reasons: tuple[str, str]) -> dict[str, Any]:
-    return {"state": state, "reasons": [{"code": c, "detail": d, "state": state} for c, d in reasons]}
+def verdict_doc(
+    state: str = "healthy", *reasons: tuple[str, str], xids: tuple[int, ...] = ()
+) -> dict[str, Any]:
+    return {
+        "state": state,
+        "reasons": [{"code": c, "detail": d, "state": state} for c, d in reasons],
+        "recent_xids": list(xids),
+    }
 
 
 def state_msg(*gpus: dict[str, Any], up: bool = True) -> dict[str, Any]:
     return {"type": "state", "node": "n1", "time": 1.0, "backend_up": up, "gpus": list(gpus)}
 
 
+def health(doc: dict[str, Any], index: int = 1) -> GpuHealth:
+    return GpuHealth(index, verdict_from_json(doc), frozenset(doc["recent_xids"]))
+
+
 def test_verdict_derived_reading_knows_what_the_verdict_implies():
-    v = verdict_from_json(
-        verdict_doc(
-            "unhealthy", ("XidFatal", "Xid 79"), ("EccUncorrectable", "3 uncorrectable ECC errors (volatile)")
-        )
+    ecc = ("EccUncorrectable", "3 uncorrectable ECC errors (volatile)")
+    g = gpu_from_verdict(
+        "GPU-1", health(verdict_doc("unhealthy", ("XidFatal", "Xid 79"), ecc, xids=(79,))), 5.0
     )
-    g = gpu_from_verdict("GPU-1", 1, v, 5.0)
     assert g.recent_xids == {79} and g.ecc_uncorrectable == 3 and not g.lost and not g.row_remap_failure
-    assert g.temperature_celsius is None and g.health.state is HealthState.UNHEALTHY
-    hot = gpu_from_verdict(
-        "GPU-1", 1, verdict_from_json(verdict_doc("degraded", ("Thermal", "temperature 91 C"))), 5.0
-    )
-    assert hot.temperature_celsius == 91.0 and hot.ecc_uncorrectable == 0
-    lost = gpu_from_verdict("GPU-1", 1, verdict_from_json(verdict_doc("lost", ("GpuLost", "x"))), 5.0)
+    assert g.temperature_celsius is None and g.health.state is HealthState.UNHEALTHY and g.index == 1
+    hot = gpu_from_verdict("GPU-1", health(verdict_doc("degraded", ("Thermal", "temperature 91 C"))), 5.0)
+    assert hot.temperature_celsius == 91.0 and hot.ecc_uncorrectable == 0 and hot.recent_xids == frozenset()
+    lost = gpu_from_verdict("GPU-1", health(verdict_doc("lost", ("GpuLost", "x"))), 5.0)
     assert lost.lost
     remap = gpu_from_verdict(
-        "GPU-1", 1, verdict_from_json(verdict_doc("unhealthy", ("RowRemapFailure", "Xid 64"))), 5.0
+        "GPU-1",
+        health(verdict_doc("unhealthy", ("RowRemapFailure", "row remapping failed"), xids=(64,))),
+        5.0,
     )
     assert remap.row_remap_failure and remap.recent_xids == {64}
+
+
+def test_xid_codes_come_from_the_structured_field_not_the_reason_text():
+    # An informational code is in recent_xids but in no reason; a reason's text is not parsed.
+    doc = verdict_doc("unhealthy", ("XidFatal", "Xid 79"), xids=(13, 79))
+    view, _ = on_message(ExporterView("n1"), state_msg({"gpu": 0, "uuid": "G0", **doc}), now=1.0)
+    assert reading_of(view).gpus[0].recent_xids == {13, 79}
+    view, changed = on_message(
+        view, {"type": "health", "gpu": 0, "uuid": "G0", **verdict_doc(xids=(13,))}, now=2.0
+    )
+    assert changed and reading_of(view).gpus[0].recent_xids == {13}
+    # An exporter that does not send the field cannot tell: unknown, not "no Xid".
+    silent = {"type": "health", "gpu": 0, "uuid": "G0", "state": "unhealthy", "reasons": []}
+    view, _ = on_message(view, silent, now=3.0)
+    assert reading_of(view).gpus[0].recent_xids is None
 
 
 def test_watch_messages_fold_into_a_view():
@@ -87,7 +111,12 @@ def test_watch_messages_fold_into_a_view():
     )
     view, changed = on_message(
         view,
-        {"type": "health", "gpu": 0, "uuid": "G0", **verdict_doc("unhealthy", ("XidFatal", "Xid 79"))},
+        {
+            "type": "health",
+            "gpu": 0,
+            "uuid": "G0",
+            **verdict_doc("unhealthy", ("XidFatal", "Xid 79"), xids=(79,)),
+        },
         now=21.0,
     )
     assert changed and view.troubled and reading_of(view).gpus[0].recent_xids == {79}
@@ -101,7 +130,7 @@ def test_watch_messages_fold_into_a_view():
 
 
 def snapshot_doc(
-    *, temp: float = 50.0, xids: dict[str, int] | None = None, pods=(), sampled: float = 30.0
+    *, temp: float = 50.0, xids: tuple[int, ...] = (), pods=(), sampled: float = 30.0
 ) -> dict[str, Any]:
     return {
         "node": "n1",
@@ -114,7 +143,8 @@ def snapshot_doc(
                 "slow": {"ecc_uncorrected": 0, "row_remap_failure": False},
                 "health": verdict_doc(),
                 "sampled_at": sampled,
-                "xid_counts": xids or {},
+                "xid_counts": {str(x): 1 for x in xids},
+                "recent_xids": list(xids),
                 "lost": False,
             }
         ],
@@ -129,9 +159,9 @@ def snapshot_doc(
     }
 
 
-def test_snapshot_gives_raw_fields_pods_and_new_xids():
+def test_snapshot_gives_raw_fields_pods_and_recent_xids():
     view, _ = on_message(ExporterView("n1"), state_msg({"gpu": 0, "uuid": "G0", **verdict_doc()}), now=10.0)
-    view = on_snapshot(view, snapshot_doc(xids={"13": 2}, pods=["a"]), now=31.0, xid_window_seconds=600)
+    view = on_snapshot(view, snapshot_doc(xids=(13,), pods=["a"]), now=31.0)
     r = reading_of(view)
     g = r.gpus[0]
     assert (g.temperature_celsius, g.memory_utilization_ratio, g.ecc_uncorrectable, g.row_remap_failure) == (
@@ -141,12 +171,12 @@ def test_snapshot_gives_raw_fields_pods_and_new_xids():
         False,
     )
     assert g.observed_at == 30.0  # the exporter's sample time, not the fetch
-    assert g.recent_xids == frozenset()  # the first counters are a baseline
+    assert g.recent_xids == {13}
     assert r.pods_attributed and g.pods == (PodRef("ml", "a", "c", ""),)
-    view = on_snapshot(view, snapshot_doc(xids={"13": 3, "31": 1}), now=40.0, xid_window_seconds=600)
+    view = on_snapshot(view, snapshot_doc(xids=(13, 31)), now=40.0)
     assert reading_of(view).gpus[0].recent_xids == {13, 31}
-    view = on_snapshot(view, snapshot_doc(xids={"13": 3, "31": 1}), now=700.0, xid_window_seconds=600)
-    assert reading_of(view).gpus[0].recent_xids == frozenset()  # aged out of the window
+    view = on_snapshot(view, snapshot_doc(), now=700.0)
+    assert reading_of(view).gpus[0].recent_xids == frozenset()  # aged out of the exporter's window
     # A transition newer than the snapshot wins until the next snapshot.
     view, _ = on_message(
         view, {"type": "health", "gpu": 0, "uuid": "G0", **verdict_doc("lost", ("GpuLost", "x"))}, now=701.0
@@ -436,5 +466,5 @@ def test_a_troubled_node_without_fresh_detail_says_placement_is_pending():
     bad = {"type": "health", "gpu": 0, "uuid": "G0", **verdict_doc("unhealthy", ("XidFatal", "Xid 79"))}
     view, _ = on_message(view, bad, now=2.0)
     assert reading_of(view).pods_attributed is None
-    view = on_snapshot(view, snapshot_doc(pods=[]), now=3.0, xid_window_seconds=600)
+    view = on_snapshot(view, snapshot_doc(pods=[]), now=3.0)
     assert reading_of(view).pods_attributed is False  # the exporter attributes nothing here

@@ -15,10 +15,8 @@ REPO = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"\bgpumon_[a-z0-9_]+\b")
 SUFFIXES = ("_total", "_bucket", "_sum", "_count")
 
-# Read by alerts and dashboards, to be exported by the controller's drain and autoscale code.
-PROPOSED = {
-    "gpumon_controller_drain_overdue_nodes",  # gauge {pool}: nodes draining past the deadline
-}
+# Read by alerts and dashboards before the code exports them: none left today.
+PROPOSED: set[str] = set()
 
 
 def _defined() -> set[str]:

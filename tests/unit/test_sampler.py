@@ -244,6 +244,7 @@ async def test_xid_events_from_the_thread_are_counted_and_published(backend, exe
         assert sampler.snapshot is not None
         gpu = sampler.snapshot.gpus[1]
         assert dict(gpu.xid_counts) == {79: 2, 13: 1} and gpu.last_xid == 13
+        assert gpu.recent_xids == (13, 79)
         assert value(sampler, "gpumon_gpu_xid_errors_total", gpu="1", xid="79") == 2
         assert value(sampler, "gpumon_gpu_xid_errors_total", gpu="1", xid="13") == 1
 
@@ -358,8 +359,11 @@ def test_xids_are_counted_and_judged_within_the_window() -> None:
     s = with_xid(s, 79, 20.0, 600)
     s = with_xid(s, 13, 30.0, 600)
     assert dict(s.xid_counts) == {79: 2, 13: 1} and s.last_xid == 13
-    assert to_sample(s, now=30.0, policy=POLICY).health.state is HealthState.UNHEALTHY
-    assert to_sample(s, now=621.0, policy=POLICY).health.state is HealthState.HEALTHY
+    at_30 = to_sample(s, now=30.0, policy=POLICY)
+    assert at_30.health.state is HealthState.UNHEALTHY and at_30.recent_xids == (13, 79)
+    at_621 = to_sample(s, now=621.0, policy=POLICY)
+    assert at_621.health.state is HealthState.HEALTHY and at_621.recent_xids == (13,)
+    assert to_sample(s, now=631.0, policy=POLICY).recent_xids == ()
     s = with_xid(s, 13, 700.0, 600)
     assert set(s.xid_seen_at) == {13}, "codes outside the window are forgotten, counts are not"
     assert dict(s.xid_counts) == {79: 2, 13: 2}
@@ -374,14 +378,15 @@ def test_carry_over_keeps_counters_by_uuid() -> None:
     assert states[0] == GpuState(new)
 
 
-def _snap(up: bool, *verdicts: HealthVerdict) -> Snapshot:
+def _snap(up: bool, *verdicts: HealthVerdict, xids: tuple[int, ...] = ()) -> Snapshot:
     gpus = tuple(
-        GpuSample(GpuIdentity(i, f"GPU-{i}", "m", "b"), None, None, v, 0.0) for i, v in enumerate(verdicts)
+        GpuSample(GpuIdentity(i, f"GPU-{i}", "m", "b"), None, None, v, 0.0, recent_xids=xids)
+        for i, v in enumerate(verdicts)
     )
     return Snapshot("n", None, gpus, (), 5.0, up, up)
 
 
-def test_watch_events_are_state_or_reason_changes() -> None:
+def test_watch_events_are_state_reason_or_recent_xid_changes() -> None:
     ok = HealthVerdict(HealthState.HEALTHY)
     hot = HealthVerdict(HealthState.DEGRADED, (HealthReason("Thermal", "88 C", HealthState.DEGRADED),))
     hotter = HealthVerdict(HealthState.DEGRADED, (HealthReason("Thermal", "89 C", HealthState.DEGRADED),))
@@ -394,6 +399,11 @@ def test_watch_events_are_state_or_reason_changes() -> None:
     (change,) = watch_events(_snap(True, ok, hot), _snap(True, ok, ecc))
     assert isinstance(change, HealthChange) and change.index == 1 and change.previous == hot
     assert watch_events(_snap(True, ok), _snap(False, ok)) == (BackendChange(False, 5.0),)
+    # An informational Xid leaves the verdict healthy but is news to the controller, as is
+    # its leaving the window.
+    (news,) = watch_events(_snap(True, ok), _snap(True, ok, xids=(13,)))
+    assert isinstance(news, HealthChange) and news.recent_xids == (13,) and news.previous == ok
+    assert len(watch_events(_snap(True, ok, xids=(13,)), _snap(True, ok))) == 1
 
 
 async def test_a_watcher_that_falls_behind_is_told_to_resync() -> None:

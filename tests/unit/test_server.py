@@ -267,13 +267,22 @@ async def test_watch_streams_state_then_transitions(
     assert resp.status == 200 and resp.headers["Content-Type"] == "application/x-ndjson"
     first = json.loads(await resp.content.readline())
     assert first["type"] == "state" and first["node"] == "node-1" and first["backend_up"] is True
-    assert [(g["gpu"], g["state"]) for g in first["gpus"]] == [(i, "healthy") for i in range(4)]
+    assert [(g["gpu"], g["state"], g["recent_xids"]) for g in first["gpus"]] == [
+        (i, "healthy", []) for i in range(4)
+    ]
 
     assert (await client.post("/api/v1/faults", json={"gpu": 1, "fault": "xid", "code": 79})).status == 200
     change = await _next(resp, lambda d: d["type"] == "health")
     assert change["gpu"] == 1 and change["uuid"] == backend.devices()[1].uuid
     assert change["from"] == "healthy" and change["state"] == "unhealthy"
     assert change["reasons"] == [{"code": "XidFatal", "detail": "Xid 79", "state": "unhealthy"}]
+    assert change["recent_xids"] == [79]
+    # An informational Xid changes no verdict, but the stream tells it (the controller may act).
+    assert (await client.post("/api/v1/faults", json={"gpu": 2, "fault": "xid", "code": 13})).status == 200
+    info = await _next(resp, lambda d: d["type"] == "health")
+    assert (info["gpu"], info["from"], info["state"], info["recent_xids"]) == (2, "healthy", "healthy", [13])
+    snapshot = await (await client.get("/api/v1/snapshot")).json()
+    assert [g["recent_xids"] for g in snapshot["gpus"]] == [[], [79], [13], []]
 
     backend.inject(parse_fault({"fault": "unavailable"}))
     assert (await _next(resp, lambda d: d["type"] == "backend"))["up"] is False

@@ -194,6 +194,7 @@ def test_the_controllers_own_metrics() -> None:
             signal_status=lambda: {"fresh": 3, "stale": 1, "missing": 0},
             synced=lambda: {"nodes": True},
             paused=lambda: False,
+            overdue_drains=lambda: {"a100": 0, "h100": 0},
         )
     )
     ctl = controller_status(generate_latest(registry).decode(), "http://c/metrics", None, ())
