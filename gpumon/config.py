@@ -8,9 +8,10 @@ with code 2.
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
@@ -362,3 +363,29 @@ class ControllerConfig(_Settings):
     @classmethod
     def _pools(cls, v: list[PoolConfig]) -> list[PoolConfig]:
         return unique_pool_names(v)
+
+
+ConfigFlag = tuple[str, str, str, str]
+"""A command-line flag that sets a config field: (flag, dotted field, metavar, help)."""
+
+
+def add_config_arguments(
+    parser: argparse.ArgumentParser, flags: Sequence[ConfigFlag], *, config_help: str
+) -> None:
+    """``--config FILE`` plus one flag per config field. Only flags the user passes reach the
+    config (``SUPPRESS``), so the environment and the file fill in the rest; values stay strings
+    so the config model validates them and names the field when one is wrong."""
+    parser.add_argument("--config", type=Path, metavar="FILE", default=argparse.SUPPRESS, help=config_help)
+    for flag, key, metavar, help_text in flags:
+        parser.add_argument(flag, dest=key, metavar=metavar, default=argparse.SUPPRESS, help=help_text)
+
+
+def load_from_args(
+    model: type[S], args: argparse.Namespace, flags: Sequence[ConfigFlag], extra_keys: Sequence[str] = ()
+) -> S:
+    """``model`` from the flags of :func:`add_config_arguments` that were given (plus
+    ``extra_keys``, dests of other arguments that set fields), the environment and ``--config``."""
+    given = vars(args)
+    keys = [key for _, key, _, _ in flags] + list(extra_keys)
+    passed = {key: given[key] for key in keys if key in given}
+    return load(model, flags=passed, config_file=given.get("config"))

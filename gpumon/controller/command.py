@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from gpumon.config import DEFAULT_CONTROLLER_PORT, ControllerConfig, load
+from gpumon.config import DEFAULT_CONTROLLER_PORT, ControllerConfig, add_config_arguments, load_from_args
 
 HELP = "run the controller: judge GPUs, quarantine bad ones and move their pods (dry-run by default)"
 
@@ -41,12 +40,8 @@ _FLAGS: tuple[tuple[str, str, str, str], ...] = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        type=Path,
-        metavar="FILE",
-        default=argparse.SUPPRESS,
-        help="YAML configuration file (flags > GPUMON_* environment > this file)",
+    add_config_arguments(
+        parser, _FLAGS, config_help="YAML configuration file (flags > GPUMON_* environment > this file)"
     )
     acting = parser.add_mutually_exclusive_group()
     for flag, value, help_text in (
@@ -56,16 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         acting.add_argument(
             flag, dest="dry_run", action="store_const", const=value, default=argparse.SUPPRESS, help=help_text
         )
-    for flag, key, metavar, help_text in _FLAGS:
-        # Values stay strings: the config model validates them and names the field when wrong.
-        parser.add_argument(flag, dest=key, metavar=metavar, default=argparse.SUPPRESS, help=help_text)
 
 
 def load_config(args: argparse.Namespace) -> ControllerConfig:
-    given = vars(args)
-    keys = {key for _, key, _, _ in _FLAGS} | {"dry_run"}
-    flags = {key: given[key] for key in keys if key in given}
-    return load(ControllerConfig, flags=flags, config_file=given.get("config"))
+    return load_from_args(ControllerConfig, args, _FLAGS, extra_keys=("dry_run",))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpumon.config import DEFAULT_EXPORTER_PORT, ConfigError, ExporterConfig, load
+from gpumon.config import (
+    DEFAULT_EXPORTER_PORT,
+    ConfigError,
+    ExporterConfig,
+    add_config_arguments,
+    load_from_args,
+)
 
 if TYPE_CHECKING:
     import ssl
@@ -74,29 +79,14 @@ _FLAGS: tuple[tuple[str, str, str, str], ...] = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        type=Path,
-        metavar="FILE",
-        default=argparse.SUPPRESS,
-        help="YAML configuration file (flags > GPUMON_* environment > this file)",
+    add_config_arguments(
+        parser, _FLAGS, config_help="YAML configuration file (flags > GPUMON_* environment > this file)"
     )
-    for flag, key, metavar, help_text in _FLAGS:
-        # Values stay strings: the config model validates them and names the field when wrong.
-        parser.add_argument(
-            flag,
-            dest=key,
-            metavar=metavar,
-            default=argparse.SUPPRESS,
-            help=help_text,
-        )
 
 
 def load_config(args: argparse.Namespace) -> ExporterConfig:
     """The configuration from the flags the user actually passed, the environment and the file."""
-    given = vars(args)
-    flags = {key: given[key] for _, key, _, _ in _FLAGS if key in given}
-    return load(ExporterConfig, flags=flags, config_file=given.get("config"))
+    return load_from_args(ExporterConfig, args, _FLAGS)
 
 
 def build_backend(config: ExporterConfig, metrics: SelfMetrics) -> DeviceBackend:
