@@ -10,7 +10,6 @@ leader writes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -50,6 +49,7 @@ from gpumon.controller.signals import SignalSource
 from gpumon.controller.signals_direct import DirectSettings, DirectSource, StaticEndpoints
 from gpumon.controller.signals_prometheus import PrometheusSettings, PrometheusSource
 from gpumon.devices.health import HealthPolicy
+from gpumon.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -405,11 +405,7 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
     if controller.autoscaler is not None:
         start(controller.autoscaler.run(), "autoscaler")
     yield
-    for task in reversed(controller.tasks):
-        task.cancel()
-    for task in reversed(controller.tasks):
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await cancel_and_wait(reversed(controller.tasks))
     controller.tasks.clear()
     if controller.elector is not None:
         await controller.elector.release()

@@ -465,7 +465,7 @@ def evaluate_node(
     if node_state.active:
         targets[NODE_TARGET] = node_state
         wakeups += wakes
-    if targets and reading is not None and status is SignalStatus.FRESH:
+    if reading is not None and status is SignalStatus.FRESH:
         # Going stale must be noticed even if nothing else happens.
         wakeups.append(reading.observed_at + policy.stale_after_seconds)
 

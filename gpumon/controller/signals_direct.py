@@ -364,12 +364,16 @@ class DirectSource:
                         return
                     resp.raise_for_status()
                     attempt = 0
+                    # A (re)connect's first line makes a stale node fresh even when its
+                    # verdicts are the same as before: tell the reconciler.
+                    reconnected = True
                     async for line in resp.content:
                         if not line.strip():
                             continue
                         view = self._views.get(node) or ExporterView(node)
                         view, changed = on_message(view, json.loads(line), self._clock())
-                        self._update(node, view, changed)
+                        self._update(node, view, changed or reconnected)
+                        reconnected = False
             except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as e:
                 self.errors += 1
                 log.debug("exporter watch ended", extra={"node": node, "error": repr(e)})

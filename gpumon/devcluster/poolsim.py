@@ -31,6 +31,7 @@ from gpumon.devcluster.poolplan import (
     encode_boots,
     plan,
 )
+from gpumon.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 _MERGE_PATCH = "application/merge-patch+json"
@@ -161,6 +162,4 @@ class PoolSimulator:
         try:
             yield self
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait([task])

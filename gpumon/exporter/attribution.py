@@ -36,6 +36,7 @@ from gpumon.exporter.podresources_client import (
     PodResourcesView,
 )
 from gpumon.exporter.process_pods import ProcessPods
+from gpumon.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -485,6 +486,4 @@ async def _api_lister(stack: contextlib.AsyncExitStack, metrics: AttributionMetr
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await cancel_and_wait([task])

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
 import dataclasses
 import enum
 import hmac
@@ -38,10 +37,12 @@ from gpumon.exporter.sampler import (
     HealthChange,
     Sampler,
     SelfMetrics,
+    Watcher,
     WatchEvent,
     health_policy,
 )
 from gpumon.exporter.sources import PodAttributor
+from gpumon.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -278,9 +279,7 @@ async def _sampling(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     task = state.sampler_task = asyncio.create_task(state.sampler.run(), name="gpumon-sampler")
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await cancel_and_wait([task])
     await state.sampler.shutdown()
     # A hung device call cannot be interrupted; do not wait for it.
     state.executor.shutdown(wait=False, cancel_futures=True)
@@ -299,9 +298,7 @@ async def _token_reload(app: web.Application) -> AsyncIterator[None]:
 
     task = asyncio.create_task(reload_forever(), name="gpumon-token-reload")
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await cancel_and_wait([task])
 
 
 async def _end_watches(app: web.Application) -> None:
@@ -367,7 +364,30 @@ async def _snapshot(request: web.Request) -> web.Response:
 
 async def _watch(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    node = state.config.node_name
+    sampler = state.sampler
+    return await watch_stream(
+        request,
+        node=state.config.node_name,
+        subscribe=sampler.subscribe,
+        unsubscribe=sampler.unsubscribe,
+        current=lambda: sampler.snapshot,
+        wall_clock=state.wall_clock,
+        streams=state.watch_tasks,
+    )
+
+
+async def watch_stream(
+    request: web.Request,
+    *,
+    node: str,
+    subscribe: Callable[[], Watcher],
+    unsubscribe: Callable[[Watcher], None],
+    current: Callable[[], Snapshot | None],
+    wall_clock: Callable[[], float],
+    streams: set[asyncio.Task[Any]],
+) -> web.StreamResponse:
+    """Answer a ``/api/v1/watch`` request: the state, then every transition the watcher gets,
+    heartbeats in between. Also serves the bench's farm of simulated exporters."""
     try:
         heartbeat = float(request.query.get("heartbeat", WATCH_HEARTBEAT_SECONDS))
     except ValueError:
@@ -380,28 +400,28 @@ async def _watch(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     task = asyncio.current_task()
     assert task is not None
-    state.watch_tasks.add(task)
+    streams.add(task)
     # Subscribe and take the state in one step (no await between): no transition can fall
     # into a gap between the two.
-    watcher = state.sampler.subscribe()
+    watcher = subscribe()
     try:
-        await response.write(_line(state_message(state.sampler.snapshot, node=node, now=state.wall_clock())))
+        await response.write(_line(state_message(current(), node=node, now=wall_clock())))
         while True:
             try:
                 ev = await asyncio.wait_for(watcher.queue.get(), heartbeat)
             except TimeoutError:
-                await response.write(_line({"type": "heartbeat", "node": node, "time": state.wall_clock()}))
+                await response.write(_line({"type": "heartbeat", "node": node, "time": wall_clock()}))
                 continue
             if ev is None:  # this client fell behind and lost events: resend everything
-                doc = state_message(state.sampler.snapshot, node=node, now=state.wall_clock())
+                doc = state_message(current(), node=node, now=wall_clock())
             else:
                 doc = event_message(ev, node=node)
             await response.write(_line(doc))
     except ConnectionResetError:
         return response
     finally:
-        state.sampler.unsubscribe(watcher)
-        state.watch_tasks.discard(task)
+        unsubscribe(watcher)
+        streams.discard(task)
 
 
 def _simulated(request: web.Request) -> SimulatedBackend:

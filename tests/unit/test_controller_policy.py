@@ -66,12 +66,14 @@ def cool(t: float) -> NodeReading:
     return hot(t, 40.0)
 
 
-def test_healthy_node_has_no_verdict_and_no_state():
-    ev = Run(policy())(10.0, node(10.0))
+def test_healthy_node_has_no_verdict_and_no_state_but_is_checked_again_when_its_data_would_go_stale():
+    pol = policy()
+    ev = Run(pol)(10.0, node(10.0))
     assert ev.verdict.severity is None
     assert ev.verdict.signals is SignalStatus.FRESH
     assert ev.state.targets == {}
-    assert ev.next_check_at is None
+    # A healthy node whose exporter goes dark must be noticed without any other event.
+    assert ev.next_check_at == 10.0 + pol.stale_after_seconds
 
 
 def test_fatal_xid_fires_at_once_with_reason_evidence_and_first_seen():
