@@ -108,6 +108,10 @@ def test_children_die_when_their_supervisor_is_killed(tmp_path: Path) -> None:
     )
     assert supervisor.stdout is not None
     child_pid = int(supervisor.stdout.readline())
+    # The launcher execs the program: its command line is briefly unreadable in between.
+    deadline = time.monotonic() + 10
+    while child_pid not in _pids_mentioning(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert child_pid in _pids_mentioning(marker)
 
     supervisor.send_signal(signal.SIGKILL)

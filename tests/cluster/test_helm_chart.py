@@ -32,7 +32,6 @@ EVERYTHING = {
     "grafanaDashboards.enabled": "true",
     "prometheusAdapter.rulesConfigMap.enabled": "true",
     "exporter.windows.enabled": "true",
-    "controller.scaleTargets.enabled": "true",
 }
 
 
@@ -74,7 +73,6 @@ def test_helm_lint_passes(helm: Path, values: dict[str, str]) -> None:
         ("exporter.metricsProfile", "dcgmm", "at '/exporter/metricsProfile': value must be one of"),
         ("exporter.podAtribution.enabled", "false", "additional properties 'podAtribution' not allowed"),
         ("monitoring.serviceMonitor.interval", "often", "at '/monitoring/serviceMonitor/interval'"),
-        ("controller.scaleTargets.resources[0]", "deployments", "at '/controller/scaleTargets/resources/0'"),
     ],
 )
 def test_bad_values_fail_with_a_message_naming_them(
@@ -197,14 +195,14 @@ def test_controller_rbac_is_what_it_needs_and_no_more(
         ("list", "poddisruptionbudgets.policy"), ("create", "events"),
         ("create", "leases.coordination.k8s.io"), ("update", f"leases.coordination.k8s.io/{sa}"),
         ("get", f"configmaps/{sa}"), ("patch", f"configmaps/{sa}"),
-        ("list", "machinedeployments.cluster.x-k8s.io"),
+        ("get", "machinedeployments.cluster.x-k8s.io"), ("patch", "machinedeployments.cluster.x-k8s.io"),
         ("patch", "machinedeployments.cluster.x-k8s.io", "--subresource=scale"),
     ]
     must_not = [
         ("delete", "pods"), ("create", "pods"), ("delete", "nodes"), ("update", "nodes"),
         ("get", "secrets"), ("list", "secrets"), ("get", "configmaps/someone-elses"),
         ("update", "leases.coordination.k8s.io/other"),
-        ("patch", "machinedeployments.cluster.x-k8s.io"),
+        ("delete", "machinedeployments.cluster.x-k8s.io"),
         ("patch", "deployments.apps"), ("create", "clusterroles.rbac.authorization.k8s.io"),
         ("create", "serviceaccounts", "--subresource=token"),
     ]

@@ -35,11 +35,13 @@ RATE_INTERVAL = f"{4 * STEP_SECONDS}s"
 # metric (or prefix) -> why a query reading it cannot have data in this tier yet.
 _SHARED = ("shared-GPU allocations come from pod annotations (gpushare, cGPU, HAMi), read from the "
            "API server, which this tier has not")
+_CONTROLLER = ("the controller runs against the API server, which this tier has not; its metrics "
+               "are not scraped here yet")
 PENDING = {
     "gpumon_pod_gpu_memory_allocated_bytes": _SHARED,
     "gpumon_pod_gpu_core_allocated_ratio": _SHARED,
-    "gpumon_controller_": "the controller runs against the API server, which this tier has not; "
-    "its metrics are not scraped here yet",
+    "gpumon_controller_": _CONTROLLER,
+    "gpumon_autoscaler_": _CONTROLLER,
 }
 
 
@@ -53,11 +55,14 @@ class Target:
 
     @property
     def pending(self) -> str | None:
-        """Why this query has no data here yet, if it reads a PENDING metric (a union, `or`, can
-        still have data from its other side)."""
-        if " or " in self.expr:
+        """Why this query has no data here yet: it reads a PENDING metric (for a union, `or`,
+        every metric it reads must be PENDING, since one side with data is enough)."""
+        reasons = [next((why for p, why in PENDING.items() if name.startswith(p)), None)
+                   for name in re.findall(r"\bgpumon_[a-z0-9_]+", self.expr)]
+        known = [why for why in reasons if why]
+        if not known or (" or " in self.expr and len(known) < len(reasons)):
             return None
-        return next((why for name, why in PENDING.items() if name in self.expr), None)
+        return known[0]
 
 
 def _targets() -> list[Target]:
