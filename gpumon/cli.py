@@ -10,7 +10,6 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from types import ModuleType
 
 from gpumon import __version__
 from gpumon.config import ConfigError
@@ -26,10 +25,6 @@ COMMANDS: dict[str, str] = {
 }
 
 
-def _command_module(path: str) -> ModuleType:
-    return importlib.import_module(path)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpumon",
@@ -38,12 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpumon {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, path in COMMANDS.items():
-        try:
-            mod = _command_module(path)
-        except ModuleNotFoundError as e:
-            if e.name != path:
-                raise
-            continue
+        mod = importlib.import_module(path)
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
