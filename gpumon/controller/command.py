@@ -70,42 +70,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config: ControllerConfig) -> int:
-    import asyncio
     import logging
-    import signal
-
-    from aiohttp import web
 
     from gpumon.controller.app import make_app
     from gpumon.controller.kube import connect
+    from gpumon.serving import serve_until_signalled
 
     log = logging.getLogger(__name__)
     api = await connect(config.kubeconfig)
     try:
-        runner = web.AppRunner(
-            make_app(config, api), handle_signals=False, access_log=None, shutdown_timeout=5
+        return await serve_until_signalled(
+            make_app(config, api),
+            config.listen_address,
+            config.port,
+            on_listening=lambda url: log.info(
+                "controller running", extra={"metrics": url, "dry_run": config.dry_run}
+            ),
         )
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, config.listen_address, config.port)
-            try:
-                await site.start()
-            except OSError as e:
-                log.error("cannot listen on %s:%s: %s", config.listen_address, config.port, e.strerror or e)
-                return 1
-            host, port = runner.addresses[0][:2]
-            log.info(
-                "controller running",
-                extra={"metrics": f"http://{host}:{port}/metrics", "dry_run": config.dry_run},
-            )
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
-            await stop.wait()
-            log.info("stopping")
-            return 0
-        finally:
-            await runner.cleanup()
     finally:
         await api.close()

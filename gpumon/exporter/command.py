@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpumon.config import (
     DEFAULT_EXPORTER_PORT,
@@ -162,38 +162,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(app: web.Application, config: ExporterConfig, ssl_context: ssl.SSLContext | None) -> int:
-    import asyncio
     import logging
-    import signal
 
-    from aiohttp import web
+    from gpumon.serving import serve_until_signalled
 
     log = logging.getLogger(__name__)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, config.listen_address, config.port, ssl_context=ssl_context)
-        try:
-            await site.start()
-        except OSError as e:
-            log.error("cannot listen on %s:%s: %s", config.listen_address, config.port, e.strerror or e)
-            return 1
-        log.info("serving metrics at %s", _metrics_url(runner.addresses, tls=ssl_context is not None))
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        log.info("stopping")
-        return 0
-    finally:
-        await runner.cleanup()
-
-
-def _metrics_url(addresses: list[Any], *, tls: bool) -> str:
-    host, port = addresses[0][0], addresses[0][1]
-    # Bound to every interface: show the loopback address, which works from the node itself.
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{'https' if tls else 'http'}://{host}:{port}/metrics"
+    return await serve_until_signalled(
+        app,
+        config.listen_address,
+        config.port,
+        ssl_context=ssl_context,
+        on_listening=lambda url: log.info("serving metrics at %s", url),
+    )
