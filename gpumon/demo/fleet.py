@@ -17,9 +17,9 @@ from types import MappingProxyType
 from typing import Any
 
 from gpumon.demo.scenario import Scenario
-from gpumon.demo.views import APP_LABEL
 from gpumon.devcluster import capi, nodes
 from gpumon.devcluster.poolplan import POOL_LABEL
+from gpumon.devcluster.workloads import APP_LABEL, gpu_deployment
 from gpumon.exporter.sharing import GPUSHARE_MEMORY_RESOURCE
 
 NAMESPACE = "gpumon-demo"
@@ -126,25 +126,8 @@ def machine_deployment(scenario: Scenario) -> dict[str, Any]:
 
 def _deployment(app: str, replicas: int, limits: Mapping[str, str], node_selector: Mapping[str, str],
                 ) -> dict[str, Any]:
-    labels = {APP_LABEL: app}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": app, "namespace": NAMESPACE, "labels": labels},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeSelector": dict(node_selector),
-                    "terminationGracePeriodSeconds": 0,
-                    "containers": [{"name": "cuda", "image": "nvcr.io/nvidia/pytorch:24.08-py3",
-                                    "resources": {"limits": dict(limits)}}],
-                },
-            },
-        },
-    }
+    return gpu_deployment(app, replicas=replicas, limits=limits, node_selector=node_selector,
+                          namespace=NAMESPACE, image="nvcr.io/nvidia/pytorch:24.08-py3")
 
 
 def workloads(scenario: Scenario) -> list[dict[str, Any]]:

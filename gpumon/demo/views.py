@@ -13,9 +13,8 @@ from typing import Any
 from gpumon.controller.contract import CONDITION_TYPE, LABEL_STATE, TAINT_KEY
 from gpumon.devcluster import nodes
 from gpumon.devcluster.poolplan import POOL_LABEL
+from gpumon.devcluster.workloads import APP_LABEL
 from gpumon.exporter.sharing import GPUSHARE_INDEX, GPUSHARE_MEMORY_RESOURCE
-
-APP_LABEL = "app"
 
 
 def _time(stamp: str | None) -> float:

@@ -9,7 +9,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpumon.devcluster import nodes
+from gpumon.devcluster import nodes, workloads
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
 
@@ -21,27 +21,9 @@ def own_nodes(test_id: str, gpus: int) -> nodes.NodeTemplate:
 
 
 def gpu_deployment(name: str, replicas: int, test_id: str, gpus: int = 1) -> dict[str, Any]:
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeSelector": {TEST_LABEL: test_id},  # only this test's nodes (see own_nodes)
-                    "containers": [{
-                        "name": "cuda",
-                        "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
-                        "resources": {"limits": {nodes.GPU: str(gpus)}},
-                    }],
-                },
-            },
-        },
-    }
+    # Only this test's nodes (see own_nodes).
+    return workloads.gpu_deployment(name, replicas=replicas, limits={nodes.GPU: str(gpus)},
+                                    node_selector={TEST_LABEL: test_id})
 
 
 async def _pods(core: client.CoreV1Api, namespace: str, app: str) -> list[client.V1Pod]:

@@ -30,6 +30,7 @@ from gpumon.devcluster.nodes import GPU, NodeTemplate
 from gpumon.devcluster.poolplan import POOL_LABEL, Timing
 from gpumon.devcluster.poolsim import PoolSimulator, SimulatedPool
 from gpumon.devcluster.waiting import eventually
+from gpumon.devcluster.workloads import gpu_deployment
 
 REPO = Path(__file__).resolve().parents[2]
 HPA_EXAMPLE = REPO / "deploy" / "examples" / "hpa-gpu-utilization.yaml"
@@ -42,23 +43,8 @@ STEP_SECONDS = 120.0  # one step of the path on a busy 2-core machine; typically
 
 
 def deployment(test_id: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": APP, "labels": {"app": APP}},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": APP}},
-            "template": {
-                "metadata": {"labels": {"app": APP}},
-                "spec": {
-                    "nodeSelector": {TEST_LABEL: test_id},
-                    "terminationGracePeriodSeconds": 0,
-                    "containers": [
-                        {"name": APP, "image": "inference:1", "resources": {"limits": {GPU: "1"}}}
-                    ],
-                },
-            },
-        },
-    }
+    return gpu_deployment(APP, replicas=1, limits={GPU: "1"}, node_selector={TEST_LABEL: test_id},
+                          container=APP, image="inference:1")
 
 
 def hpa(namespace: str) -> dict[str, Any]:
