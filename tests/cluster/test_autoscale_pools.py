@@ -374,8 +374,10 @@ async def test_bounds_step_limit_cooldown_and_cluster_autoscaler_pools(
             return True if n == 3 else None
 
         await eventually(at_max, what="the step-limited pool at its max", interval_seconds=0.05)
-        assert [n for _, n in steps] == [0, 1, 2, 3]
-        gaps = [b[0] - a[0] for a, b in itertools.pairwise(steps[1:])]
+        # The pool starts at 0 replicas; on a loaded machine the first poll may already see 1.
+        history = [n for _, n in steps]
+        assert ([0] if history[0] != 0 else []) + history == [0, 1, 2, 3]
+        gaps = [b[0] - a[0] for a, b in itertools.pairwise([s for s in steps if s[1] >= 1])]
         assert all(g >= 1.5 for g in gaps), gaps  # the 2 s cooldown, less polling slack
 
         async def at_limit(text: str) -> str | None:
