@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup tools system-packages demo test test-unit lint bench clean dashboards
+.PHONY: setup tools pin-tools system-packages demo test test-unit lint bench clean dashboards
 
 setup: $(STAMP) system-packages tools
 
@@ -20,15 +20,20 @@ $(STAMP): pyproject.toml
 system-packages:
 	@bash hack/system-packages.sh
 
+# Builds the Go parts read-only from their pins in hack/tools/ (docs/tools.md).
 tools:
 	@bash hack/build-tools.sh all
+
+# Re-resolves the pins (hack/tools/*/go.mod, go.sum); the only step that may float. Review the diff.
+pin-tools:
+	@bash hack/pin-tools.sh all
 
 # The main job on a local cluster: simulated GPU nodes, exporters, Prometheus and the controller
 # playing the embedded scenario live (docs/demo.md). `gpumon demo --help` for its flags.
 demo: setup
 	@$(VENV)/bin/gpumon demo
 
-test: setup
+test: setup lint
 	@$(VENV)/bin/pytest -q -ra $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "no tests were collected"; exit 1; fi; exit $$rc
 

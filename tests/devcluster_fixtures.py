@@ -13,11 +13,12 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from kubernetes_asyncio import client, config
 
-from gpumon.devcluster.binaries import ToolsMissing, locate
+from gpumon.devcluster.binaries import ToolsMissing, locate, locate_helm
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
@@ -38,6 +39,14 @@ def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    try:
+        return locate_helm()
+    except ToolsMissing as e:
+        pytest.fail(str(e), pytrace=False)
 
 
 @pytest.fixture

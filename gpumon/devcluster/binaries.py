@@ -1,5 +1,6 @@
-"""Where the control plane's binaries, kwok's stages and the CRDs are: the cache that
-``hack/build-tools.sh`` fills, keyed by version (keep the versions here in step with it)."""
+"""Where the control plane's binaries, kwok's stages, the CRDs and NVIDIA's mock NVML are: the
+cache that ``hack/build-tools.sh`` fills, keyed by version. The versions are pinned in
+``hack/tools/<part>/go.mod``; tests/unit/test_tool_pins.py holds the ones here equal to them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.8"
 KWOK_VERSION = "v0.8.0"
 CRDS_DIR_NAME = "crds-capi-v1.13.5-promop-v0.93.0"
+HELM_VERSION = "v3.21.4"
+ADAPTER_VERSION = "v0.12.0"
+MOCKNVML_VERSION = "v0.3.1-0.20260821154203-3b2b865d91b1"
 
 KWOK_STAGES = (
     "node-initialize",
@@ -65,8 +69,15 @@ def locate(cache: Path | None = None) -> Tools:
     )
     missing = [
         str(p)
-        for p in (tools.etcd, tools.kube_apiserver, tools.kube_controller_manager, tools.kube_scheduler,
-                  tools.kubectl, tools.kwok, *tools.kwok_stages)
+        for p in (
+            tools.etcd,
+            tools.kube_apiserver,
+            tools.kube_controller_manager,
+            tools.kube_scheduler,
+            tools.kubectl,
+            tools.kwok,
+            *tools.kwok_stages,
+        )
         if not p.is_file()
     ]
     if not tools.crds:
@@ -78,3 +89,49 @@ def locate(cache: Path | None = None) -> Tools:
             + ", ".join(str(Path(m).relative_to(root)) if m.startswith(str(root)) else m for m in missing)
         )
     return tools
+
+
+def _built(path: Path, part: str) -> Path:
+    if not path.is_file():
+        raise ToolsMissing(
+            f"{part} is not built: run `make setup` (or `bash hack/build-tools.sh {part}`); looked for {path}"
+        )
+    return path
+
+
+def locate_helm(cache: Path | None = None) -> Path:
+    root = cache if cache is not None else cache_dir()
+    return _built(root / f"helm-{HELM_VERSION}" / "bin" / "helm", "helm")
+
+
+def locate_prometheus_adapter(cache: Path | None = None) -> Path:
+    root = cache if cache is not None else cache_dir()
+    return _built(root / f"prometheus-adapter-{ADAPTER_VERSION}" / "bin" / "prometheus-adapter", "adapter")
+
+
+@dataclass(frozen=True)
+class MockNvml:
+    """NVIDIA's mock ``libnvidia-ml.so.1`` and the GPU profiles shipped with it."""
+
+    lib_dir: Path
+    configs: Path
+
+    @property
+    def library(self) -> Path:
+        return self.lib_dir / "libnvidia-ml.so.1"
+
+    def profile(self, name: str) -> Path:
+        """``name`` as the shipped files spell it: a100, h100, l40s, t4, b200, gb200, gb300."""
+        return self.configs / f"mock-nvml-config-{name}.yaml"
+
+
+def locate_mock_nvml(cache: Path | None = None) -> MockNvml:
+    """The mock library built by ``hack/build-tools.sh mocknvml``; raises :class:`ToolsMissing`."""
+    root = (cache if cache is not None else cache_dir()) / f"mocknvml-{MOCKNVML_VERSION}"
+    mock = MockNvml(lib_dir=root / "lib", configs=root / "configs")
+    if not (root / ".done").is_file() or not mock.library.is_file():
+        raise ToolsMissing(
+            f"NVIDIA's mock NVML is not built under {root}; run `make setup` "
+            "(or `bash hack/build-tools.sh mocknvml`)"
+        )
+    return mock

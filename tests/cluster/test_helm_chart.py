@@ -20,12 +20,10 @@ import pytest
 import yaml
 
 from gpumon.config import ControllerConfig, ExporterConfig, load
-from gpumon.devcluster.binaries import cache_dir
 from gpumon.devcluster.cluster import DevCluster
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "gpumon"
-HELM_VERSION = "v3.21.4"  # hack/build-tools.sh builds this one into the tool cache
 EVERYTHING = {
     "monitoring.serviceMonitor.enabled": "true",
     "monitoring.prometheusRule.enabled": "true",
@@ -33,15 +31,6 @@ EVERYTHING = {
     "prometheusAdapter.rulesConfigMap.enabled": "true",
     "exporter.windows.enabled": "true",
 }
-
-
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    binary = cache_dir() / f"helm-{HELM_VERSION}" / "bin" / "helm"
-    if not binary.is_file():
-        pytest.fail(f"helm is not built: run `bash hack/build-tools.sh helm` (looked for {binary})",
-                    pytrace=False)
-    return binary
 
 
 def _run(*argv: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -75,9 +64,7 @@ def test_helm_lint_passes(helm: Path, values: dict[str, str]) -> None:
         ("monitoring.serviceMonitor.interval", "often", "at '/monitoring/serviceMonitor/interval'"),
     ],
 )
-def test_bad_values_fail_with_a_message_naming_them(
-    helm: Path, key: str, value: str, message: str
-) -> None:
+def test_bad_values_fail_with_a_message_naming_them(helm: Path, key: str, value: str, message: str) -> None:
     result = _run(helm, "template", "bad", CHART, "--set", f"{key}={value}", check=False)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr
@@ -89,8 +76,9 @@ def test_prometheus_rule_is_the_rules_file(helm: Path) -> None:
     assert rule["spec"] == yaml.safe_load((REPO / "alerts" / "gpumon.rules.yml").read_text())
 
 
-@pytest.mark.parametrize("values", [{}, {**EVERYTHING, "controller.drainEscalationDelete": "true"}],
-                         ids=["defaults", "everything"])
+@pytest.mark.parametrize(
+    "values", [{}, {**EVERYTHING, "controller.drainEscalationDelete": "true"}], ids=["defaults", "everything"]
+)
 def test_rendered_settings_load_in_gpumon(helm: Path, values: dict[str, str], tmp_path: Path) -> None:
     """The ConfigMaps the chart renders are configurations the exporter and controller accept."""
     rendered = _template(helm, "cfg", "gpumon", values)
@@ -109,8 +97,9 @@ def test_rendered_settings_load_in_gpumon(helm: Path, values: dict[str, str], tm
     )
     escalating = values.get("controller.drainEscalationDelete") == "true"
     assert controller.drain.escalation == ("delete" if escalating else "report")
-    (role,) = [d for d in rendered
-               if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "cfg-gpumon-controller"]
+    (role,) = [
+        d for d in rendered if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "cfg-gpumon-controller"
+    ]
     deletes_pods = any("pods" in r["resources"] and "delete" in r["verbs"] for r in role["rules"])
     assert deletes_pods == escalating
 
@@ -123,8 +112,15 @@ def test_rendered_objects_pass_server_side_dry_run(
     assert {"DaemonSet", "Deployment", "ServiceMonitor", "PrometheusRule", "ClusterRole", "Role"} <= kinds
     rendered = tmp_path / "rendered.yaml"
     rendered.write_text(yaml.safe_dump_all(docs))
-    out = _kubectl(devcluster, "apply", "--server-side", "--dry-run=server", "--field-manager=gpumon-test",
-                   "-f", str(rendered)).stdout
+    out = _kubectl(
+        devcluster,
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "--field-manager=gpumon-test",
+        "-f",
+        str(rendered),
+    ).stdout
     assert out.count("(server dry run)") == len(docs), out
 
 
@@ -139,7 +135,8 @@ def installed_rbac(
     """The chart's service accounts and RBAC (no workloads) applied for real; the release name."""
     release = f"r{test_id[-6:]}"  # test_id ends in random hex; short keeps names within 63
     docs = [
-        d for d in _template(helm, release, namespace, EVERYTHING)
+        d
+        for d in _template(helm, release, namespace, EVERYTHING)
         if d["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
     ]
     manifest = tmp_path / "rbac.yaml"
@@ -149,11 +146,19 @@ def installed_rbac(
     _kubectl(devcluster, "delete", "--ignore-not-found", "--wait=false", "-f", str(manifest), check=False)
 
 
-def _can(
-    devcluster: DevCluster, account: str, namespace: str, verb: str, resource: str, *extra: str
-) -> bool:
-    result = _kubectl(devcluster, "auth", "can-i", verb, resource, "-n", namespace,
-                      f"--as=system:serviceaccount:{namespace}:{account}", *extra, check=False)
+def _can(devcluster: DevCluster, account: str, namespace: str, verb: str, resource: str, *extra: str) -> bool:
+    result = _kubectl(
+        devcluster,
+        "auth",
+        "can-i",
+        verb,
+        resource,
+        "-n",
+        namespace,
+        f"--as=system:serviceaccount:{namespace}:{account}",
+        *extra,
+        check=False,
+    )
     assert result.stdout.strip() in ("yes", "no"), result.stdout + result.stderr
     return result.stdout.strip() == "yes"
 
@@ -169,16 +174,33 @@ def _review(
         "kind": "SubjectAccessReview",
         "spec": {
             "user": f"system:serviceaccount:{namespace}:{account}",
-            "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}",
-                       "system:authenticated"],
-            "resourceAttributes": {"verb": verb, "group": group, "resource": resource,
-                                   "namespace": namespace},
+            "groups": [
+                "system:serviceaccounts",
+                f"system:serviceaccounts:{namespace}",
+                "system:authenticated",
+            ],
+            "resourceAttributes": {
+                "verb": verb,
+                "group": group,
+                "resource": resource,
+                "namespace": namespace,
+            },
         },
     }
     result = subprocess.run(
-        [str(devcluster.tools.kubectl), f"--kubeconfig={devcluster.kubeconfig}", "create", "-f", "-",
-         "-o", "jsonpath={.status.allowed}"],
-        input=yaml.safe_dump(review), capture_output=True, text=True, timeout=60,
+        [
+            str(devcluster.tools.kubectl),
+            f"--kubeconfig={devcluster.kubeconfig}",
+            "create",
+            "-f",
+            "-",
+            "-o",
+            "jsonpath={.status.allowed}",
+        ],
+        input=yaml.safe_dump(review),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     return result.stdout.strip() == "true"
@@ -189,21 +211,36 @@ def test_controller_rbac_is_what_it_needs_and_no_more(
 ) -> None:
     sa = f"{installed_rbac}-gpumon-controller"
     need = [
-        ("get", "nodes"), ("list", "nodes"), ("watch", "nodes"), ("patch", "nodes"),
+        ("get", "nodes"),
+        ("list", "nodes"),
+        ("watch", "nodes"),
+        ("patch", "nodes"),
         ("patch", "nodes", "--subresource=status"),
-        ("list", "pods"), ("watch", "pods"), ("create", "pods", "--subresource=eviction"),
-        ("list", "poddisruptionbudgets.policy"), ("create", "events"),
-        ("create", "leases.coordination.k8s.io"), ("update", f"leases.coordination.k8s.io/{sa}"),
-        ("get", f"configmaps/{sa}"), ("patch", f"configmaps/{sa}"),
-        ("get", "machinedeployments.cluster.x-k8s.io"), ("patch", "machinedeployments.cluster.x-k8s.io"),
+        ("list", "pods"),
+        ("watch", "pods"),
+        ("create", "pods", "--subresource=eviction"),
+        ("list", "poddisruptionbudgets.policy"),
+        ("create", "events"),
+        ("create", "leases.coordination.k8s.io"),
+        ("update", f"leases.coordination.k8s.io/{sa}"),
+        ("get", f"configmaps/{sa}"),
+        ("patch", f"configmaps/{sa}"),
+        ("get", "machinedeployments.cluster.x-k8s.io"),
+        ("patch", "machinedeployments.cluster.x-k8s.io"),
         ("patch", "machinedeployments.cluster.x-k8s.io", "--subresource=scale"),
     ]
     must_not = [
-        ("delete", "pods"), ("create", "pods"), ("delete", "nodes"), ("update", "nodes"),
-        ("get", "secrets"), ("list", "secrets"), ("get", "configmaps/someone-elses"),
+        ("delete", "pods"),
+        ("create", "pods"),
+        ("delete", "nodes"),
+        ("update", "nodes"),
+        ("get", "secrets"),
+        ("list", "secrets"),
+        ("get", "configmaps/someone-elses"),
         ("update", "leases.coordination.k8s.io/other"),
         ("delete", "machinedeployments.cluster.x-k8s.io"),
-        ("patch", "deployments.apps"), ("create", "clusterroles.rbac.authorization.k8s.io"),
+        ("patch", "deployments.apps"),
+        ("create", "clusterroles.rbac.authorization.k8s.io"),
         ("create", "serviceaccounts", "--subresource=token"),
     ]
     assert [c for c in need if not _can(devcluster, sa, namespace, *c)] == []
@@ -221,8 +258,13 @@ def test_exporter_rbac_reads_pods_and_nothing_else(
     sa = f"{installed_rbac}-gpumon-exporter"
     assert all(_can(devcluster, sa, namespace, verb, "pods") for verb in ("get", "list", "watch"))
     must_not = [
-        ("patch", "nodes"), ("list", "nodes"), ("create", "pods", "--subresource=eviction"),
-        ("delete", "pods"), ("get", "secrets"), ("create", "events"), ("get", "configmaps"),
+        ("patch", "nodes"),
+        ("list", "nodes"),
+        ("create", "pods", "--subresource=eviction"),
+        ("delete", "pods"),
+        ("get", "secrets"),
+        ("create", "events"),
+        ("get", "configmaps"),
     ]
     assert [c for c in must_not if _can(devcluster, sa, namespace, *c)] == []
     windows = f"{installed_rbac}-gpumon-exporter-windows"

@@ -27,12 +27,11 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from netns import Netns, TcpRelay, network_namespace
 
-from gpumon.devcluster.binaries import cache_dir
+from gpumon.devcluster import binaries
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.localservers import LoggedProcess
 from gpumon.devcluster.waiting import eventually
 
-ADAPTER_VERSION = "v0.12.0"  # hack/build-tools.sh builds this one
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy" / "prometheus-adapter" / "config.yaml"
 GROUP = "external.metrics.k8s.io"
@@ -42,12 +41,7 @@ ACCOUNT = "prometheus-adapter"
 
 
 def adapter_binary() -> Path:
-    path = cache_dir() / f"prometheus-adapter-{ADAPTER_VERSION}" / "bin" / "prometheus-adapter"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"prometheus-adapter is not built: run `bash hack/build-tools.sh adapter` (looked for {path})"
-        )
-    return path
+    return binaries.locate_prometheus_adapter()
 
 
 class AdapterProcess(LoggedProcess):

@@ -18,7 +18,6 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from node_watch import metric, node_events
 
 from gpumon.devcluster import capi
-from gpumon.devcluster.binaries import cache_dir
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.localservers import ControllerProcess, ExporterProcess
 from gpumon.devcluster.nodemaker import NodeMaker
@@ -27,7 +26,6 @@ from gpumon.devcluster.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "gpumon"
-HELM_VERSION = "v3.21.4"  # hack/build-tools.sh builds this one
 TEST_LABEL = "test.gpumon.io/id"
 
 
@@ -234,16 +232,6 @@ BAD_VALUES = {
         "additional properties 'podAtribution' not allowed",
     ),
 }
-
-
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    binary = cache_dir() / f"helm-{HELM_VERSION}" / "bin" / "helm"
-    if not binary.is_file():
-        pytest.fail(
-            f"helm is not built: run `bash hack/build-tools.sh helm` (looked for {binary})", pytrace=False
-        )
-    return binary
 
 
 @pytest.mark.parametrize("case", sorted(BAD_VALUES))

@@ -1,0 +1,8 @@
+//go:build tools
+
+// The packages hack/build-tools.sh builds from this module.
+package tools
+
+import (
+	_ "sigs.k8s.io/kwok/cmd/kwok"
+)
