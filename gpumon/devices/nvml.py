@@ -184,14 +184,22 @@ def read_failure(index: int | None, source: str, code: int) -> BackendError | tu
     return f"nvml.{source}", error_kind(code)
 
 
-def init_failure_message(code: int, library_path: Path | None) -> str:
-    """One line for people when ``nvmlInit`` fails."""
+_NOT_ON_LOADER_PATH = "libnvidia-ml.so.1: cannot open shared object file"
+
+
+def init_failure_message(code: int, library_path: Path | None, load_error: str | None = None) -> str:
+    """One line for people when ``nvmlInit`` fails. ``load_error`` is the loader's own word
+    (``dlerror``) when the library could not be loaded."""
     if code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
         if library_path is not None:
             return (
                 f"NVML unavailable: loaded {library_path}, but libnvidia-ml.so.1 still cannot be "
                 "opened (the file's SONAME must be libnvidia-ml.so.1)"
             )
+        # pynvml says "not found" for any load failure; a file that is there but refused (not
+        # an ELF, wrong architecture, a dependency missing) needs another fix than no driver.
+        if load_error and not load_error.startswith(_NOT_ON_LOADER_PATH):
+            return f"NVML unavailable: libnvidia-ml.so.1 is there but cannot be loaded: {load_error}"
         return (
             "NVML unavailable: libnvidia-ml.so.1 not found (no NVIDIA driver on this machine, or its "
             "library is not on the loader path: set nvml_library or LD_LIBRARY_PATH)"
@@ -421,7 +429,11 @@ class NvmlBackend:
             try:
                 pynvml.nvmlInit()
             except pynvml.NVMLError as err:
-                raise BackendUnavailable(init_failure_message(err.value, self._library_path)) from err
+                # pynvml raises inside its `except OSError`: the loader's error is the context.
+                cause = err.__context__
+                load_error = " ".join(str(cause).split()) if isinstance(cause, OSError) else None
+                message = init_failure_message(err.value, self._library_path, load_error)
+                raise BackendUnavailable(message) from err
             try:
                 driver = self._read_driver()
                 gpus = self._enumerate()
@@ -801,8 +813,16 @@ class NvmlBackend:
 
     def _event_source(self, handle: Any, gpus: Mapping[int, _Gpu]) -> tuple[str, int | None]:
         """UUID and index of the GPU an event came from: by handle, or by UUID when NVML handed
-        out another handle for the same card."""
-        known = self._xid_sources.get(_address(handle))
+        out another handle for the same card.
+
+        Every handle of this open is matched, not only the registered ones: a GPU marked lost
+        before the set was (re)built is not registered, and NVML cannot be asked for a lost
+        GPU's UUID, yet its Xid (79, fallen off the bus) is the one that explains the loss."""
+        address = _address(handle)
+        known = self._xid_sources.get(address) or next(
+            (g.identity for g in gpus.values() if g.handle is not None and _address(g.handle) == address),
+            None,
+        )
         if known is not None:
             return known.uuid, known.index
         try:

@@ -295,15 +295,17 @@ def _native(snap: Snapshot) -> list[Metric]:
             _add(health, {**base, "state": state.value}, 1 if g.health.state is state else 0)
         for reason, detail in dict.fromkeys((r.code, r.detail) for r in g.health.reasons) or [("", "")]:
             _add(health_info, {**base, "reason": reason, "detail": detail}, 1)
+        # Xids are events the exporter received, still true of a GPU that is lost since (79,
+        # fallen off the bus, is the one that explains the loss).
+        for code, count in sorted(g.xid_counts.items()):
+            _add(xids, {**base, "xid": str(code)}, count)
         if g.lost:
-            continue  # nothing else a lost GPU reports can be trusted
+            continue  # no reading a lost GPU gives can be trusted
         present.append((g, base))
         if g.fast is not None and g.fast.throttle_reasons is not None:
             active = g.fast.throttle_reasons
             for reason in (*CLOCK_EVENT_REASONS, *sorted(active - CLOCK_EVENT_REASONS.keys())):
                 _add(throttled, {**base, "reason": reason}, 1 if reason in active else 0)
-        for code, count in sorted(g.xid_counts.items()):
-            _add(xids, {**base, "xid": str(code)}, count)
 
     per_gpu = _emit(_NATIVE_FIELDS, present)
     _emit_mig_memory(_NATIVE_MEMORY, per_gpu, (

@@ -109,7 +109,23 @@ def ecc_xid(backend: NvmlBackend) -> dict[str, Any]:
     }
 
 
-SCENARIOS = {"inventory": inventory, "lost": lost, "ecc_xid": ecc_xid}
+def reinit(backend: NvmlBackend) -> dict[str, Any]:
+    """A fault, then NVML closed and initialised again, as the sampler does when NVML goes away."""
+    out: dict[str, Any] = {}
+    for run in ("before", "after"):
+        backend.open()
+        gpus = backend.devices()
+        out[run] = {
+            "devices": plain(gpus),
+            "fast": [attempt(lambda g=g: backend.read_fast(g.index)) for g in gpus],
+            "slow": [attempt(lambda g=g: backend.read_slow(g.index)) for g in gpus],
+            "xids": attempt(lambda: backend.wait_xids(10.0)),
+        }
+        backend.close()
+    return out
+
+
+SCENARIOS = {"inventory": inventory, "lost": lost, "ecc_xid": ecc_xid, "reinit": reinit}
 
 
 def main() -> int:

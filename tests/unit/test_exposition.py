@@ -261,18 +261,23 @@ def test_gpu_without_any_sample_keeps_identity_and_health() -> None:
     assert set(families_of(snapshot([unread]), "dcgm")) == {"DCGM_FI_DEV_XID_ERRORS"}
 
 
-def test_lost_gpu_keeps_info_and_health_only() -> None:
+def test_lost_gpu_keeps_identity_health_and_xids_only() -> None:
+    """A lost GPU can give no readings, but its identity, its health and the Xids it raised
+    (79: fallen off the bus, the event that explains the loss) stay true of it."""
     lost_verdict = HealthVerdict(HealthState.LOST, (HealthReason("GpuLost", "gone", HealthState.LOST),))
-    lost = gpu(1, health=lost_verdict, lost=True, xids={79: 1}, last_xid=79)
-    snap = snapshot([gpu(0), lost])
+    lost = gpu(1, health=lost_verdict, lost=True, xids={79: 1, 13: 2}, last_xid=79)
+    snap = snapshot([gpu(0, xids={13: 1}), lost])
     s = series(render(snap, profile="native").text)
+    kept = ("gpumon_gpu_info", "gpumon_gpu_health", "gpumon_gpu_health_info", "gpumon_gpu_xid_errors_total")
     for name, rows in s.items():
         gpus = {lab.get("gpu") for lab, _ in rows}
-        if name in ("gpumon_gpu_info", "gpumon_gpu_health", "gpumon_gpu_health_info"):
+        if name in kept:
             assert gpus == {"0", "1"}, name
         else:
             assert "1" not in gpus, name
     assert value(s, "gpumon_gpu_health", gpu="1", state="lost") == 1
+    lost_xids = {lab["xid"]: v for lab, v in s["gpumon_gpu_xid_errors_total"] if lab["gpu"] == "1"}
+    assert lost_xids == {"79": 1, "13": 2}
     # dcgm has no health family; the last Xid is what its users alert on.
     d = series(render(snap, profile="dcgm").text)
     assert {name for name, rows in d.items() if any(lab["gpu"] == "1" for lab, _ in rows)} == {
@@ -462,7 +467,8 @@ SNAPSHOTS = {
                      [pod(f"p{i}", i % 4, used_memory_bytes=i * MiB, utilization_ratio=i / 64)
                       for i in range(16)]),
     "odd": snapshot([gpu()], [pod(n, namespace=n, used_memory_bytes=1) for n in ODD_NAMES]),
-    "sparse": snapshot([replace(gpu(0), fast=None), gpu(1, lost=True, last_xid=79)], driver=None),
+    "sparse": snapshot([replace(gpu(0), fast=None), gpu(1, lost=True, xids={79: 1}, last_xid=79)],
+                       driver=None),
 }
 
 

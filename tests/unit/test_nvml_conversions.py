@@ -249,6 +249,23 @@ def test_init_failure_messages_name_the_cause() -> None:
         assert "\n" not in init_failure_message(code, None)
 
 
+def test_a_library_that_is_there_but_refused_is_not_called_missing() -> None:
+    """pynvml answers LIBRARY_NOT_FOUND to any load failure; the loader's message tells a file
+    that is not there from one that is there and refused."""
+    not_found = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+    refused = init_failure_message(not_found, None, "/usr/lib64/libnvidia-ml.so.1: invalid ELF header")
+    assert refused == (
+        "NVML unavailable: libnvidia-ml.so.1 is there but cannot be loaded: "
+        "/usr/lib64/libnvidia-ml.so.1: invalid ELF header"
+    )
+    dependency = "libnvidia-ml-dep.so: cannot open shared object file: No such file or directory"
+    assert "is there but cannot be loaded: libnvidia-ml-dep.so" in init_failure_message(
+        not_found, None, dependency
+    )
+    absent = "libnvidia-ml.so.1: cannot open shared object file: No such file or directory"
+    assert init_failure_message(not_found, None, absent) == init_failure_message(not_found, None)
+
+
 # -- processes ----------------------------------------------------------------------------------
 
 

@@ -1,0 +1,380 @@
+"""``gpumon exporter --backend nvml`` as a real process on NVIDIA's mock libnvidia-ml: every
+shipped GPU profile scraped family by family against its YAML; then one node with processes
+in pods, MIG devices and faults injected while it runs; then no library, or a broken one.
+
+Faults are injected the mock's run-time way: ``MOCK_NVML_OVERRIDES`` names a YAML document
+deep-merged over the profile, re-read every ``MOCK_NVML_OVERRIDES_TTL``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pods_api
+import pytest
+import yaml
+from fake_host_proc import cgroup_file, container_path, write_process
+from nvml_mock import (
+    A100_MIG,
+    PROFILES,
+    REASON_NAMES,
+    Exporter,
+    MiB,
+    Series,
+    child_env,
+    device_configs,
+    load_profile,
+    mig_block,
+    running,
+    select,
+    value,
+    with_device,
+    write_profile,
+)
+from podresources_server import FakeKubelet, pod_resources, serve, short_socket_dir
+
+from gpumon.devcluster.binaries import MockNvml
+from gpumon.devices.model import CLOCK_EVENT_REASONS
+from gpumon.devices.nvml import canonical_bus_id
+
+NODE = "nvml-node"
+
+
+def gpu_labels(series: Series, name: str, gpu: int) -> dict[frozenset[tuple[str, str]], float]:
+    """The samples of ``name`` for GPU ``gpu`` itself (not its MIG devices)."""
+    return {ls: v for ls, v in select(series, name, gpu=str(gpu)).items() if "gpu_instance" not in dict(ls)}
+
+
+def nvml_errors(series: Series) -> dict[tuple[str, str], float]:
+    return {
+        (dict(ls)["source"], dict(ls)["kind"]): v
+        for ls, v in select(series, "gpumon_exporter_errors_total").items()
+        if dict(ls)["source"].startswith("nvml.")
+    }
+
+
+# -- every shipped profile ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def profile_exporters(
+    mock: MockNvml, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Exporter]]:
+    """One exporter per shipped profile, started together so that their start-ups overlap."""
+    tmp = tmp_path_factory.mktemp("profiles")
+    exporters = {
+        name: Exporter(
+            # No overrides file: the profile exactly as shipped.
+            child_env(mock, mock.profile(name), overrides=tmp / "none.yaml", GPUMON_PODS__ENABLED="false"),
+            tmp / f"{name}.log",
+            "--metrics-profile",
+            "both",
+        )
+        for name in PROFILES
+    }
+    with running(*exporters.values()):
+        yield exporters
+
+
+def complete(series: Series, gpus: int) -> bool:
+    """Every GPU has both its fast and its slow fields."""
+    return all(
+        gpu_labels(series, "gpumon_gpu_memory_total_bytes", i)
+        and gpu_labels(series, "gpumon_gpu_row_remap_failure", i)
+        for i in range(gpus)
+    )
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_profile_scraped_family_by_family(
+    name: str, mock: MockNvml, profile_exporters: dict[str, Exporter]
+) -> None:
+    profile = load_profile(mock, name)
+    system = profile["system"]
+    configs = device_configs(profile)
+    s = profile_exporters[name].until(lambda s: complete(s, len(configs)), f"{name}: every GPU read")
+
+    assert value(s, "gpumon_exporter_nvml_up") == 1
+    assert nvml_errors(s) == {}  # not one field error on a healthy profile
+    assert [dict(ls)["gpu"] for ls in select(s, "gpumon_gpu_info")] == [str(i) for i in range(len(configs))]
+    for i, cfg in enumerate(configs):
+        gpu, uuid = str(i), cfg["uuid"]
+        base = {"node": NODE, "gpu": gpu, "uuid": uuid}
+        info = {**base, "model": cfg["name"], "pci_bus_id": canonical_bus_id(cfg["pci"]["bus_id"]),
+                "driver_version": system["driver_version"],
+                "cuda_version": f"{system['cuda_version_major']}.{system['cuda_version_minor']}"}  # fmt: skip
+        assert gpu_labels(s, "gpumon_gpu_info", i) == {frozenset(info.items()): 1}
+
+        def native(family: str, gpu: str = gpu, **labels: str) -> float | None:
+            return value(s, family, gpu=gpu, **labels)
+
+        memory, power, thermal, clocks = cfg["memory"], cfg["power"], cfg["thermal"], cfg["clocks"]
+        assert native("gpumon_gpu_memory_total_bytes") == memory["total_bytes"]
+        assert native("gpumon_gpu_memory_used_bytes") == memory["used_bytes"]
+        assert native("gpumon_gpu_memory_free_bytes") == memory["free_bytes"]
+        assert native("gpumon_gpu_memory_reserved_bytes") == memory["reserved_bytes"]
+        assert native("gpumon_gpu_utilization_ratio") == cfg["utilization"]["gpu"] / 100
+        assert native("gpumon_gpu_memory_utilization_ratio") == cfg["utilization"]["memory"] / 100
+        assert native("gpumon_gpu_temperature_celsius", sensor="gpu") == thermal["temperature_gpu_c"]
+        assert native("gpumon_gpu_temperature_celsius", sensor="memory") == thermal["temperature_memory_c"]
+        assert native("gpumon_gpu_power_watts") == power["current_draw_mw"] / 1000
+        assert native("gpumon_gpu_power_limit_watts") == power["enforced_limit_mw"] / 1000
+        assert native("gpumon_gpu_energy_joules_total") == power.get("total_energy_consumption_mj", 0) / 1000
+        assert native("gpumon_gpu_clock_hertz", clock="sm") == clocks["sm_current"] * 1e6
+        assert native("gpumon_gpu_clock_hertz", clock="memory") == clocks["memory_current"] * 1e6
+        active = {REASON_NAMES[k] for k, on in cfg["clocks_throttle_reasons"].items() if on}
+        assert {dict(ls)["reason"]: v for ls, v in gpu_labels(s, "gpumon_gpu_throttled", i).items()} == {
+            reason: float(reason in active) for reason in CLOCK_EVENT_REASONS
+        }
+        volatile = cfg["ecc"]["errors"]["volatile"]
+        assert native("gpumon_gpu_ecc_errors_total", type="corrected") == volatile["single_bit"]["total"]
+        assert native("gpumon_gpu_ecc_errors_total", type="uncorrected") == volatile["double_bit"]["total"]
+        rows = cfg["remapped_rows"]
+        assert native("gpumon_gpu_remapped_rows", type="correctable") == rows["correctable"]
+        assert native("gpumon_gpu_remapped_rows", type="uncorrectable") == rows["uncorrectable"]
+        assert native("gpumon_gpu_row_remap_pending") == rows["pending"]
+        assert native("gpumon_gpu_row_remap_failure") == rows["failure_occurred"]
+        assert native("gpumon_gpu_pcie_replays_total") == 0  # the mock's answer, whatever the profile says
+        assert native("gpumon_gpu_health", state="healthy") == 1
+        assert gpu_labels(s, "gpumon_gpu_xid_errors_total", i) == {}
+
+        # The same readings under dcgm-exporter's names and units.
+        assert value(s, "DCGM_FI_DEV_FB_USED", gpu=gpu, UUID=uuid, modelName=cfg["name"]) == (
+            memory["used_bytes"] // MiB
+        )
+        assert value(s, "DCGM_FI_DEV_GPU_TEMP", gpu=gpu) == thermal["temperature_gpu_c"]
+        assert value(s, "DCGM_FI_DEV_POWER_USAGE", gpu=gpu) == power["current_draw_mw"] / 1000
+        assert value(s, "DCGM_FI_DEV_SM_CLOCK", gpu=gpu) == clocks["sm_current"]
+        assert value(s, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", gpu=gpu) == sum(
+            CLOCK_EVENT_REASONS[r] for r in active
+        )
+        assert value(s, "DCGM_FI_DEV_XID_ERRORS", gpu=gpu) == 0
+
+
+# -- one node: pods, MIG, faults at run time ------------------------------------------------------
+
+# pod -> (container, pid, GPU, MiB, SM %); trainer/main runs two processes on GPU 0.
+WORKLOAD = [
+    ("trainer", "main", 4101, 0, 10240, 30),
+    ("trainer", "main", 4102, 0, 2048, 10),
+    ("notebook", "jupyter", 4201, 4, 4096, 25),
+]
+HOST_PID = 4999  # on GPU 0, outside any pod
+NAMESPACE = "ml"
+
+
+@dataclass
+class Node:
+    exporter: Exporter
+    configs: list[dict[str, Any]]
+    overrides: Path
+    faults: dict[str, Any] = field(default_factory=dict)
+
+    def inject(self, gpu: int, failure: dict[str, Any]) -> None:
+        """Fail GPU ``gpu`` from now on (the overrides document is replaced whole, atomically)."""
+        self.faults[str(gpu)] = {"failure": failure}
+        staged = self.overrides.with_suffix(".tmp")
+        staged.write_text(yaml.safe_dump({"version": 1, "devices": self.faults}))
+        staged.replace(self.overrides)
+
+
+@pytest.fixture(scope="module")
+def node(mock: MockNvml, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    tmp = tmp_path_factory.mktemp("node")
+    a100 = load_profile(mock, "a100")
+    procs: dict[int, list[dict[str, Any]]] = {}
+    for pod, container, pid, gpu, mib, sm in WORKLOAD:
+        procs.setdefault(gpu, []).append(
+            {"pid": pid, "type": "C", "name": f"{pod}-{container}", "used_memory_mib": mib, "sm_util": sm}
+        )
+    procs[0].append({"pid": HOST_PID, "type": "G", "name": "Xorg", "used_memory_mib": 512, "sm_util": 5})
+    profile = a100
+    for gpu, listed in procs.items():
+        profile = with_device(profile, gpu, processes=listed)
+    profile = with_device(profile, 3, mig=mig_block(a100["device_defaults"], A100_MIG))
+    configs = device_configs(profile)
+    uuids = [c["uuid"] for c in configs]
+
+    # Pod UIDs and container IDs, as the API and the host's /proc know them.
+    pods = {"trainer": ("main", 0), "notebook": ("jupyter", 4), "idle": ("app", 5), "mig-user": ("app", 3)}
+    uids = {name: f"00000000-0000-4000-8000-{i:012d}" for i, name in enumerate(pods)}
+    cids = {name: f"{i + 1:x}" * 64 for i, name in enumerate(pods)}
+    host_proc = tmp / "proc"
+    for pod, _, pid, _, _, _ in WORKLOAD:
+        path = container_path("systemd", "containerd", "burstable", uids[pod], cids[pod])
+        write_process(host_proc, pid, cgroup_file(path, 2))
+    write_process(host_proc, HOST_PID, "0::/system.slice/display-manager.service\n")
+
+    kubelet = FakeKubelet()
+    kubelet.pods = [
+        pod_resources(NAMESPACE, "trainer", {"main": {"nvidia.com/gpu": [uuids[0]]}}),
+        pod_resources(NAMESPACE, "notebook", {"jupyter": {"nvidia.com/gpu": [uuids[4]]}}),
+        pod_resources(NAMESPACE, "idle", {"app": {"nvidia.com/gpu": [uuids[5]]}}),
+        pod_resources(NAMESPACE, "mig-user", {"app": {"nvidia.com/mig-1g.5gb": [A100_MIG[3]["uuid"]]}}),
+    ]
+    api_pods = [
+        pods_api.pod(NAMESPACE, name, uids[name], NODE, {container: cids[name]}, {})
+        for name, (container, _) in pods.items()
+    ]
+    overrides = tmp / "overrides.yaml"
+    with (
+        short_socket_dir() as sockets,
+        serve(sockets / "kubelet.sock", kubelet),
+        pods_api.serve(api_pods, tmp / "kubeconfig") as kubeconfig,
+    ):
+        env = child_env(
+            mock,
+            write_profile(profile, tmp / "a100-node.yaml"),
+            overrides=overrides,
+            KUBECONFIG=str(kubeconfig),
+            GPUMON_PODS__HOST_PROC=str(host_proc),
+            GPUMON_PODS__POD_RESOURCES_SOCKET=str(sockets / "kubelet.sock"),
+        )
+        with Exporter(env, tmp / "exporter.log", "--metrics-profile", "both") as exporter:
+            exporter.until(lambda s: complete(s, len(configs)), "every GPU read")
+            yield Node(exporter, configs, overrides)
+
+
+def pod_values(series: Series, family: str, **labels: str) -> dict[tuple[str, str, str], float]:
+    return {
+        (dict(ls)["pod"], dict(ls)["container"], dict(ls)["gpu"]): v
+        for ls, v in select(series, family, namespace=NAMESPACE, **labels).items()
+    }
+
+
+def test_processes_attributed_to_pods(node: Node) -> None:
+    """NVML's process list (memory, per-process SM samples) through /proc cgroups to containers
+    of the pods the API names; pods pod-resources gives a GPU show 0 until they use it."""
+    used = {("trainer", "main", "0"): 12288 * MiB, ("notebook", "jupyter", "4"): 4096 * MiB}
+    expected_used = used | {("idle", "app", "5"): 0, ("mig-user", "app", "3"): 0}
+    s = node.exporter.until(
+        lambda s: pod_values(s, "gpumon_pod_gpu_memory_used_bytes") == expected_used, "pods' memory"
+    )
+    assert pod_values(s, "gpumon_pod_gpu_utilization_ratio") == pytest.approx(
+        {
+            ("trainer", "main", "0"): 0.40,
+            ("notebook", "jupyter", "4"): 0.25,
+            ("idle", "app", "5"): 0.0,
+            ("mig-user", "app", "3"): 0.0,
+        }
+    )
+    assert pod_values(s, "gpumon_pod_gpu_allocated", resource="nvidia.com/gpu") == {
+        ("trainer", "main", "0"): 1,
+        ("notebook", "jupyter", "4"): 1,
+        ("idle", "app", "5"): 1,
+    }
+    # The MIG device pod-resources names belongs to GPU 3.
+    assert pod_values(s, "gpumon_pod_gpu_allocated", resource="nvidia.com/mig-1g.5gb") == {
+        ("mig-user", "app", "3"): 1
+    }
+    for source in ("pod_resources", "api", "proc"):
+        assert value(s, "gpumon_exporter_pod_source_state", source=source, state="up") == 1
+    # dcgm-exporter puts the one pod using a device on that device's series.
+    assert dict(next(iter(select(s, "DCGM_FI_DEV_GPU_UTIL", gpu="0")))).get("pod") == "trainer"
+
+
+def test_mig_devices_in_the_scrape(node: Node) -> None:
+    """GPU 3's MIG devices (the project's patch to the mock) join the memory families with
+    their instance labels and the profile names NVIDIA's tools give them."""
+    s = node.exporter.until(lambda s: len(select(s, "gpumon_gpu_memory_total_bytes", gpu="3")) == 5, "MIG")
+    uuid = node.configs[3]["uuid"]
+    for m in A100_MIG:
+        labels = {"node": NODE, "gpu": "3", "uuid": uuid, "gpu_instance": str(m["gpu_instance_id"]),
+                  "compute_instance": str(m["compute_instance_id"]), "mig_profile": m["profile"]}  # fmt: skip
+        used = m.get("used_memory_mib", 0) * MiB
+        for family, expected in (
+            ("gpumon_gpu_memory_total_bytes", m["memory_mib"] * MiB),
+            ("gpumon_gpu_memory_used_bytes", used),
+            ("gpumon_gpu_memory_free_bytes", m["memory_mib"] * MiB - used),
+        ):
+            assert select(s, family, **labels) == {frozenset(labels.items()): expected}, family
+        assert value(s, "DCGM_FI_DEV_FB_USED", gpu="3", GPU_I_ID=str(m["gpu_instance_id"]),
+                     GPU_I_PROFILE=m["profile"]) == used // MiB  # fmt: skip
+    # NVML gives a MIG device no reserved figure; the GPU's own series stays.
+    assert len(select(s, "gpumon_gpu_memory_reserved_bytes", gpu="3")) == 1
+    assert value(s, "gpumon_gpu_health", gpu="3", state="healthy") == 1
+
+
+def test_gpu_falls_off_the_bus_while_the_exporter_runs(node: Node) -> None:
+    """GPU 1 is lost with Xid 79: it keeps its identity, its health (lost) and its Xid counter;
+    every reading of it disappears; the other GPUs read on."""
+    uuid = node.configs[1]["uuid"]
+    assert value(node.exporter.scrape() or {}, "gpumon_gpu_health", gpu="1", state="healthy") == 1
+    node.inject(1, {"mode": "lost", "xid": {"code": 79}})
+    s = node.exporter.until(
+        lambda s: (
+            value(s, "gpumon_gpu_health", gpu="1", state="lost") == 1
+            and value(s, "gpumon_gpu_xid_errors_total", gpu="1", xid="79") == 1
+        ),
+        "GPU 1 lost with Xid 79 counted",
+    )
+    assert value(s, "gpumon_gpu_info", gpu="1", uuid=uuid) == 1
+    assert value(s, "DCGM_FI_DEV_XID_ERRORS", gpu="1", UUID=uuid) == 79
+    assert "GpuLost" in {dict(ls)["reason"] for ls in select(s, "gpumon_gpu_health_info", gpu="1")}
+    kept = {"gpumon_gpu_info", "gpumon_gpu_health", "gpumon_gpu_health_info", "gpumon_gpu_xid_errors_total"}
+    readings = {n for (n, ls) in s if dict(ls).get("gpu") == "1" and n.startswith("gpumon_gpu_")}
+    assert readings == kept
+    assert {n for (n, ls) in s if dict(ls).get("gpu") == "1" and n.startswith("DCGM_")} == {
+        "DCGM_FI_DEV_XID_ERRORS"
+    }
+    for other in (0, 4, 6, 7):
+        assert value(s, "gpumon_gpu_memory_total_bytes", gpu=str(other)) is not None
+    # Counted once, by whichever read (fast or slow) found it lost first.
+    assert sum(select(s, "gpumon_exporter_errors_total", kind="lost").values()) == 1
+
+
+def test_uncorrectable_ecc_while_the_exporter_runs(node: Node) -> None:
+    """GPU 2 takes uncorrectable ECC errors with Xid 48: the double-bit counter climbs, one more
+    row is remapped and the remap fails; the GPU is unhealthy but still read."""
+    node.inject(2, {"mode": "ecc_uncorrectable", "xid": {"code": 48}})
+    s = node.exporter.until(
+        lambda s: (
+            (value(s, "gpumon_gpu_ecc_errors_total", gpu="2", type="uncorrected") or 0) > 0
+            and value(s, "gpumon_gpu_xid_errors_total", gpu="2", xid="48") == 1
+            and value(s, "gpumon_gpu_row_remap_failure", gpu="2") == 1
+        ),
+        "GPU 2 with uncorrectable ECC",
+    )
+    rows = node.configs[2]["remapped_rows"]
+    assert value(s, "gpumon_gpu_remapped_rows", gpu="2", type="uncorrectable") == rows["uncorrectable"] + 1
+    assert value(s, "gpumon_gpu_health", gpu="2", state="unhealthy") == 1
+    reasons = {dict(ls)["reason"] for ls in select(s, "gpumon_gpu_health_info", gpu="2")}
+    assert {"EccUncorrectable", "RowRemapFailure"} <= reasons
+    assert value(s, "gpumon_gpu_memory_total_bytes", gpu="2") == node.configs[2]["memory"]["total_bytes"]
+    assert value(s, "DCGM_FI_DEV_XID_ERRORS", gpu="2") == 48
+    assert (value(s, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", gpu="2") or 0) > 0
+
+
+# -- no library, or one that will not load --------------------------------------------------------
+
+
+def test_no_library_or_a_broken_one_keeps_the_exporter_serving(mock: MockNvml, tmp_path: Path) -> None:
+    """Without libnvidia-ml.so.1 on the loader path, and with a file of that name that is not a
+    shared library: the exporter serves its own metrics with NVML down, keeps retrying, and
+    says in its log which of the two it is."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "libnvidia-ml.so.1").write_text("This is not an ELF shared object. " * 8)
+    env = {"GPUMON_PODS__ENABLED": "false"}
+    missing = Exporter(child_env(None, None, **env), tmp_path / "missing.log")
+    refused = Exporter(child_env(None, None, LD_LIBRARY_PATH=str(broken), **env), tmp_path / "refused.log")
+    with running(missing, refused):
+        for exporter, said in (
+            (missing, "libnvidia-ml.so.1 not found (no NVIDIA driver on this machine"),
+            (refused, "libnvidia-ml.so.1 is there but cannot be loaded"),
+        ):
+            s = exporter.until(
+                lambda s: (
+                    (value(s, "gpumon_exporter_errors_total", source="nvml.open", kind="unavailable") or 0)
+                    >= 2
+                ),
+                "NVML down, open retried",
+            )
+            assert value(s, "gpumon_exporter_nvml_up") == 0
+            assert select(s, "gpumon_gpu_info") == {}
+            assert exporter.get("/readyz")[0] == 503
+            assert said in exporter.log_text()
+        assert "invalid ELF header" in refused.log_text()
