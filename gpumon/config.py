@@ -2,8 +2,9 @@
 
 Sources, highest first: command-line flags > environment (``GPUMON_…``, nested with ``__``,
 e.g. ``GPUMON_SAMPLING__FAST_INTERVAL_SECONDS``) > YAML file (``--config``). Invalid input
-raises :class:`ConfigError`, whose message names every bad field; the CLI prints it and exits
-with code 2.
+raises :class:`ConfigError`, whose message names every bad field (and the file or variable a
+bad value came from); the CLI prints it and exits with code 2. Files are read by
+:mod:`gpumon.configfile`; numbers are :mod:`gpumon.configtypes`' ``Int``/``Float``.
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -28,15 +28,14 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gpumon.configfile import ConfigError as ConfigError
+from gpumon.configfile import read_yaml_mapping
+from gpumon.configtypes import Float, Int
 from gpumon.controller.pools import PoolConfig, unique_pool_names
 from gpumon.devices.model import HealthState
 
 DEFAULT_EXPORTER_PORT = 9842
 """Neither nvidia_gpu_exporter's 9835 nor dcgm-exporter's 9400 (docs/configuration.md)."""
-
-
-class ConfigError(Exception):
-    """Configuration that cannot be used; the message is meant for a person."""
 
 
 class _Section(BaseModel):
@@ -49,9 +48,9 @@ class LogConfig(_Section):
 
 
 class SamplingConfig(_Section):
-    fast_interval_seconds: float = Field(1.0, gt=0, le=3600)
-    slow_interval_seconds: float = Field(10.0, gt=0, le=86400)
-    call_timeout_seconds: float = Field(2.0, gt=0, le=60)
+    fast_interval_seconds: Float = Field(1.0, gt=0, le=3600)
+    slow_interval_seconds: Float = Field(10.0, gt=0, le=86400)
+    call_timeout_seconds: Float = Field(2.0, gt=0, le=60)
 
     @model_validator(mode="after")
     def _slow_not_faster(self) -> SamplingConfig:
@@ -61,11 +60,11 @@ class SamplingConfig(_Section):
 
 
 class HealthConfig(_Section):
-    xid_overrides: dict[int, HealthState] = Field(default_factory=dict)
+    xid_overrides: dict[Int, HealthState] = Field(default_factory=dict)
     unknown_xid_state: HealthState = HealthState.DEGRADED
-    xid_window_seconds: float = Field(600.0, gt=0)
-    temperature_degraded_celsius: float = Field(87.0, gt=0, lt=200)
-    temperature_unhealthy_celsius: float = Field(95.0, gt=0, lt=200)
+    xid_window_seconds: Float = Field(600.0, gt=0)
+    temperature_degraded_celsius: Float = Field(87.0, gt=0, lt=200)
+    temperature_unhealthy_celsius: Float = Field(95.0, gt=0, lt=200)
 
     @model_validator(mode="after")
     def _ordered(self) -> HealthConfig:
@@ -75,9 +74,9 @@ class HealthConfig(_Section):
 
 
 class SimulationConfig(_Section):
-    gpus: int = Field(8, ge=1, le=64)
+    gpus: Int = Field(8, ge=1, le=64)
     model: str = "A100-SXM4-80GB"
-    seed: int = 0
+    seed: Int = 0
     scenario: Path | None = None
 
 
@@ -112,7 +111,7 @@ class PodsConfig(_Section):
     host_proc: Path = Path("/proc")
     resource_names: tuple[str, ...] = ("nvidia.com/gpu",)
     resource_prefixes: tuple[str, ...] = ("nvidia.com/mig-",)
-    max_series: int = Field(4096, ge=1)
+    max_series: Int = Field(4096, ge=1)
     api: bool = True
     # The gpushare device plugin's --memory-unit: what one aliyun.com/gpu-mem unit means.
     gpushare_memory_unit: Literal["GiB", "MiB"] = "GiB"
@@ -131,7 +130,7 @@ class _Settings(BaseSettings):
 class ExporterConfig(_Settings):
     node_name: str = Field(default_factory=_default_node_name, min_length=1)
     listen_address: str = "0.0.0.0"
-    port: int = Field(DEFAULT_EXPORTER_PORT, ge=0, le=65535)
+    port: Int = Field(DEFAULT_EXPORTER_PORT, ge=0, le=65535)
     metrics_profile: Literal["native", "dcgm", "both"] = "native"
     backend: Literal["nvml", "simulated"] = "nvml"
     nvml_library: Path | None = None
@@ -166,34 +165,56 @@ class _YamlSource(PydanticBaseSettingsSource):
         return self._data
 
 
-def read_yaml_file(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"config file {path} is not valid YAML{where}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping at the top level")
-    return data
+Loc = tuple[int | str, ...]
 
 
-def format_validation_error(err: ValidationError, prefix: str = "") -> str:
+def format_validation_error(
+    err: ValidationError, prefix: str = "", origin: Callable[[Loc], str | None] | None = None
+) -> str:
+    """One line per bad field; ``origin`` says where a field's value came from, when known."""
     lines = []
     for e in err.errors(include_url=False):
         loc = ".".join(str(p) for p in (*([prefix] if prefix else []), *e["loc"]))
         msg = e["msg"].removeprefix("Value error, ")
-        shown = ""
+        notes = []
         if "input" in e and not isinstance(e["input"], dict | list) and e["type"] != "missing":
-            shown = f" (got {e['input']!r})"
+            notes.append(f"got {e['input']!r}")
+        source = origin(e["loc"]) if origin is not None else None
+        if source:
+            notes.append(source)
+        shown = f" ({'; '.join(notes)})" if notes else ""
         lines.append(f"  {loc or '(top level)'}: {msg}{shown}")
     return "invalid configuration:\n" + "\n".join(lines)
+
+
+def _holds(data: Any, loc: Loc) -> bool:
+    for part in loc:
+        try:
+            data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return False
+    return True
+
+
+def _origin_finder(
+    flags: Mapping[str, Any], config_file: Path | None, file_data: Any
+) -> Callable[[Loc], str | None]:
+    """Where a bad value came from, by precedence: a flag (said by its field name alone), a
+    ``GPUMON_…`` variable, else the config file, so a message can name the file to fix."""
+    env = {name.upper() for name in os.environ}
+
+    def origin(loc: Loc) -> str | None:
+        if _holds(flags, loc):
+            return None
+        for i in range(len(loc), 0, -1):
+            name = "GPUMON_" + "__".join(str(p) for p in loc[:i]).upper()
+            if name in env:
+                return f"from ${name}"
+        if config_file is not None and _holds(file_data, loc):
+            return f"from config file {config_file}"
+        return None
+
+    return origin
 
 
 def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
@@ -210,7 +231,7 @@ def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
 
 def load(model: type[S], *, flags: Mapping[str, Any] | None = None, config_file: Path | None = None) -> S:
     """Build ``model`` from flags > environment > YAML file, or raise :class:`ConfigError`."""
-    file_data = read_yaml_file(config_file) if config_file is not None else {}
+    file_data = read_yaml_mapping(config_file, "config file") if config_file is not None else {}
 
     class _Loaded(model):  # type: ignore[valid-type,misc]
         @classmethod
@@ -224,12 +245,14 @@ def load(model: type[S], *, flags: Mapping[str, Any] | None = None, config_file:
         ) -> tuple[PydanticBaseSettingsSource, ...]:
             return (init_settings, env_settings, _YamlSource(settings_cls, file_data))
 
+    nested = nest(flags or {})
     try:
-        loaded = _Loaded(**nest(flags or {}))
+        loaded = _Loaded(**nested)
         # Hand back the declared type, not the loader subclass.
         return cast(S, model.model_construct(_fields_set=loaded.model_fields_set, **dict(loaded)))
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e)) from None
+        origin = _origin_finder(nested, config_file, file_data)
+        raise ConfigError(format_validation_error(e, origin=origin)) from None
     except ValueError as e:  # malformed environment values (e.g. bad JSON in a nested var)
         raise ConfigError(f"invalid configuration: {e}") from None
 
@@ -250,8 +273,8 @@ def _default_identity() -> str:
 
 class PrometheusSignalsConfig(_Section):
     url: str = "http://prometheus-operated.monitoring.svc:9090"
-    timeout_seconds: float = Field(5.0, gt=0, le=120)
-    retries: int = Field(2, ge=0, le=10)
+    timeout_seconds: Float = Field(5.0, gt=0, le=120)
+    retries: Int = Field(2, ge=0, le=10)
     node_label: str = Field("node", min_length=1)
     bearer_token_file: Path | None = None
 
@@ -260,22 +283,22 @@ class DirectSignalsConfig(_Section):
     # Exporter pods are found by namespace and label selector...
     namespace: str = "gpumon-system"
     label_selector: str = "app.kubernetes.io/name=gpumon-exporter"
-    port: int = Field(DEFAULT_EXPORTER_PORT, ge=1, le=65535)
+    port: Int = Field(DEFAULT_EXPORTER_PORT, ge=1, le=65535)
     scheme: Literal["http", "https"] = "http"
     # ...unless given here: node name -> exporter base URL (tests, the demo, exporters off-cluster).
     endpoints: dict[str, str] = Field(default_factory=dict)
-    heartbeat_seconds: float = Field(10.0, ge=0.1, le=300)
-    poll_interval_seconds: float = Field(5.0, gt=0, le=3600)
-    timeout_seconds: float = Field(5.0, gt=0, le=120)
-    max_concurrency: int = Field(32, ge=1, le=1024)
+    heartbeat_seconds: Float = Field(10.0, ge=0.1, le=300)
+    poll_interval_seconds: Float = Field(5.0, gt=0, le=3600)
+    timeout_seconds: Float = Field(5.0, gt=0, le=120)
+    max_concurrency: Int = Field(32, ge=1, le=1024)
     bearer_token_file: Path | None = None
 
 
 class SignalsConfig(_Section):
     source: Literal["prometheus", "direct"] = "prometheus"
     # Prometheus query cadence; with direct signals, transitions are pushed as they happen.
-    interval_seconds: float = Field(10.0, gt=0, le=3600)
-    stale_after_seconds: float = Field(60.0, gt=0)
+    interval_seconds: Float = Field(10.0, gt=0, le=3600)
+    stale_after_seconds: Float = Field(60.0, gt=0)
     prometheus: PrometheusSignalsConfig = Field(default_factory=PrometheusSignalsConfig)
     direct: DirectSignalsConfig = Field(default_factory=DirectSignalsConfig)
 
@@ -285,9 +308,9 @@ class PolicyConfig(_Section):
     # Inline rules, validated (with the rules file's) by gpumon.controller.rules.
     rules: list[dict[str, Any]] = Field(default_factory=list)
     builtin_rules: bool = True
-    recover_after_seconds: float = Field(900.0, ge=0)
-    flap_window_seconds: float = Field(3600.0, gt=0)
-    flap_max_onsets: int = Field(3, ge=2)
+    recover_after_seconds: Float = Field(900.0, ge=0)
+    flap_window_seconds: Float = Field(3600.0, gt=0)
+    flap_max_onsets: Int = Field(3, ge=2)
     # Xid classes and overrides, Xid window and thermal limits: the exporter's knobs, reused.
     health: HealthConfig = Field(default_factory=HealthConfig)
 
@@ -299,33 +322,33 @@ class QuarantineConfig(_Section):
 class DrainConfig(_Section):
     enabled: bool = True
     on_degraded: bool = False
-    deadline_seconds: float = Field(600.0, gt=0)
+    deadline_seconds: Float = Field(600.0, gt=0)
     escalation: Literal["report", "delete"] = "report"
-    retry_initial_seconds: float = Field(5.0, gt=0)
-    retry_max_seconds: float = Field(60.0, gt=0)
+    retry_initial_seconds: Float = Field(5.0, gt=0)
+    retry_max_seconds: Float = Field(60.0, gt=0)
     gpu_resource_names: tuple[str, ...] = ("nvidia.com/gpu",)
     gpu_resource_prefixes: tuple[str, ...] = ("nvidia.com/mig-",)
 
 
 class BreakerConfig(_Section):
     enabled: bool = True
-    min_nodes: int = Field(2, ge=1)
-    max_fraction: float = Field(0.2, gt=0, le=1)
-    window_seconds: float = Field(3600.0, gt=0)
+    min_nodes: Int = Field(2, ge=1)
+    max_fraction: Float = Field(0.2, gt=0, le=1)
+    window_seconds: Float = Field(3600.0, gt=0)
     pool_label: str = Field("gpumon.io/pool", min_length=1)
 
 
 class RateLimitConfig(_Section):
-    max_quarantines: int = Field(5, ge=1)
-    window_seconds: float = Field(600.0, gt=0)
+    max_quarantines: Int = Field(5, ge=1)
+    window_seconds: Float = Field(600.0, gt=0)
 
 
 class LeaderConfig(_Section):
     enabled: bool = True
     lease_name: str = Field("gpumon-controller", min_length=1)
-    lease_duration_seconds: float = Field(15.0, ge=1)
-    renew_deadline_seconds: float = Field(10.0, gt=0)
-    retry_period_seconds: float = Field(2.0, gt=0)
+    lease_duration_seconds: Float = Field(15.0, ge=1)
+    renew_deadline_seconds: Float = Field(10.0, gt=0)
+    retry_period_seconds: Float = Field(2.0, gt=0)
 
     @model_validator(mode="after")
     def _ordered(self) -> LeaderConfig:
@@ -345,7 +368,7 @@ class ControllerConfig(_Settings):
     state_configmap: str = Field("gpumon-controller", min_length=1)
     kubeconfig: Path | None = None
     listen_address: str = "0.0.0.0"
-    port: int = Field(DEFAULT_CONTROLLER_PORT, ge=0, le=65535)
+    port: Int = Field(DEFAULT_CONTROLLER_PORT, ge=0, le=65535)
     # Label selector of the nodes the controller manages ("" = all).
     node_selector: str = ""
     signals: SignalsConfig = Field(default_factory=SignalsConfig)

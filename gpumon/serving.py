@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
+import socket
 import ssl
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+
+from gpumon.configfile import field_error
 
 log = logging.getLogger(__name__)
 
@@ -24,26 +28,70 @@ def metrics_url(addresses: list[Any], *, tls: bool = False) -> str:
     return f"{'https' if tls else 'http'}://{host}:{port}/metrics"
 
 
+def bind(address: str, port: int) -> list[socket.socket]:
+    """Listening sockets for every address ``address`` resolves to, as asyncio would open them.
+
+    An address that does not resolve or cannot be bound, or a port in use, is the user's
+    setting: a :class:`ConfigError` naming ``listen_address`` or ``port`` and the value."""
+    try:
+        infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError, ValueError) as e:  # UnicodeError: a label IDNA cannot encode
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise field_error("listen_address", f"cannot resolve {address!r}: {reason}") from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, sockaddr in dict.fromkeys(infos):
+            try:
+                sock = socket.socket(family, kind, proto)
+            except OSError:  # a family this kernel lacks (IPv6 off): asyncio skips it too
+                continue
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(sockaddr)
+            sock.listen(128)
+            sock.setblocking(False)
+    except OSError as e:
+        for sock in sockets:
+            sock.close()
+        # In use, or below 1024 without the privilege: the port's fault; anything else (an
+        # address not on this host, a family the kernel lacks) is the address's.
+        if e.errno in (errno.EADDRINUSE, errno.EACCES):
+            raise field_error("port", f"cannot listen on port {port} of {address}: {e.strerror}") from None
+        raise field_error(
+            "listen_address", f"cannot listen on {address} (port {port}): {e.strerror}"
+        ) from None
+    if not sockets:
+        raise field_error("listen_address", f"cannot listen on {address}: no usable address family")
+    return sockets
+
+
 async def serve_until_signalled(
-    app: web.Application,
+    build_app: Callable[[], web.Application],
     address: str,
     port: int,
     *,
     ssl_context: ssl.SSLContext | None = None,
     on_listening: Callable[[str], None],
 ) -> int:
-    """Run ``app`` on ``address:port``; 0 after a clean stop, 1 when the port cannot be bound.
+    """Run the app ``build_app`` makes on ``address:port`` until SIGTERM or SIGINT, then 0.
 
-    ``on_listening`` gets the /metrics URL once the socket is open (port 0 picks a free one)."""
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5)
-    await runner.setup()
+    The sockets are bound before the app is built, so a bad address or a port in use is
+    reported (:func:`bind`) before a session is opened or a sampler, an informer or a leader
+    election has begun. ``on_listening`` gets the /metrics URL once the socket is open (port 0
+    picks a free one)."""
+    sockets = bind(address, port)
     try:
-        site = web.TCPSite(runner, address, port, ssl_context=ssl_context)
-        try:
-            await site.start()
-        except OSError as e:
-            log.error("cannot listen on %s:%s: %s", address, port, e.strerror or e)
-            return 1
+        runner = web.AppRunner(build_app(), handle_signals=False, access_log=None, shutdown_timeout=5)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    try:
+        await runner.setup()
+        for sock in sockets:
+            await web.SockSite(runner, sock, ssl_context=ssl_context).start()
         on_listening(metrics_url(runner.addresses, tls=ssl_context is not None))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -54,3 +102,5 @@ async def serve_until_signalled(
         return 0
     finally:
         await runner.cleanup()
+        for sock in sockets:  # those no site took over (closing twice is harmless)
+            sock.close()

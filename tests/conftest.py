@@ -1,5 +1,6 @@
-"""Test tiers by folder: tests/unit -> `unit`, tests/build -> `build`, tests/nvml -> `nvml`, tests/prometheus ->
-`prometheus`, tests/cluster -> `cluster`, tests/e2e -> `e2e`. Run one tier with `-m NAME`."""
+"""Test tiers by folder: tests/unit -> `unit`, tests/build -> `build`, tests/nvml -> `nvml`,
+tests/prometheus -> `prometheus`, tests/cluster -> `cluster`, tests/e2e -> `e2e`. Run one tier
+with `-m NAME`."""
 
 from __future__ import annotations
 

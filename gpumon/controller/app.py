@@ -21,7 +21,8 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from gpumon.config import ConfigError, ControllerConfig
+from gpumon.config import ControllerConfig
+from gpumon.configfile import read_config_text
 from gpumon.controller.backoff import Backoff
 from gpumon.controller.breaker import SafetyPolicy
 from gpumon.controller.cluster import Informer
@@ -108,13 +109,8 @@ def build_settings(config: ControllerConfig, policy: Policy) -> Settings:
     )
 
 
-def _read_token(path: Path | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        return path.read_text().strip()
-    except OSError as e:
-        raise ConfigError(f"cannot read token file {path}: {e.strerror or e}") from None
+def _read_token(path: Path | None, field: str) -> str | None:
+    return None if path is None else read_config_text(path, "token file", field=field).strip()
 
 
 def _exporter_endpoint(port: int, scheme: str) -> Callable[[Mapping[str, Any]], tuple[str, str] | None]:
@@ -261,9 +257,16 @@ def make_app(
     if config.signals.source == "direct" and not config.signals.direct.endpoints:
         d = config.signals.direct
         endpoints = DiscoveredEndpoints(api, d.namespace, d.label_selector, d.port, d.scheme)
+    s = config.signals
+    # Read before the session opens: a bad token file must not leave it unclosed.
+    bearer_token = (
+        _read_token(s.prometheus.bearer_token_file, "signals.prometheus.bearer_token_file")
+        if s.source == "prometheus"
+        else _read_token(s.direct.bearer_token_file, "signals.direct.bearer_token_file")
+    )
     # Exporter streams are many and long-lived: no pool limit; snapshot fetches have their own.
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-    source = _build_source(config, policy, endpoints, session, metrics, wall_clock)
+    source = _build_source(config, policy, endpoints, session, metrics, wall_clock, bearer_token)
     reconciler = Reconciler(
         api=api,
         nodes=nodes,
@@ -340,6 +343,7 @@ def _build_source(
     session: aiohttp.ClientSession,
     metrics: ControllerMetrics,
     wall_clock: Callable[[], float],
+    bearer_token: str | None,
 ) -> SignalSource:
     s = config.signals
     window = config.policy.health.xid_window_seconds
@@ -357,7 +361,7 @@ def _build_source(
                 retries=p.retries,
                 xid_window_seconds=window,
                 node_label=p.node_label,
-                bearer_token=_read_token(p.bearer_token_file),
+                bearer_token=bearer_token,
             ),
             policy.rules,
             session,
@@ -371,7 +375,7 @@ def _build_source(
             poll_interval_seconds=d.poll_interval_seconds,
             timeout_seconds=d.timeout_seconds,
             max_concurrency=d.max_concurrency,
-            bearer_token=_read_token(d.bearer_token_file),
+            bearer_token=bearer_token,
         ),
         endpoints if endpoints is not None else StaticEndpoints(d.endpoints),
         session,

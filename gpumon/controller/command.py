@@ -80,7 +80,7 @@ async def _serve(config: ControllerConfig) -> int:
     api = await connect(config.kubeconfig)
     try:
         return await serve_until_signalled(
-            make_app(config, api),
+            lambda: make_app(config, api),
             config.listen_address,
             config.port,
             on_listening=lambda url: log.info(

@@ -10,12 +10,16 @@ so that caches stay small and fast. Errors are typed by status: :class:`Conflict
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gpumon.configfile import ConfigError, field_error, read_yaml_mapping
 
 Json = dict[str, Any]
 
@@ -167,20 +171,74 @@ class ApiClientKube:
             resp.release()
 
 
+class _Named(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+
+
+class _KubeconfigShape(BaseModel):
+    """Only what the library indexes without checking (it fails with a bare TypeError)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    clusters: list[_Named] | None = None
+    contexts: list[_Named] | None = None
+    users: list[_Named] | None = None
+
+
+def _check_kubeconfig(path: Path) -> None:
+    data = read_yaml_mapping(path, "kubeconfig", allow_empty=False)
+    try:
+        _KubeconfigShape.model_validate(data)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        at = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"kubeconfig {path} is not usable: {at}: {first['msg']}") from None
+
+
+def _default_kubeconfig() -> tuple[str, Path | None]:
+    """$KUBECONFIG or ~/.kube/config, and the one file to check (none when $KUBECONFIG lists
+    several, which the library merges: those it checks alone)."""
+    from kubernetes_asyncio.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION
+
+    location = str(KUBE_CONFIG_DEFAULT_LOCATION)
+    return location, Path(os.path.expanduser(location)) if os.pathsep not in location else None
+
+
 async def connect(kubeconfig: Path | None = None, context: str | None = None) -> ApiClientKube:
-    """Credentials from ``kubeconfig`` (or $KUBECONFIG / ~/.kube/config), else in-cluster."""
+    """Credentials from ``kubeconfig`` (or $KUBECONFIG / ~/.kube/config), else in-cluster.
+
+    A kubeconfig that cannot be used is a :class:`ConfigError` naming it and the field
+    ``kubeconfig``. Nothing here talks to the API server: an unreachable one is found (and
+    survived) later."""
     from kubernetes_asyncio import client, config
 
     configuration = client.Configuration()
-    if kubeconfig is not None:
-        await config.load_kube_config(
-            config_file=str(kubeconfig), context=context, client_configuration=configuration
-        )
-    else:
+    path, location, why = kubeconfig, str(kubeconfig), ""
+    if kubeconfig is None:
         try:
             config.load_incluster_config(client_configuration=configuration)
+            return ApiClientKube(client.ApiClient(configuration))
         except config.ConfigException:
-            await config.load_kube_config(context=context, client_configuration=configuration)
+            location, path = _default_kubeconfig()
+            why = "not in a cluster, and "
+    try:
+        if path is not None:
+            # Through the config reader first: the library would log a missing file and then
+            # fail with a TypeError, and would block on a FIFO.
+            _check_kubeconfig(path)
+        await config.load_kube_config(
+            config_file=str(kubeconfig) if kubeconfig is not None else None,
+            context=context,
+            client_configuration=configuration,
+        )
+    except ConfigError as e:
+        raise field_error("kubeconfig", f"{why}{e}") from None
+    except (config.ConfigException, TypeError, ValueError, KeyError, AttributeError) as e:
+        # The library's messages start "Invalid kube-config file."; the rest says what is wrong.
+        detail = str(e).removeprefix("Invalid kube-config file.").strip() or type(e).__name__
+        raise field_error("kubeconfig", f"{why}kubeconfig {location} is not usable: {detail}") from None
     return ApiClientKube(client.ApiClient(configuration))
 
 

@@ -17,10 +17,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpumon.configtypes import Float, Int, NoBool
 from gpumon.controller import contract as c
 from gpumon.controller.demand import SharedCards, Template, milli
 from gpumon.controller.objects import LabelSelector, Requirement, Taint, from_rfc3339
@@ -75,13 +76,13 @@ class SharedGpusConfig(_Model):
     """gpushare/cGPU: the node's GPUs are split by memory (``aliyun.com/gpu-mem`` units per
     card, GiB by default) and core percentage (100 per card)."""
 
-    cards: int = Field(..., ge=1, le=64)
-    memory_per_card: int = Field(..., ge=1)
+    cards: Int = Field(..., ge=1, le=64)
+    memory_per_card: Int = Field(..., ge=1)
 
 
 class TemplateConfig(_Model):
     # Allocatable resources of one node, as quantities: {"nvidia.com/gpu": 8, "cpu": "96", ...}.
-    resources: dict[str, str | int] = Field(default_factory=dict)
+    resources: dict[str, Annotated[str | int, NoBool]] = Field(default_factory=dict)
     shared_gpus: SharedGpusConfig | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     taints: list[TaintConfig] = Field(default_factory=list)
@@ -108,15 +109,15 @@ class PoolConfig(_Model):
     node_selector: str = Field(..., min_length=1)
     template: TemplateConfig
     # None: taken from cluster-autoscaler's annotations when allow_cluster_autoscaler is set.
-    min_replicas: int | None = Field(None, ge=0)
-    max_replicas: int | None = Field(None, ge=0)
-    max_step: int = Field(10, ge=1)
-    scale_up_cooldown_seconds: float = Field(0.0, ge=0)
-    scale_down_cooldown_seconds: float = Field(300.0, ge=0)
-    scale_down_unneeded_seconds: float = Field(600.0, ge=0)
-    scale_down_drain_timeout_seconds: float = Field(600.0, gt=0)
-    arriving_timeout_seconds: float = Field(900.0, gt=0)
-    headroom_nodes: int = Field(0, ge=0)
+    min_replicas: Int | None = Field(None, ge=0)
+    max_replicas: Int | None = Field(None, ge=0)
+    max_step: Int = Field(10, ge=1)
+    scale_up_cooldown_seconds: Float = Field(0.0, ge=0)
+    scale_down_cooldown_seconds: Float = Field(300.0, ge=0)
+    scale_down_unneeded_seconds: Float = Field(600.0, ge=0)
+    scale_down_drain_timeout_seconds: Float = Field(600.0, gt=0)
+    arriving_timeout_seconds: Float = Field(900.0, gt=0)
+    headroom_nodes: Int = Field(0, ge=0)
     replace_quarantined: bool = True
     allow_cluster_autoscaler: bool = False
 

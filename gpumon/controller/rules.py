@@ -30,7 +30,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from gpumon.config import ConfigError, read_yaml_file
+from gpumon.configfile import ConfigError, read_yaml_mapping
+from gpumon.configtypes import Float, Int, NoBool
 from gpumon.controller.policy import Op, Rule, Scope
 from gpumon.controller.signals import Signal
 from gpumon.controller.verdicts import Severity
@@ -55,7 +56,7 @@ def parse_duration(value: Any) -> Any:
     return value
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+Duration = Annotated[Float, BeforeValidator(parse_duration), Field(ge=0)]
 
 _BOOLEAN_SIGNALS = frozenset({Signal.ROW_REMAP_FAILURE, Signal.GPU_LOST})
 _THRESHOLD_REQUIRED = frozenset({Signal.TEMPERATURE, Signal.MEMORY_UTILIZATION, Signal.PROMQL})
@@ -70,14 +71,14 @@ class RuleModel(BaseModel):
     severity: Severity
     op: Op = Op.GE
     # A number, or for exporter_health a state name (degraded, unhealthy, lost).
-    threshold: float | str | None = None
+    threshold: Annotated[float | str | None, NoBool] = None
     for_: Duration = Field(0.0, alias="for")
     recover_after: Duration | None = Field(None, alias="recoverAfter")
     scope: Scope = Scope.GPU
     # A Kubernetes condition reason: CamelCase.
     reason: str | None = Field(None, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=128)
     action: str | None = Field(None, min_length=1)
-    xids: list[Annotated[int, Field(ge=1)]] | None = Field(None, min_length=1)
+    xids: list[Annotated[Int, Field(ge=1)]] | None = Field(None, min_length=1)
     query: str | None = Field(None, min_length=1)
     node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
     pools: list[str] | None = Field(None, min_length=1)
@@ -199,7 +200,7 @@ def _entries(raw: Any, where: str) -> list[tuple[dict[str, Any], str]]:
 
 
 def read_rules_file(path: Path) -> list[tuple[dict[str, Any], str]]:
-    data = read_yaml_file(path)
+    data = read_yaml_mapping(path, "rules file", field="policy.rules_file")
     unknown = set(data) - {"rules"}
     if unknown:
         raise ConfigError(f"rules file {path}: unknown top-level keys {sorted(unknown)} (expected 'rules')")

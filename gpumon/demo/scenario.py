@@ -12,10 +12,10 @@ import importlib.resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gpumon.config import ConfigError, format_validation_error, read_yaml_file
+from gpumon.config import ConfigError, format_validation_error
+from gpumon.configfile import parse_yaml, read_yaml_mapping
 from gpumon.devices.simulated import SimulationError, parse_fault
 
 DEFAULT_NAME = "default.yaml"
@@ -94,8 +94,11 @@ class Step(_Model):
 
     @model_validator(mode="after")
     def _one_action(self) -> Step:
-        actions = [a for a, on in (("inject", self.inject), ("clear", self.clear),
-                                   ("scale", self.scale is not None)) if on]
+        actions = [
+            a
+            for a, on in (("inject", self.inject), ("clear", self.clear), ("scale", self.scale is not None))
+            if on
+        ]
         if len(actions) > 1:
             raise ValueError(f"a step does one thing; this one has {', '.join(actions)}")
         return self
@@ -111,8 +114,10 @@ class Scenario(_Model):
     def _consistent(self) -> Scenario:
         f, w = self.fleet, self.workload
         if w.gpus_per_pod > f.gpus_per_node:
-            raise ValueError(f"workload.gpus_per_pod ({w.gpus_per_pod}) exceeds fleet.gpus_per_node "
-                             f"({f.gpus_per_node}): no node could run a pod")
+            raise ValueError(
+                f"workload.gpus_per_pod ({w.gpus_per_pod}) exceeds fleet.gpus_per_node "
+                f"({f.gpus_per_node}): no node could run a pod"
+            )
         names = [s.name for s in self.steps]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -122,8 +127,9 @@ class Scenario(_Model):
             broken |= s.inject is not None
             needs = "clear" if s.clear else s.expect.value
             if needs in ("clear", Expect.QUARANTINED, Expect.RECOVERED) and not broken:
-                raise ValueError(f"steps.{i} ({s.name}): {needs} needs an earlier step (or this one) "
-                                 "to inject a fault")
+                raise ValueError(
+                    f"steps.{i} ({s.name}): {needs} needs an earlier step (or this one) to inject a fault"
+                )
         return self
 
     def with_pool_nodes(self, n: int) -> Scenario:
@@ -142,5 +148,5 @@ def load(path: Path | None) -> Scenario:
     """The scenario in ``path``, or the embedded default; :class:`ConfigError` when invalid."""
     if path is None:
         text = importlib.resources.files(__package__).joinpath(DEFAULT_NAME).read_text()
-        return parse(yaml.safe_load(text), f"(embedded {DEFAULT_NAME})")
-    return parse(read_yaml_file(path), str(path))
+        return parse(parse_yaml(text, f"scenario (embedded {DEFAULT_NAME})"), f"(embedded {DEFAULT_NAME})")
+    return parse(read_yaml_mapping(path, "scenario file"), str(path))

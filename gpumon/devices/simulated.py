@@ -31,7 +31,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from gpumon.config import ConfigError, format_validation_error, read_yaml_file
+from gpumon.config import ConfigError, format_validation_error
+from gpumon.configfile import read_yaml_mapping
+from gpumon.configtypes import Float, Int
 from gpumon.devices.backend import BackendUnavailable, GpuLostError
 from gpumon.devices.model import (
     DriverInfo,
@@ -233,21 +235,21 @@ def _stated_load(processes: Sequence[SimProcess]) -> _Load:
 class _Fault(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gpu: int = Field(ge=0)
+    gpu: Int = Field(ge=0)
 
 
 class XidFault(_Fault):
     """Deliver one Xid event."""
 
     fault: Literal["xid"]
-    code: int = Field(ge=1, le=999)
+    code: Int = Field(ge=1, le=999)
 
 
 class EccFault(_Fault):
     """Uncorrectable (double-bit) ECC errors, delivered with Xid 48 as the driver does."""
 
     fault: Literal["ecc"]
-    count: int = Field(1, ge=1)
+    count: Int = Field(1, ge=1)
 
 
 class RemapFault(_Fault):
@@ -266,14 +268,14 @@ class OverheatFault(_Fault):
     """Temperature held at ``celsius`` with thermal slowdown active and clocks halved."""
 
     fault: Literal["overheat"]
-    celsius: float = Field(97.0, gt=0, lt=200)
+    celsius: Float = Field(97.0, gt=0, lt=200)
 
 
 class SlowFault(_Fault):
     """Every read of this GPU blocks ``seconds`` (a hung driver call); cleared reads return at once."""
 
     fault: Literal["slow"]
-    seconds: float = Field(5.0, gt=0, le=3600)
+    seconds: Float = Field(5.0, gt=0, le=3600)
 
 
 class ClearFault(_Fault):
@@ -316,7 +318,7 @@ class TimedFault(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    at: float = Field(ge=0, description="seconds after the backend opened")
+    at: Float = Field(ge=0, description="seconds after the backend opened")
     spec: FaultSpec
 
     @model_validator(mode="before")
@@ -331,17 +333,17 @@ class TimedFault(BaseModel):
 class ScenarioProcess(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gpu: int = Field(ge=0)
-    pid: int = Field(gt=0)
+    gpu: Int = Field(ge=0)
+    pid: Int = Field(gt=0)
     name: str = "python"
-    used_memory_mib: int = Field(ge=0)
-    sm_share: float = Field(ge=0, le=1)
+    used_memory_mib: Int = Field(ge=0)
+    sm_share: Float = Field(ge=0, le=1)
 
 
 class ScenarioMig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gpu: int = Field(ge=0)
+    gpu: Int = Field(ge=0)
     profiles: tuple[str, ...] = Field(min_length=1)
 
 
@@ -361,11 +363,9 @@ class Scenario(BaseModel):
 
 def load_scenario(path: Path) -> Scenario:
     """Read and validate a scenario file; :class:`ConfigError` naming the bad entry otherwise."""
+    data = read_yaml_mapping(path, "scenario file", field="simulation.scenario")
     try:
-        data = read_yaml_file(path)
         return Scenario.model_validate(data)
-    except ConfigError as e:
-        raise ConfigError(f"invalid configuration:\n  simulation.scenario: {e}") from None
     except ValidationError as e:
         entries = format_validation_error(e).removeprefix("invalid configuration:\n")
         raise ConfigError(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kubernetes_asyncio.config import ConfigException
 
+from gpumon.configfile import ConfigError
 from gpumon.controller.kube import KubeError, Unreachable, connect
 from gpumon.doctor.result import CheckResult, Status
 
@@ -64,6 +65,8 @@ def gather(
 async def _list_pods(base: KubeFacts, timeout_seconds: float, kubeconfig: Path | None) -> KubeFacts:
     try:
         api = await connect(kubeconfig)
+    except ConfigError as e:
+        return replace(base, error_kind="no_credentials", error=e.brief)
     except (ConfigException, OSError) as e:
         return replace(base, error_kind="no_credentials", error=str(e) or type(e).__name__)
     try:

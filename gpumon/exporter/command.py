@@ -112,16 +112,36 @@ def build_backend(config: ExporterConfig, metrics: SelfMetrics) -> DeviceBackend
 def tls_context(config: ExporterConfig) -> ssl.SSLContext | None:
     import ssl
 
+    from gpumon.configfile import field_error, read_config_bytes
+
     tls = config.tls
     if tls.cert_file is None or tls.key_file is None:
         return None
+    # Each file is read first so that a missing or unreadable one is named: OpenSSL's own
+    # errors (errno, "PEM lib") do not say which of the two it was reading.
+    cert = read_config_bytes(tls.cert_file, "certificate", field="tls.cert_file")
+    read_config_bytes(tls.key_file, "private key", field="tls.key_file")
+    try:
+        if b"-----BEGIN CERTIFICATE-----" not in cert:
+            raise ValueError("no PEM certificate in it")
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cadata=cert.decode("ascii"))
+    except (ValueError, ssl.SSLError) as e:  # UnicodeDecodeError is a ValueError
+        raise field_error("tls.cert_file", f"cannot load {tls.cert_file}: {e}") from None
+
+    def no_passphrase() -> bytes:
+        # Without a callback OpenSSL would prompt on the terminal for an encrypted key.
+        raise field_error("tls.key_file", f"{tls.key_file} is encrypted; give an unencrypted key")
+
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
-        context.load_cert_chain(tls.cert_file, tls.key_file)
+        # The certificate parsed above, so what fails here is the key.
+        context.load_cert_chain(tls.cert_file, tls.key_file, password=no_passphrase)
     except (OSError, ssl.SSLError) as e:
-        raise ConfigError(
-            f"invalid configuration:\n  tls.cert_file: cannot load {tls.cert_file}: {e}"
-        ) from None
+        if isinstance(e, ssl.SSLError) and e.reason == "KEY_VALUES_MISMATCH":
+            detail = f"{tls.key_file} is not the key of {tls.cert_file}"
+        else:
+            detail = f"cannot load {tls.key_file}: {e}"
+        raise field_error("tls.key_file", detail) from None
     return context
 
 
@@ -168,7 +188,7 @@ async def _serve(app: web.Application, config: ExporterConfig, ssl_context: ssl.
 
     log = logging.getLogger(__name__)
     return await serve_until_signalled(
-        app,
+        lambda: app,
         config.listen_address,
         config.port,
         ssl_context=ssl_context,

@@ -28,6 +28,7 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry
 
 from gpumon.config import AuthConfig, ConfigError, ExporterConfig
+from gpumon.configfile import read_config_bytes
 from gpumon.devices.backend import DeviceBackend
 from gpumon.devices.model import Snapshot
 from gpumon.devices.simulated import FAULT_KINDS, SimulatedBackend, SimulationError, parse_fault
@@ -108,11 +109,9 @@ class Authenticator:
         if self.token_file is None:
             return
         try:
-            token = self.token_file.read_bytes().strip()
-        except OSError as e:
-            raise ConfigError(
-                f"auth.bearer_token_file: cannot read {self.token_file}: {e.strerror or e}"
-            ) from None
+            token = read_config_bytes(self.token_file, "bearer token file").strip()
+        except ConfigError as e:
+            raise ConfigError(f"auth.bearer_token_file: {e}") from None
         if not token:
             raise ConfigError(f"auth.bearer_token_file: {self.token_file} is empty")
         self.token = token

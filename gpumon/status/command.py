@@ -169,6 +169,7 @@ async def _main(args: argparse.Namespace, config: ControllerConfig, node: str | 
     import aiohttp
     from kubernetes_asyncio.config import ConfigException
 
+    from gpumon.config import ConfigError
     from gpumon.controller.kube import KubeError, Unreachable, connect
     from gpumon.status.explain import build_explanation
     from gpumon.status.fleet import build_fleet
@@ -176,6 +177,8 @@ async def _main(args: argparse.Namespace, config: ControllerConfig, node: str | 
 
     try:
         api = await connect(config.kubeconfig, args.context)
+    except ConfigError as e:
+        return _fail(f"no Kubernetes credentials: {e.brief}")
     except (ConfigException, OSError) as e:
         return _fail(f"no Kubernetes credentials: {e}")
     src = sources(config, args)

@@ -87,7 +87,7 @@ def test_bad_files_exit_2_naming_the_field(capsys: pytest.CaptureFixture[str], t
         (["--bearer-token-file", missing], "auth.bearer_token_file: cannot read"),
         (
             ["--backend", "simulated", "--tls-cert-file", missing, "--tls-key-file", missing],
-            "tls.cert_file: cannot load",
+            "tls.cert_file: cannot read certificate",
         ),
     ]
     for argv, message in cases:
