@@ -15,9 +15,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pod_objects
 import pytest
 import yaml
-from fake_host_proc import cgroup_file, container_path, write_process
+from fake_host_proc import write_process
 from kubernetes_asyncio import client
 from podresources_server import FakeKubelet, pod_resources, serve, short_socket_dir
 from prometheus_client.parser import text_string_to_metric_families
@@ -58,13 +59,7 @@ def pod_manifest(name: str, node: str, uuids: list[str]) -> dict[str, Any]:
         annotations = {sharing.HAMI_ALLOCATED: f"{uuids[gpu]},NVIDIA,6144,30:;"}
     else:
         limits = {"nvidia.com/gpu": "1"}
-    return {
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {
-            "nodeName": node,
-            "containers": [{"name": container, "image": "cuda:12", "resources": {"limits": limits}}],
-        },
-    }
+    return pod_objects.pod_manifest(name, node, {container: limits}, annotations=annotations)
 
 
 def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -93,28 +88,18 @@ def free_port() -> int:
 
 
 async def test_shared_and_owned_gpus_then_deletion(
-    api: client.ApiClient, devcluster: DevCluster, tmp_path: Path
+    api: client.ApiClient, devcluster: DevCluster, make_nodes: NodeMaker, namespace: str, tmp_path: Path
 ) -> None:
     uuids = [d.uuid for d in _simulated_devices()]
     core = client.CoreV1Api(api)
-    (node,) = await NodeMaker(api, "e2e-attr")(1, NodeTemplate(gpus=4))
-    ns = "attribution"
-    await core.create_namespace({"metadata": {"name": ns}})
-    await eventually(lambda: _default_account(core, ns), what="default service account")
+    (node,) = await make_nodes(1, NodeTemplate(gpus=4))
 
-    # Pods bound to the node; once kwok runs them, the kubelet's part: container IDs in status.
-    container_ids = {name: f"{i + 1:x}" * 64 for i, name in enumerate(WORKLOAD)}
-    for name in WORKLOAD:
-        await core.create_namespaced_pod(ns, pod_manifest(name, node, uuids))
-    for name, cid in container_ids.items():
-        await eventually(lambda n=name: _running(core, ns, n), what=f"{name} Running")
-        await core.patch_namespaced_pod_status(name, ns, _status_with_id(WORKLOAD[name][0], cid))
-    uids = {p.metadata.name: p.metadata.uid for p in (await core.list_namespaced_pod(ns)).items}
-
+    # Pods bound to the node, Running under kwok, their containers' IDs in status; then the
+    # host's /proc, which names the pods by the UIDs the API server gave them.
+    pods = await pod_objects.run_pods(core, namespace, (pod_manifest(name, node, uuids) for name in WORKLOAD))
     host_proc = tmp_path / "proc"
-    for name, (_, pid, _, _, _) in WORKLOAD.items():
-        path = container_path("systemd", "containerd", "burstable", uids[name], container_ids[name])
-        write_process(host_proc, pid, cgroup_file(path, 2))
+    for name, (container, pid, _, _, _) in WORKLOAD.items():
+        pods[name].write_process(host_proc, pid, container)
     write_process(host_proc, HOST_PID, "0::/system.slice/xorg.service\n")
 
     scenario = tmp_path / "scenario.yaml"
@@ -127,7 +112,7 @@ async def test_shared_and_owned_gpus_then_deletion(
 
     kubelet = FakeKubelet()
     kubelet.pods = [
-        pod_resources(ns, name, {c: ({"nvidia.com/gpu": [uuids[gpu]]} if name == "owner" else {})})
+        pod_resources(namespace, name, {c: ({"nvidia.com/gpu": [uuids[gpu]]} if name == "owner" else {})})
         for name, (c, _, gpu, _, _) in WORKLOAD.items()
     ]
     with (
@@ -139,11 +124,11 @@ async def test_shared_and_owned_gpus_then_deletion(
         expected = {name: mib * MIB for name, (_, _, _, mib, _) in WORKLOAD.items()}
         series = await _until(
             url,
-            lambda s: pick(s, "gpumon_pod_gpu_memory_used_bytes", namespace=ns) == expected,
+            lambda s: pick(s, "gpumon_pod_gpu_memory_used_bytes", namespace=namespace) == expected,
             "pods' memory",
         )
-        used = pick(series, "gpumon_pod_gpu_memory_used_bytes", namespace=ns)
-        util = pick(series, "gpumon_pod_gpu_utilization_ratio", namespace=ns)
+        used = pick(series, "gpumon_pod_gpu_memory_used_bytes", namespace=namespace)
+        util = pick(series, "gpumon_pod_gpu_utilization_ratio", namespace=namespace)
         assert util == pytest.approx({name: sm for name, (_, _, _, _, sm) in WORKLOAD.items()})
         for gpu in range(3):
             on_gpu = {name for name, w in WORKLOAD.items() if w[2] == gpu}
@@ -157,12 +142,12 @@ async def test_shared_and_owned_gpus_then_deletion(
             "share-b",
         }
 
-        assert pick(series, "gpumon_pod_gpu_memory_allocated_bytes", namespace=ns) == {
+        assert pick(series, "gpumon_pod_gpu_memory_allocated_bytes", namespace=namespace) == {
             "share-a": 16 * GIB,
             "share-b": 24 * GIB,
             "hami": 6144 * MIB,
         }
-        assert pick(series, "gpumon_pod_gpu_core_allocated_ratio", namespace=ns) == {
+        assert pick(series, "gpumon_pod_gpu_core_allocated_ratio", namespace=namespace) == {
             "share-a": 0.40,
             "hami": 0.30,
         }
@@ -171,7 +156,7 @@ async def test_shared_and_owned_gpus_then_deletion(
             assert pick(series, "gpumon_exporter_pod_source_state", source=source, state="up") == {"": 1.0}
 
         # The owner pod is deleted: the API, the kubelet and the process all let go of it.
-        await core.delete_namespaced_pod("owner", ns, grace_period_seconds=0)
+        await core.delete_namespaced_pod("owner", namespace, grace_period_seconds=0)
         kubelet.pods = [p for p in kubelet.pods if p.name != "owner"]
         shutil.rmtree(host_proc / str(WORKLOAD["owner"][1]))
         started = asyncio.get_running_loop().time()
@@ -179,7 +164,7 @@ async def test_shared_and_owned_gpus_then_deletion(
             url, lambda s: not [k for k in s if dict(k[1]).get("pod") == "owner"], "owner's series gone"
         )
         gone_after = asyncio.get_running_loop().time() - started
-        assert set(pick(series, "gpumon_pod_gpu_memory_used_bytes", namespace=ns)) == {
+        assert set(pick(series, "gpumon_pod_gpu_memory_used_bytes", namespace=namespace)) == {
             "share-a",
             "share-b",
             "hami",
@@ -245,31 +230,3 @@ def _simulated_devices() -> Any:
         return backend.devices()
     finally:
         backend.close()
-
-
-async def _default_account(core: client.CoreV1Api, ns: str) -> bool | None:
-    accounts = await core.list_namespaced_service_account(ns)
-    return True if any(a.metadata.name == "default" for a in accounts.items) else None
-
-
-async def _running(core: client.CoreV1Api, ns: str, name: str) -> bool | None:
-    pod = await core.read_namespaced_pod(name, ns)
-    return True if pod.status.phase == "Running" else None
-
-
-def _status_with_id(container: str, cid: str) -> dict[str, Any]:
-    return {
-        "status": {
-            "containerStatuses": [
-                {
-                    "name": container,
-                    "containerID": f"containerd://{cid}",
-                    "image": "cuda:12",
-                    "imageID": "",
-                    "ready": True,
-                    "restartCount": 0,
-                    "state": {"running": {}},
-                }
-            ]
-        }
-    }

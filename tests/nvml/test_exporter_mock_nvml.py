@@ -8,15 +8,16 @@ deep-merged over the profile, re-read every ``MOCK_NVML_OVERRIDES_TTL``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pods_api
 import pytest
+import pytest_asyncio
 import yaml
-from fake_host_proc import cgroup_file, container_path, write_process
+from fake_host_proc import write_process
+from kubernetes_asyncio import client, config
 from nvml_mock import (
     A100_MIG,
     PROFILES,
@@ -34,13 +35,18 @@ from nvml_mock import (
     with_device,
     write_profile,
 )
+from pod_objects import RunningPod, create_namespace, pod_manifest, run_pods
 from podresources_server import FakeKubelet, pod_resources, serve, short_socket_dir
 
+from gpumon.devcluster import nodes
 from gpumon.devcluster.binaries import MockNvml
+from gpumon.devcluster.cluster import DevCluster
+from gpumon.devcluster.nodemaker import node_ready
+from gpumon.devcluster.waiting import eventually
 from gpumon.devices.model import CLOCK_EVENT_REASONS
 from gpumon.devices.nvml import canonical_bus_id
 
-NODE = "nvml-node"
+NODE = "nvml-node"  # every exporter's --node-name (nvml_mock.Exporter)
 
 
 def gpu_labels(series: Series, name: str, gpu: int) -> dict[frozenset[tuple[str, str]], float]:
@@ -164,6 +170,13 @@ WORKLOAD = [
 ]
 HOST_PID = 4999  # on GPU 0, outside any pod
 NAMESPACE = "ml"
+# pod -> (its one container, that container's limits); the kubelet's allocations below match.
+PODS = {
+    "trainer": ("main", {"nvidia.com/gpu": "1"}),
+    "notebook": ("jupyter", {"nvidia.com/gpu": "1"}),
+    "idle": ("app", {"nvidia.com/gpu": "1"}),
+    "mig-user": ("app", {"nvidia.com/mig-1g.5gb": "1"}),
+}
 
 
 @dataclass
@@ -181,8 +194,37 @@ class Node:
         staged.replace(self.overrides)
 
 
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def pods(devcluster: DevCluster) -> AsyncIterator[dict[str, RunningPod]]:
+    """The node's pods in the session's API server: a kwok node named as the exporter's
+    ``--node-name``, and PODS running on it with their containers' IDs in status."""
+    cfg = client.Configuration()
+    await config.load_kube_config(config_file=str(devcluster.kubeconfig), client_configuration=cfg)
+    async with client.ApiClient(cfg) as api:
+        core = client.CoreV1Api(api)
+        await core.create_node(nodes.manifest(NODE, nodes.NodeTemplate(gpus=8)))
+        try:
+            await eventually(lambda: node_ready(core, NODE), what=f"node {NODE} Ready")
+            await create_namespace(core, NAMESPACE)
+            try:
+                yield await run_pods(
+                    core,
+                    NAMESPACE,
+                    (pod_manifest(name, NODE, {c: limits}) for name, (c, limits) in PODS.items()),
+                )
+            finally:
+                await core.delete_namespace(NAMESPACE)
+        finally:
+            await core.delete_node(NODE)
+
+
 @pytest.fixture(scope="module")
-def node(mock: MockNvml, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+def node(
+    mock: MockNvml,
+    devcluster: DevCluster,
+    pods: dict[str, RunningPod],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Node]:
     tmp = tmp_path_factory.mktemp("node")
     a100 = load_profile(mock, "a100")
     procs: dict[int, list[dict[str, Any]]] = {}
@@ -198,14 +240,10 @@ def node(mock: MockNvml, tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
     configs = device_configs(profile)
     uuids = [c["uuid"] for c in configs]
 
-    # Pod UIDs and container IDs, as the API and the host's /proc know them.
-    pods = {"trainer": ("main", 0), "notebook": ("jupyter", 4), "idle": ("app", 5), "mig-user": ("app", 3)}
-    uids = {name: f"00000000-0000-4000-8000-{i:012d}" for i, name in enumerate(pods)}
-    cids = {name: f"{i + 1:x}" * 64 for i, name in enumerate(pods)}
+    # The host's /proc names the pods by the UIDs the API server gave them.
     host_proc = tmp / "proc"
-    for pod, _, pid, _, _, _ in WORKLOAD:
-        path = container_path("systemd", "containerd", "burstable", uids[pod], cids[pod])
-        write_process(host_proc, pid, cgroup_file(path, 2))
+    for pod, container, pid, _, _, _ in WORKLOAD:
+        pods[pod].write_process(host_proc, pid, container)
     write_process(host_proc, HOST_PID, "0::/system.slice/display-manager.service\n")
 
     kubelet = FakeKubelet()
@@ -215,21 +253,13 @@ def node(mock: MockNvml, tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
         pod_resources(NAMESPACE, "idle", {"app": {"nvidia.com/gpu": [uuids[5]]}}),
         pod_resources(NAMESPACE, "mig-user", {"app": {"nvidia.com/mig-1g.5gb": [A100_MIG[3]["uuid"]]}}),
     ]
-    api_pods = [
-        pods_api.pod(NAMESPACE, name, uids[name], NODE, {container: cids[name]}, {})
-        for name, (container, _) in pods.items()
-    ]
     overrides = tmp / "overrides.yaml"
-    with (
-        short_socket_dir() as sockets,
-        serve(sockets / "kubelet.sock", kubelet),
-        pods_api.serve(api_pods, tmp / "kubeconfig") as kubeconfig,
-    ):
+    with short_socket_dir() as sockets, serve(sockets / "kubelet.sock", kubelet):
         env = child_env(
             mock,
             write_profile(profile, tmp / "a100-node.yaml"),
             overrides=overrides,
-            KUBECONFIG=str(kubeconfig),
+            KUBECONFIG=str(devcluster.kubeconfig),
             GPUMON_PODS__HOST_PROC=str(host_proc),
             GPUMON_PODS__POD_RESOURCES_SOCKET=str(sockets / "kubelet.sock"),
         )
