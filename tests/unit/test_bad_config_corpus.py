@@ -100,16 +100,18 @@ def exporter_config(id: str, content: Content, *expect: str, loopback_flags: boo
     return exporter(id, ("--config", C), expect, files={"c.yaml": content}, loopback_flags=loopback_flags)
 
 
+def nested_yaml(key_path: str, yaml_value: str) -> str:
+    """``a.b: value`` as YAML text: one mapping level per dotted part."""
+    *parents, leaf = key_path.split(".")
+    text = "".join("  " * depth + f"{p}:\n" for depth, p in enumerate(parents))
+    return text + "  " * len(parents) + f"{leaf}: {yaml_value}\n"
+
+
 def exporter_file_value(key_path: str, yaml_value: str) -> Case:
     """``a.b: value`` in the exporter's file, with the address on loopback (the file is the source)."""
-    *parents, leaf = key_path.split(".")
-    text = "listen_address: 127.0.0.1\n"
-    for depth, p in enumerate(parents):
-        text += "  " * depth + f"{p}:\n"
-    text += "  " * len(parents) + f"{leaf}: {yaml_value}\n"
     return exporter_config(
         f"exporter-{key_path}-{yaml_value}",
-        y(text),
+        y("listen_address: 127.0.0.1\n" + nested_yaml(key_path, yaml_value)),
         f"{key_path}: Input should be a number, not a boolean",
         C,
         loopback_flags=key_path not in ("port", "listen_address"),
@@ -121,14 +123,9 @@ def controller_config(id: str, content: Content, *expect: str) -> Case:
 
 
 def controller_file_value(key_path: str, yaml_value: str, expect_field: str | None = None) -> Case:
-    *parents, leaf = key_path.split(".")
-    text = ""
-    for depth, p in enumerate(parents):
-        text += "  " * depth + f"{p}:\n"
-    text += "  " * len(parents) + f"{leaf}: {yaml_value}\n"
     return controller_config(
         f"controller-{key_path}-{yaml_value}",
-        y(text),
+        y(nested_yaml(key_path, yaml_value)),
         f"{expect_field or key_path}: Input should be a number, not a boolean",
         f"from config file {C}",
     )
