@@ -42,6 +42,7 @@ test-unit: $(STAMP)
 
 lint: $(STAMP)
 	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/ruff format --check --output-format concise .
 	@$(VENV)/bin/mypy
 
 # Regenerate dashboards/json/ from the Python in dashboards/ (the JSON is committed).

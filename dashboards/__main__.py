@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rendered = render_all()
     stale = sorted(
-        name for name, text in rendered.items()
+        name
+        for name, text in rendered.items()
         if not (args.out / name).is_file() or (args.out / name).read_text() != text
     )
     existing = args.out.glob("*.json") if args.out.is_dir() else ()

@@ -88,7 +88,7 @@ def sel(*names: str, **fixed: str) -> str:
         for prefix in ("!~", "~", "!"):
             if value.startswith(prefix):
                 op = {"!~": "!~", "~": "=~", "!": "!="}[prefix]
-                value = value[len(prefix):]
+                value = value[len(prefix) :]
                 break
         parts.append(f'{label}{op}"{value}"')
     return ", ".join(parts)
@@ -152,8 +152,14 @@ def _common(panel: P, title: str, description: str, unit: str, queries: Sequence
 
 
 def timeseries_panel(
-    title: str, description: str, unit: str, *queries: Query, layout: Layout = HALF,
-    bars: bool = False, min_value: float | None = None, max_value: float | None = None,
+    title: str,
+    description: str,
+    unit: str,
+    *queries: Query,
+    layout: Layout = HALF,
+    bars: bool = False,
+    min_value: float | None = None,
+    max_value: float | None = None,
 ) -> timeseries.Panel:
     p = _common(timeseries.Panel(), title, description, unit, queries, layout).legend(
         common_builders.VizLegendOptions()
@@ -171,7 +177,11 @@ def timeseries_panel(
 
 
 def stat_panel(
-    title: str, description: str, unit: str, *queries: Query, layout: Layout = QUARTER_STAT,
+    title: str,
+    description: str,
+    unit: str,
+    *queries: Query,
+    layout: Layout = QUARTER_STAT,
     colors: dict[str, str] | None = None,
 ) -> stat.Panel:
     p = (
@@ -186,7 +196,11 @@ def stat_panel(
 
 
 def bargauge_panel(
-    title: str, description: str, unit: str, *queries: Query, layout: Layout = HALF,
+    title: str,
+    description: str,
+    unit: str,
+    *queries: Query,
+    layout: Layout = HALF,
     max_value: float | None = None,
 ) -> bargauge.Panel:
     p = (
@@ -200,7 +214,11 @@ def bargauge_panel(
 
 
 def table_panel(
-    title: str, description: str, unit: str, *queries: Query, layout: Layout = FULL,
+    title: str,
+    description: str,
+    unit: str,
+    *queries: Query,
+    layout: Layout = FULL,
     hidden_columns: Sequence[str] = ("Time", "__name__", "job", "instance"),
 ) -> table.Panel:
     p = _common(table.Panel(), title, description, unit, queries, layout).show_header(True)
@@ -216,14 +234,22 @@ def heatmap_panel(
     title: str, description: str, unit: str, query: Query, layout: Layout = HALF
 ) -> heatmap.Panel:
     """A heatmap bucketed by Grafana from raw per-GPU series: how the fleet spreads, over time."""
-    return _common(heatmap.Panel(), title, description, unit, [query], layout).calculate(True).y_axis(
-        # A calculated heatmap's y axis is the value: it carries the unit.
-        heatmap.YAxisConfig().unit(unit).min(0)
+    return (
+        _common(heatmap.Panel(), title, description, unit, [query], layout)
+        .calculate(True)
+        .y_axis(
+            # A calculated heatmap's y axis is the value: it carries the unit.
+            heatmap.YAxisConfig().unit(unit).min(0)
+        )
     )
 
 
 def state_timeline_panel(
-    title: str, description: str, unit: str, query: Query, states: dict[int, tuple[str, str]],
+    title: str,
+    description: str,
+    unit: str,
+    query: Query,
+    states: dict[int, tuple[str, str]],
     layout: Layout = FULL,
 ) -> statetimeline.Panel:
     """Numbered states shown as named, coloured bands: ``states`` maps value -> (text, colour)."""
@@ -255,7 +281,11 @@ Section = tuple[str, Sequence[cogbuilder.Builder[model.Panel]]]
 
 
 def build_dashboard(
-    uid: str, title: str, description: str, variable_names: Sequence[str], sections: Sequence[Section],
+    uid: str,
+    title: str,
+    description: str,
+    variable_names: Sequence[str],
+    sections: Sequence[Section],
 ) -> model.Dashboard:
     d = (
         dash.Dashboard(title)

@@ -40,7 +40,8 @@ FRESHNESS = "__freshness"
 PODS = "__pods"
 HEALTH_INFO = "__health_info"
 _POD_SERIES = (
-    "gpumon_pod_gpu_(allocated|memory_used_bytes|utilization_ratio|memory_allocated_bytes|core_allocated_ratio)"
+    "gpumon_pod_gpu_(allocated|memory_used_bytes|utilization_ratio|"
+    "memory_allocated_bytes|core_allocated_ratio)"
 )
 
 

@@ -29,8 +29,9 @@ log = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"
 
 
-def assign_gpus(pods: Sequence[PodView], held: Mapping[str, tuple[int, ...]],
-                gpu_count: int) -> dict[str, tuple[int, ...]]:
+def assign_gpus(
+    pods: Sequence[PodView], held: Mapping[str, tuple[int, ...]], gpu_count: int
+) -> dict[str, tuple[int, ...]]:
     """GPU indexes per pod key: kept where already held, the lowest free ones for a new pod.
     A pod that does not fit (the scheduler would not have bound it) gets nothing yet."""
     alive = {p.key: p for p in pods if p.holds_node and p.gpus > 0}
@@ -68,10 +69,13 @@ def listing(pods: Sequence[PodView], assigned: Mapping[str, tuple[int, ...]]) ->
     """What the node's kubelet says over pod-resources: each pod with its GPUs (index IDs, the
     device plugin's ``DEVICE_ID_STRATEGY=index``)."""
     return [
-        podresources_server.pod_resources(p.namespace, p.name, {
-            p.container: {nodes.GPU: [str(i) for i in assigned[p.key]]} if p.key in assigned else {}
-        })
-        for p in pods if p.holds_node
+        podresources_server.pod_resources(
+            p.namespace,
+            p.name,
+            {p.container: {nodes.GPU: [str(i) for i in assigned[p.key]]} if p.key in assigned else {}},
+        )
+        for p in pods
+        if p.holds_node
     ]
 
 
@@ -111,9 +115,15 @@ class NodeAgents:
         memory = {p.key: p.gpu_memory for p in pods}
         for key, index in assign_shared(pods, gpu_count, gib_per_gpu).items():
             namespace, name = key.split("/", 1)
-            patch = {"metadata": {"annotations": {
-                GPUSHARE_INDEX: str(index), GPUSHARE_POD_MEMORY: str(memory[key]), GPUSHARE_ASSIGNED: "true",
-            }}}
+            patch = {
+                "metadata": {
+                    "annotations": {
+                        GPUSHARE_INDEX: str(index),
+                        GPUSHARE_POD_MEMORY: str(memory[key]),
+                        GPUSHARE_ASSIGNED: "true",
+                    }
+                }
+            }
             try:
                 await self._core.patch_namespaced_pod(name, namespace, patch, _content_type=MERGE_PATCH)
             except ApiException as e:

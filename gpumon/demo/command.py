@@ -18,19 +18,41 @@ DEFAULT_STATE_DIR = Path("~/.gpumon/demo")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scenario", type=Path, metavar="FILE",
-                        help="scenario YAML (default: the embedded one, see docs/demo.md)")
-    parser.add_argument("--nodes", type=int, metavar="N",
-                        help="whole-GPU nodes the pool starts with (default: the scenario's, 3)")
-    parser.add_argument("--no-tui", dest="tui", action="store_false",
-                        help="plain log lines instead of the live table (for CI and logs)")
-    parser.add_argument("--keep", action="store_true",
-                        help="after the scenario, leave everything running until Ctrl-C")
-    parser.add_argument("--step-timeout", type=float, default=120.0, metavar="SECONDS",
-                        help="how long a step may take to reach its state (default: 120)")
-    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR, metavar="DIR",
-                        help="where the demo keeps its kubeconfig, logs and report.json "
-                             f"(default: {DEFAULT_STATE_DIR})")
+    parser.add_argument(
+        "--scenario",
+        type=Path,
+        metavar="FILE",
+        help="scenario YAML (default: the embedded one, see docs/demo.md)",
+    )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        metavar="N",
+        help="whole-GPU nodes the pool starts with (default: the scenario's, 3)",
+    )
+    parser.add_argument(
+        "--no-tui",
+        dest="tui",
+        action="store_false",
+        help="plain log lines instead of the live table (for CI and logs)",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="after the scenario, leave everything running until Ctrl-C"
+    )
+    parser.add_argument(
+        "--step-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long a step may take to reach its state (default: 120)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=DEFAULT_STATE_DIR,
+        metavar="DIR",
+        help=f"where the demo keeps its kubeconfig, logs and report.json (default: {DEFAULT_STATE_DIR})",
+    )
 
 
 class LogDisplay:
@@ -45,8 +67,9 @@ class LogDisplay:
     def _line(self, text: str) -> None:
         import time
 
-        self._console.print(f"[{time.monotonic() - self._start:6.1f}s] {text}", markup=False,
-                            highlight=False, soft_wrap=True)
+        self._console.print(
+            f"[{time.monotonic() - self._start:6.1f}s] {text}", markup=False, highlight=False, soft_wrap=True
+        )
 
     def status(self, status: Status) -> None:
         if status.title != self._title:
@@ -110,8 +133,11 @@ def _print_report(console: Console, report: Report, report_path: Path) -> None:
     t.add_column("phase")
     t.add_column("result")
     t.add_column("seconds", justify="right")
-    t.add_row("start until ready", "ok" if report.ready_seconds is not None else "FAILED",
-              f"{report.ready_seconds:.1f}" if report.ready_seconds is not None else "-")
+    t.add_row(
+        "start until ready",
+        "ok" if report.ready_seconds is not None else "FAILED",
+        f"{report.ready_seconds:.1f}" if report.ready_seconds is not None else "-",
+    )
     for s in report.steps:
         t.add_row(f"{s.name} ({s.expect})", "ok" if s.met else "FAILED", f"{s.seconds:.1f}")
     t.add_row("total (including stop)", "ok" if report.ok else "FAILED", f"{report.total_seconds:.1f}")

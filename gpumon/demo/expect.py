@@ -73,12 +73,16 @@ def steady(view: ClusterView, ctx: StepContext) -> Outcome:
     if not (desired == joined == available):
         problems.append(f"pool {available}/{desired} nodes with GPUs")
     met = apps_ok and not problems
-    return Outcome(met, f"{len(view.nodes)} nodes Ready, pool {available}/{desired}, {apps}"
-                   + ("" if met else "; " + "; ".join(problems)))
+    return Outcome(
+        met,
+        f"{len(view.nodes)} nodes Ready, pool {available}/{desired}, {apps}"
+        + ("" if met else "; " + "; ".join(problems)),
+    )
 
 
-def _each_broken(view: ClusterView, ctx: StepContext,
-                 judge: Callable[[Broken, NodeView], tuple[bool, str]]) -> tuple[bool, list[str]]:
+def _each_broken(
+    view: ClusterView, ctx: StepContext, judge: Callable[[Broken, NodeView], tuple[bool, str]]
+) -> tuple[bool, list[str]]:
     """``judge`` applied to every broken GPU's node; a node that is gone fails."""
     ok, parts = True, []
     for b in ctx.broken:
@@ -96,9 +100,11 @@ def quarantined(view: ClusterView, ctx: StepContext) -> Outcome:
         condition = f"True ({node.condition_reason})" if node.condition else "not set"
         still = [v for v in b.victims if v in alive]
         evicted = ", ".join(v.split("/", 1)[1] for v in b.victims) or "no pod held it"
-        return (node.taint is not None and node.condition and not still,
-                f"{b.node} GPU {b.gpu}: taint {node.taint or 'none'}, GpuUnhealthy={condition}; "
-                + (f"still running: {', '.join(still)}" if still else f"evicted: {evicted}"))
+        return (
+            node.taint is not None and node.condition and not still,
+            f"{b.node} GPU {b.gpu}: taint {node.taint or 'none'}, GpuUnhealthy={condition}; "
+            + (f"still running: {', '.join(still)}" if still else f"evicted: {evicted}"),
+        )
 
     apps_ok, apps = _apps(view, ctx.apps)
     ok, parts = _each_broken(view, ctx, judge)
@@ -109,16 +115,21 @@ def scaled_up(view: ClusterView, ctx: StepContext) -> Outcome:
     apps_ok, apps = _apps(view, ctx.apps)
     desired, joined, available = _pool(view)
     met = apps_ok and desired > ctx.pool_desired_before and available == desired
-    return Outcome(met, f"pool {ctx.pool_desired_before} -> {desired} replicas "
-                   f"({joined} joined, {available} with GPUs), {apps}")
+    return Outcome(
+        met,
+        f"pool {ctx.pool_desired_before} -> {desired} replicas "
+        f"({joined} joined, {available} with GPUs), {apps}",
+    )
 
 
 def recovered(view: ClusterView, ctx: StepContext) -> Outcome:
     def judge(b: Broken, node: NodeView) -> tuple[bool, str]:
         gpu_state = next((g.state for g in view.gpus.get(b.node, ()) if g.index == b.gpu), "unknown")
-        return (node.taint is None and not node.condition,
-                f"{b.node} GPU {b.gpu} {gpu_state}: taint {node.taint or 'lifted'}, "
-                f"GpuUnhealthy={'True' if node.condition else 'False'}")
+        return (
+            node.taint is None and not node.condition,
+            f"{b.node} GPU {b.gpu} {gpu_state}: taint {node.taint or 'lifted'}, "
+            f"GpuUnhealthy={'True' if node.condition else 'False'}",
+        )
 
     ok, parts = _each_broken(view, ctx, judge)
     return Outcome(ok, "; ".join(parts))

@@ -26,8 +26,16 @@ _TIMEOUT = aiohttp.ClientTimeout(total=3)
 
 
 class ExporterFleet:
-    def __init__(self, fleet: Fleet, scenario: Scenario, root: Path, *, agents: NodeAgents,
-                 kubeconfig: Path, targets_file: Path) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        scenario: Scenario,
+        root: Path,
+        *,
+        agents: NodeAgents,
+        kubeconfig: Path,
+        targets_file: Path,
+    ) -> None:
         self._fleet = fleet
         self._scenario = scenario
         self._root = root
@@ -42,11 +50,13 @@ class ExporterFleet:
         workdir = self._root / spec.name
         (workdir / "proc").mkdir(parents=True, exist_ok=True)
         socket = self._agents.socket(spec.name, spec.template.gpu_count)
-        config = fleet_mod.exporter_config(spec, self._scenario, pod_resources_socket=socket,
-                                           host_proc=workdir / "proc")
+        config = fleet_mod.exporter_config(
+            spec, self._scenario, pod_resources_socket=socket, host_proc=workdir / "proc"
+        )
         (workdir / "exporter.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        process = ExporterProcess(workdir, "--config", str(workdir / "exporter.yaml"), port=spec.port,
-                                  env=self._env)
+        process = ExporterProcess(
+            workdir, "--config", str(workdir / "exporter.yaml"), port=spec.port, env=self._env
+        )
         process.spawn()
         self.running[spec.name] = process
         self._write_targets()
@@ -83,6 +93,7 @@ class ExporterFleet:
 
     async def snapshots(self, session: aiohttp.ClientSession) -> dict[str, Mapping[str, Any]]:
         """The exporters' current snapshots; one that does not answer is left out."""
+
         async def one(name: str, url: str) -> tuple[str, Mapping[str, Any] | None]:
             try:
                 async with session.get(f"{url}/api/v1/snapshot", timeout=_TIMEOUT) as resp:

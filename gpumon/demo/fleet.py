@@ -92,8 +92,9 @@ def build(scenario: Scenario, ports: Sequence[int]) -> Fleet:
     pool_template = nodes.NodeTemplate(gpus=f.gpus_per_node, product=product(f.gpu_model))
     static = []
     if f.shared_node:
-        shared = nodes.NodeTemplate(gpus=0, shared=nodes.SharedGpus(SHARED_GPUS, SHARED_GIB_PER_GPU),
-                                    product=product(SHARED_MODEL))
+        shared = nodes.NodeTemplate(
+            gpus=0, shared=nodes.SharedGpus(SHARED_GPUS, SHARED_GIB_PER_GPU), product=product(SHARED_MODEL)
+        )
         static.append(NodeSpec(SHARED_NODE, shared, SHARED_MODEL, 101, next(free)))
     if f.windows_node:
         windows = nodes.NodeTemplate(gpus=1, os="windows", product=product(WINDOWS_MODEL))
@@ -110,24 +111,39 @@ def build(scenario: Scenario, ports: Sequence[int]) -> Fleet:
 
 
 def namespaces() -> list[dict[str, Any]]:
-    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
-            for n in (NAMESPACE, CONTROLLER_NAMESPACE)]
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
+        for n in (NAMESPACE, CONTROLLER_NAMESPACE)
+    ]
 
 
 def controller_configmap() -> dict[str, Any]:
     # Holds open breakers and the pause switch; the controller does not create it.
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "gpumon-controller", "namespace": CONTROLLER_NAMESPACE}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "gpumon-controller", "namespace": CONTROLLER_NAMESPACE},
+    }
 
 
 def machine_deployment(scenario: Scenario) -> dict[str, Any]:
     return capi.machine_deployment(POOL, NAMESPACE, replicas=scenario.fleet.pool_nodes)
 
 
-def _deployment(app: str, replicas: int, limits: Mapping[str, str], node_selector: Mapping[str, str],
-                ) -> dict[str, Any]:
-    return gpu_deployment(app, replicas=replicas, limits=limits, node_selector=node_selector,
-                          namespace=NAMESPACE, image="nvcr.io/nvidia/pytorch:24.08-py3")
+def _deployment(
+    app: str,
+    replicas: int,
+    limits: Mapping[str, str],
+    node_selector: Mapping[str, str],
+) -> dict[str, Any]:
+    return gpu_deployment(
+        app,
+        replicas=replicas,
+        limits=limits,
+        node_selector=node_selector,
+        namespace=NAMESPACE,
+        image="nvcr.io/nvidia/pytorch:24.08-py3",
+    )
 
 
 def workloads(scenario: Scenario) -> list[dict[str, Any]]:
@@ -145,8 +161,11 @@ def workloads(scenario: Scenario) -> list[dict[str, Any]]:
         },
     ]
     if f.shared_node:
-        out.append(_deployment(SHARED_APP, SHARED_REPLICAS,
-                               {GPUSHARE_MEMORY_RESOURCE: str(SHARED_GIB_PER_POD)}, linux))
+        out.append(
+            _deployment(
+                SHARED_APP, SHARED_REPLICAS, {GPUSHARE_MEMORY_RESOURCE: str(SHARED_GIB_PER_POD)}, linux
+            )
+        )
     if f.windows_node:
         out.append(_deployment(WINDOWS_APP, 1, {nodes.GPU: "1"}, {"kubernetes.io/os": "windows"}))
     return out
@@ -167,8 +186,9 @@ def expected_apps(scenario: Scenario, workload_replicas: int) -> dict[str, int]:
 # Configuration of the processes
 
 
-def exporter_config(spec: NodeSpec, scenario: Scenario, *, pod_resources_socket: Path,
-                    host_proc: Path) -> dict[str, Any]:
+def exporter_config(
+    spec: NodeSpec, scenario: Scenario, *, pod_resources_socket: Path, host_proc: Path
+) -> dict[str, Any]:
     return {
         "node_name": spec.name,
         "listen_address": "127.0.0.1",
@@ -198,7 +218,9 @@ def controller_config(fleet: Fleet, scenario: Scenario, *, kubeconfig: Path, por
             "source": "direct",
             "stale_after_seconds": 30,
             "direct": {
-                "endpoints": dict(fleet.endpoints), "heartbeat_seconds": 2, "poll_interval_seconds": 1,
+                "endpoints": dict(fleet.endpoints),
+                "heartbeat_seconds": 2,
+                "poll_interval_seconds": 1,
             },
         },
         "policy": {
@@ -206,22 +228,24 @@ def controller_config(fleet: Fleet, scenario: Scenario, *, kubeconfig: Path, por
             "health": {"xid_window_seconds": t.xid_window_seconds},
         },
         "drain": {"deadline_seconds": 120, "retry_initial_seconds": 1, "retry_max_seconds": 5},
-        "pools": [{
-            "name": POOL,
-            "target": {"namespace": NAMESPACE, "name": POOL},
-            "node_selector": f"{POOL_LABEL}={POOL}",
-            "template": {
-                "resources": {nodes.GPU: f.gpus_per_node, **_NODE_BASICS},
-                "labels": template_labels,
-            },
-            "min_replicas": 1,
-            "max_replicas": f.pool_nodes + f.max_extra_nodes,
-            "scale_down_unneeded_seconds": t.scale_down_unneeded_seconds,
-            "scale_down_cooldown_seconds": 0,
-            "scale_down_drain_timeout_seconds": 60,
-            # One story per step: the quarantined node is not replaced, the burst scales up.
-            "replace_quarantined": False,
-        }],
+        "pools": [
+            {
+                "name": POOL,
+                "target": {"namespace": NAMESPACE, "name": POOL},
+                "node_selector": f"{POOL_LABEL}={POOL}",
+                "template": {
+                    "resources": {nodes.GPU: f.gpus_per_node, **_NODE_BASICS},
+                    "labels": template_labels,
+                },
+                "min_replicas": 1,
+                "max_replicas": f.pool_nodes + f.max_extra_nodes,
+                "scale_down_unneeded_seconds": t.scale_down_unneeded_seconds,
+                "scale_down_cooldown_seconds": 0,
+                "scale_down_drain_timeout_seconds": 60,
+                # One story per step: the quarantined node is not replaced, the burst scales up.
+                "replace_quarantined": False,
+            }
+        ],
         "log": {"format": "text", "level": "info"},
     }
 

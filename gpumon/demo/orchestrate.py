@@ -145,8 +145,9 @@ def claim(paths: Paths) -> None:
     except (FileNotFoundError, ValueError):
         other = None
     if other is not None and alive(other):
-        raise DemoError(f"a demo is already running from {paths.root} (pid {other}); stop it or pick "
-                        "another --state-dir")
+        raise DemoError(
+            f"a demo is already running from {paths.root} (pid {other}); stop it or pick another --state-dir"
+        )
     shutil.rmtree(paths.root, ignore_errors=True)
     paths.root.mkdir(parents=True)
     paths.pid.write_text(str(os.getpid()))
@@ -199,14 +200,20 @@ def run(options: Options, display: Display, clock: Callable[[], float] = time.mo
             controller = ControllerProcess(
                 paths.controller,
                 fleet.controller_config(the_fleet, scenario, kubeconfig=paths.kubeconfig, port=ports[-1]),
-                "--act", port=ports[-1],
+                "--act",
+                port=ports[-1],
             )
             stack.callback(controller.stop)
             first = the_fleet.pool_candidates[0]
-            links = [("kubeconfig", f"export KUBECONFIG={paths.kubeconfig}"),
-                     ("exporter metrics", f"{the_fleet.endpoints[first.name]}/metrics ({first.name}; "
-                                          f"every node's in {paths.targets})"),
-                     ("controller metrics", f"{controller.url}/metrics")]
+            links = [
+                ("kubeconfig", f"export KUBECONFIG={paths.kubeconfig}"),
+                (
+                    "exporter metrics",
+                    f"{the_fleet.endpoints[first.name]}/metrics ({first.name}; "
+                    f"every node's in {paths.targets})",
+                ),
+                ("controller metrics", f"{controller.url}/metrics"),
+            ]
             if prometheus is not None:
                 links.append(("Prometheus UI", f"{prometheus.url}/graph"))
             play = _Play(options, display, the_fleet, controller, links, started, clock)
@@ -221,9 +228,16 @@ def run(options: Options, display: Display, clock: Callable[[], float] = time.mo
 
 
 class _Play:
-    def __init__(self, options: Options, display: Display, the_fleet: fleet.Fleet,
-                 controller: ControllerProcess, links: list[tuple[str, str]], started: float,
-                 clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        options: Options,
+        display: Display,
+        the_fleet: fleet.Fleet,
+        controller: ControllerProcess,
+        links: list[tuple[str, str]],
+        started: float,
+        clock: Callable[[], float],
+    ) -> None:
         self.o = options
         self.s = options.scenario
         self.display = display
@@ -257,16 +271,30 @@ class _Play:
         await config.load_kube_config(config_file=str(paths.kubeconfig), client_configuration=cfg)
         async with client.ApiClient(cfg) as api, aiohttp.ClientSession() as session:
             agents = NodeAgents(api)
-            exporters = ExporterFleet(self.fleet, self.s, paths.exporters, agents=agents,
-                                      kubeconfig=paths.kubeconfig, targets_file=paths.targets)
+            exporters = ExporterFleet(
+                self.fleet,
+                self.s,
+                paths.exporters,
+                agents=agents,
+                kubeconfig=paths.kubeconfig,
+                targets_file=paths.targets,
+            )
             self.api, self.session, self.exporters, self.agents = api, session, exporters, agents
             try:
                 self.status("creating the fleet")
                 await self._create_fleet()
-                sim = PoolSimulator(api, [SimulatedPool(
-                    fleet.NAMESPACE, fleet.POOL, self.fleet.pool_template,
-                    Timing(self.s.fleet.boot_seconds, self.s.fleet.gpu_seconds),
-                )], interval_seconds=0.25)
+                sim = PoolSimulator(
+                    api,
+                    [
+                        SimulatedPool(
+                            fleet.NAMESPACE,
+                            fleet.POOL,
+                            self.fleet.pool_template,
+                            Timing(self.s.fleet.boot_seconds, self.s.fleet.gpu_seconds),
+                        )
+                    ],
+                    interval_seconds=0.25,
+                )
                 async with sim.running():
                     self.observer = asyncio.create_task(
                         self._observe(Observer(api, exporters, session)), name="observer"
@@ -302,7 +330,10 @@ class _Play:
             await core.create_namespace(ns)
         await core.create_namespaced_config_map(fleet.CONTROLLER_NAMESPACE, fleet.controller_configmap())
         await custom.create_namespaced_custom_object(
-            "cluster.x-k8s.io", "v1beta2", fleet.NAMESPACE, "machinedeployments",
+            "cluster.x-k8s.io",
+            "v1beta2",
+            fleet.NAMESPACE,
+            "machinedeployments",
             fleet.machine_deployment(self.s),
         )
         for spec in self.fleet.static:
@@ -331,9 +362,12 @@ class _Play:
 
         def fleet_up(v: ClusterView) -> bool:
             pool = v.pool_nodes()
-            return (len(pool) == self.s.fleet.pool_nodes and all(n.ready and n.gpu_resources for n in pool)
-                    and want_static <= {n.name for n in v.nodes if n.ready}
-                    and all(n.name in v.gpus for n in v.nodes))
+            return (
+                len(pool) == self.s.fleet.pool_nodes
+                and all(n.ready and n.gpu_resources for n in pool)
+                and want_static <= {n.name for n in v.nodes if n.ready}
+                and all(n.name in v.gpus for n in v.nodes)
+            )
 
         self.status("booting the pool and the exporters")
         await self._until("every node Ready with its exporter answering", fleet_up, READY_TIMEOUT_SECONDS)
@@ -342,11 +376,15 @@ class _Play:
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         while not await asyncio.to_thread(self.controller.leading):
             if not self.controller.running:
-                raise DemoError(f"the controller exited; last lines of {self.controller.log_path}:\n"
-                                + processes.tail(self.controller.log_path))
+                raise DemoError(
+                    f"the controller exited; last lines of {self.controller.log_path}:\n"
+                    + processes.tail(self.controller.log_path)
+                )
             if time.monotonic() > deadline:
-                raise DemoError(f"the controller was not ready in {READY_TIMEOUT_SECONDS:.0f} s; "
-                                f"see {self.controller.log_path}")
+                raise DemoError(
+                    f"the controller was not ready in {READY_TIMEOUT_SECONDS:.0f} s; "
+                    f"see {self.controller.log_path}"
+                )
             await asyncio.sleep(0.3)
         apps = client.AppsV1Api(self.api)
         policy = client.PolicyV1Api(self.api)
@@ -374,16 +412,23 @@ class _Play:
             if not result.met:
                 break
         if self.o.keep:
-            self.status("scenario " + ("done" if self.report.ok else "FAILED")
-                        + ": everything keeps running; Ctrl-C stops it", self._summary())
-            self.display.say(f"measured: ready {self.report.ready_seconds:.1f} s, {self._summary()}; "
-                             "everything keeps running (--keep), Ctrl-C stops it")
+            self.status(
+                "scenario "
+                + ("done" if self.report.ok else "FAILED")
+                + ": everything keeps running; Ctrl-C stops it",
+                self._summary(),
+            )
+            self.display.say(
+                f"measured: ready {self.report.ready_seconds:.1f} s, {self._summary()}; "
+                "everything keeps running (--keep), Ctrl-C stops it"
+            )
             await asyncio.Event().wait()
         return self.report
 
     def _summary(self) -> str:
-        return ", ".join(f"{s.name} {s.seconds:.0f} s" + ("" if s.met else " (FAILED)")
-                         for s in self.report.steps)
+        return ", ".join(
+            f"{s.name} {s.seconds:.0f} s" + ("" if s.met else " (FAILED)") for s in self.report.steps
+        )
 
     def _context(self, view: ClusterView) -> expect.StepContext:
         return expect.StepContext(
@@ -431,8 +476,9 @@ class _Play:
             victims = next((g.pods for g in view.gpus.get(node, ()) if g.index == gpu), ())
             await self._inject(node, step.inject.body(gpu))
             self.broken = (*self.broken, expect.Broken(node, gpu, tuple(victims)))
-            self.display.say(f"  {step.inject.fault} on {node} GPU {gpu}, held by "
-                             f"{', '.join(victims) or 'no pod'}")
+            self.display.say(
+                f"  {step.inject.fault} on {node} GPU {gpu}, held by {', '.join(victims) or 'no pod'}"
+            )
         elif step.clear:
             for b in self.broken:
                 await self._inject(b.node, {"fault": "clear", "gpu": b.gpu})
@@ -440,7 +486,9 @@ class _Play:
         elif step.scale is not None:
             self.replicas = step.scale
             await client.AppsV1Api(self.api).patch_namespaced_deployment_scale(
-                fleet.WORKLOAD, fleet.NAMESPACE, {"spec": {"replicas": step.scale}},
+                fleet.WORKLOAD,
+                fleet.NAMESPACE,
+                {"spec": {"replicas": step.scale}},
                 _content_type="application/merge-patch+json",
             )
             self.display.say(f"  {fleet.WORKLOAD} scaled to {step.scale} replicas")
@@ -457,9 +505,11 @@ class _Play:
         node, gpu = step.inject.node, step.inject.gpu
         prefix = f"{fleet.NAMESPACE}/{fleet.WORKLOAD}-"
         candidates = [
-            (n.name, g.index) for n in view.pool_nodes() if node in (None, n.name)
-            for g in view.gpus.get(n.name, ()) if gpu in (None, g.index)
-            and any(p.startswith(prefix) for p in g.pods)
+            (n.name, g.index)
+            for n in view.pool_nodes()
+            if node in (None, n.name)
+            for g in view.gpus.get(n.name, ())
+            if gpu in (None, g.index) and any(p.startswith(prefix) for p in g.pods)
         ]
         if candidates:
             return candidates[0]

@@ -81,21 +81,28 @@ def table(view: ClusterView | None, status: Status, milestones: Sequence[str] = 
 
 def _cluster(view: ClusterView) -> list[RenderableType]:
     nodes = Table(expand=True, show_lines=True)
-    for col, kw in (("node", {"no_wrap": True}), ("kind", {}), ("state", {}),
-                    ("GPUs: index, health, utilization, pods", {"ratio": 1})):
+    for col, kw in (
+        ("node", {"no_wrap": True}),
+        ("kind", {}),
+        ("state", {}),
+        ("GPUs: index, health, utilization, pods", {"ratio": 1}),
+    ):
         nodes.add_column(col, **kw)  # type: ignore[arg-type]
     for n in view.nodes:
         gpus = view.gpus.get(n.name)
         missing = "GPUs not offered yet" if not n.gpu_resources else "no exporter answer"
-        cell: RenderableType = (Text("\n").join(_gpu_line(g) for g in gpus) if gpus
-                                else Text(missing, style="dim"))
+        cell: RenderableType = (
+            Text("\n").join(_gpu_line(g) for g in gpus) if gpus else Text(missing, style="dim")
+        )
         nodes.add_row(n.name, _kind(n), _node_state(n), cell)
     pending = [p for p in view.pods if p.node is None and not p.deleting]
     pool = view.pool
     summary = Text()
     if pool is not None:
-        summary.append(f"pool {pool.name}: {pool.desired} wanted, {pool.replicas} machines, "
-                       f"{pool.available} with GPUs", style="bold")
+        summary.append(
+            f"pool {pool.name}: {pool.desired} wanted, {pool.replicas} machines, {pool.available} with GPUs",
+            style="bold",
+        )
     summary.append(f"   pods: {sum(p.running for p in view.pods)} Running, {len(pending)} Pending")
     events = Table(expand=True, box=None, show_header=False)
     events.add_column("reason", no_wrap=True)

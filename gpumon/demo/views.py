@@ -197,19 +197,27 @@ def gpu_views(snapshot: Mapping[str, Any]) -> tuple[GpuView, ...]:
         ident, fast = g.get("identity") or {}, g.get("fast") or {}
         index = int(ident.get("index", -1))
         util = fast.get("utilization_ratio")
-        out.append(GpuView(
-            index=index,
-            uuid=str(ident.get("uuid", "")),
-            state=str((g.get("health") or {}).get("state", "unknown")),
-            utilization=float(util) if isinstance(util, int | float) else None,
-            pods=tuple(pods.get(index, ())),
-        ))
+        out.append(
+            GpuView(
+                index=index,
+                uuid=str(ident.get("uuid", "")),
+                state=str((g.get("health") or {}).get("state", "unknown")),
+                utilization=float(util) if isinstance(util, int | float) else None,
+                pods=tuple(pods.get(index, ())),
+            )
+        )
     return tuple(sorted(out, key=lambda g: g.index))
 
 
-def cluster_view(at: float, *, node_objs: Sequence[Mapping[str, Any]], pod_objs: Sequence[Mapping[str, Any]],
-                 pool_obj: Mapping[str, Any] | None, event_objs: Sequence[Mapping[str, Any]],
-                 snapshots: Mapping[str, Mapping[str, Any]]) -> ClusterView:
+def cluster_view(
+    at: float,
+    *,
+    node_objs: Sequence[Mapping[str, Any]],
+    pod_objs: Sequence[Mapping[str, Any]],
+    pool_obj: Mapping[str, Any] | None,
+    event_objs: Sequence[Mapping[str, Any]],
+    snapshots: Mapping[str, Mapping[str, Any]],
+) -> ClusterView:
     return ClusterView(
         at=at,
         nodes=tuple(sorted((node_view(n) for n in node_objs), key=lambda n: n.name)),

@@ -18,9 +18,14 @@ DELETE_MACHINE_ANNOTATION = "cluster.x-k8s.io/delete-machine"
 DEFAULT_CLUSTER_NAME = "devcluster"
 
 
-def machine_deployment(name: str, namespace: str, *, replicas: int,
-                       cluster_name: str = DEFAULT_CLUSTER_NAME,
-                       annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+def machine_deployment(
+    name: str,
+    namespace: str,
+    *,
+    replicas: int,
+    cluster_name: str = DEFAULT_CLUSTER_NAME,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     match = {DEPLOYMENT_NAME_LABEL: name}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",

@@ -67,8 +67,14 @@ class DevCluster:
         return Prober(self.layout.pki.ca_cert, self.layout.pki.admin_cert, self.layout.pki.admin_key)
 
     @classmethod
-    def start(cls, root: Path, *, options: Options | None = None, tools: Tools | None = None,
-              timeout_seconds: float = 120.0) -> DevCluster:
+    def start(
+        cls,
+        root: Path,
+        *,
+        options: Options | None = None,
+        tools: Tools | None = None,
+        timeout_seconds: float = 120.0,
+    ) -> DevCluster:
         """Start every component and install the CRDs; on any failure, stop what started and
         raise :class:`StartupError`. ``root`` must be empty or absent."""
         t0 = time.monotonic()
@@ -80,8 +86,10 @@ class DevCluster:
             cluster.stop()
             raise
         cluster.timings["total"] = time.monotonic() - t0
-        log.info("devcluster ready",
-                 extra={"server": cluster.server, "seconds": round(cluster.timings["total"], 2)})
+        log.info(
+            "devcluster ready",
+            extra={"server": cluster.server, "seconds": round(cluster.timings["total"], 2)},
+        )
         return cluster
 
     @classmethod
@@ -149,8 +157,12 @@ class DevCluster:
             time.sleep(0.1)
 
     def kubectl(self, *args: str, timeout_seconds: float = 60.0) -> str:
-        cmd = [str(self.tools.kubectl), f"--kubeconfig={self.kubeconfig}",
-               f"--cache-dir={self.layout.root / 'kubectl-cache'}", *args]
+        cmd = [
+            str(self.tools.kubectl),
+            f"--kubeconfig={self.kubeconfig}",
+            f"--cache-dir={self.layout.root / 'kubectl-cache'}",
+            *args,
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_seconds, check=False)
         if done.returncode != 0:
             detail = done.stderr.strip() or done.stdout.strip()
@@ -163,10 +175,20 @@ class DevCluster:
             return
         names = [yaml.safe_load(p.read_text())["metadata"]["name"] for p in files]
         files_args = [a for p in files for a in ("-f", str(p))]
-        self.kubectl("apply", "--server-side", "--field-manager=gpumon-devcluster", *files_args,
-                     timeout_seconds=timeout_seconds)
-        self.kubectl("wait", "--for=condition=Established", f"--timeout={int(timeout_seconds)}s",
-                     *(f"crd/{n}" for n in names), timeout_seconds=timeout_seconds + 5)
+        self.kubectl(
+            "apply",
+            "--server-side",
+            "--field-manager=gpumon-devcluster",
+            *files_args,
+            timeout_seconds=timeout_seconds,
+        )
+        self.kubectl(
+            "wait",
+            "--for=condition=Established",
+            f"--timeout={int(timeout_seconds)}s",
+            *(f"crd/{n}" for n in names),
+            timeout_seconds=timeout_seconds + 5,
+        )
 
     # -- one component down and up again, in place -------------------------------------------
 
@@ -216,7 +238,7 @@ class DevCluster:
     def __enter__(self) -> DevCluster:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
-

@@ -22,8 +22,12 @@ HELP = "run a local Kubernetes control plane with kwok GPU nodes (for tests and 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from gpumon.devcluster.state import DEFAULT_DIR
 
-    parser.add_argument("--state-dir", type=Path, default=DEFAULT_DIR,
-                        help=f"where the cluster keeps its files (default {DEFAULT_DIR})")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help=f"where the cluster keeps its files (default {DEFAULT_DIR})",
+    )
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     up = sub.add_parser("up", help="start the cluster; runs until Ctrl-C unless --detach")
     up.add_argument("--detach", action="store_true", help="return once ready and keep it running")
@@ -82,18 +86,21 @@ def _up(state_dir: Path, timeout: float) -> int:
         _clear_stale(state_dir)
         return 130
     try:
-        state.save(state.State(
-            supervisor_pid=os.getpid(),
-            server=cluster.server,
-            kubeconfig=str(cluster.kubeconfig),
-            ca_cert=str(cluster.layout.pki.ca_cert),
-            client_cert=str(cluster.layout.pki.admin_cert),
-            client_key=str(cluster.layout.pki.admin_key),
-            components=tuple(
-                state.ComponentState(ch.name, ch.pid, str(ch.log), comp.health)
-                for ch, comp in zip(cluster.children, cluster.components, strict=True)
+        state.save(
+            state.State(
+                supervisor_pid=os.getpid(),
+                server=cluster.server,
+                kubeconfig=str(cluster.kubeconfig),
+                ca_cert=str(cluster.layout.pki.ca_cert),
+                client_cert=str(cluster.layout.pki.admin_cert),
+                client_key=str(cluster.layout.pki.admin_key),
+                components=tuple(
+                    state.ComponentState(ch.name, ch.pid, str(ch.log), comp.health)
+                    for ch, comp in zip(cluster.children, cluster.components, strict=True)
+                ),
             ),
-        ), state_dir)
+            state_dir,
+        )
         print(f"devcluster ready in {cluster.timings['total']:.1f}s: {cluster.server}")
         print(f"export KUBECONFIG={cluster.kubeconfig}", flush=True)
         while True:
@@ -118,9 +125,19 @@ def _detach(state_dir: Path, timeout: float) -> int:
     log = state.supervisor_log(state_dir)
     with log.open("wb") as out:
         supervisor = subprocess.Popen(
-            [sys.executable, "-m", "gpumon.cli", "devcluster", f"--state-dir={state_dir}", "up",
-             f"--timeout={timeout}"],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "gpumon.cli",
+                "devcluster",
+                f"--state-dir={state_dir}",
+                "up",
+                f"--timeout={timeout}",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     deadline = time.monotonic() + timeout + 10
     while time.monotonic() < deadline:

@@ -116,21 +116,24 @@ class PrometheusProcess(LoggedProcess):
     def binary() -> str | None:
         return shutil.which("prometheus")
 
-    def start(self, config: Mapping[str, Any] | None = None, *,
-              deadline_seconds: float = READY_DEADLINE_SECONDS) -> None:
+    def start(
+        self, config: Mapping[str, Any] | None = None, *, deadline_seconds: float = READY_DEADLINE_SECONDS
+    ) -> None:
         binary = self.binary()
         if binary is None:
             raise RuntimeError("prometheus is not installed: run `make system-packages`")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._write_config(config if config is not None else self.config())
-        self._spawn([
-            binary,
-            f"--config.file={self.config_path}",
-            f"--storage.tsdb.path={self.workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{self.port}",
-            "--web.enable-lifecycle",
-            "--log.level=info",
-        ])
+        self._spawn(
+            [
+                binary,
+                f"--config.file={self.config_path}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-lifecycle",
+                "--log.level=info",
+            ]
+        )
         self._wait_until(lambda: http_get(f"{self.url}/-/ready")[0] == 200, "ready", deadline_seconds)
 
     def config(
@@ -143,8 +146,11 @@ class PrometheusProcess(LoggedProcess):
     ) -> dict[str, Any]:
         """A Prometheus config scraping ``jobs`` (job name -> ["host:port", ...])."""
         config: dict[str, Any] = {
-            "global": {"scrape_interval": self.scrape_interval, "scrape_timeout": self.scrape_interval,
-                       "evaluation_interval": evaluation_interval},
+            "global": {
+                "scrape_interval": self.scrape_interval,
+                "scrape_timeout": self.scrape_interval,
+                "evaluation_interval": evaluation_interval,
+            },
             "scrape_configs": [
                 {"job_name": job, "static_configs": [{"targets": list(targets)}]}
                 for job, targets in (jobs or {}).items()
@@ -163,8 +169,9 @@ class PrometheusProcess(LoggedProcess):
         with urllib.request.urlopen(request, timeout=30) as response:
             assert response.status == 200, response.read()
         wanted = {j["job_name"] for j in config.get("scrape_configs", [])}
-        self._wait_until(lambda: self._active_jobs() >= wanted, "scraping the configured jobs",
-                         READY_DEADLINE_SECONDS)
+        self._wait_until(
+            lambda: self._active_jobs() >= wanted, "scraping the configured jobs", READY_DEADLINE_SECONDS
+        )
 
     def _write_config(self, config: Mapping[str, Any]) -> None:
         self.config_path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
@@ -211,8 +218,9 @@ class ExporterProcess(LoggedProcess):
 
     name = "gpumon exporter"
 
-    def __init__(self, workdir: Path, *args: str, port: int | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, workdir: Path, *args: str, port: int | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__(workdir / "exporter.log", env=env)
         self.port = port or free_port()
         self.target = f"127.0.0.1:{self.port}"
@@ -220,8 +228,19 @@ class ExporterProcess(LoggedProcess):
         self.args = args
 
     def spawn(self) -> None:
-        self._spawn([sys.executable, "-m", "gpumon.cli", "exporter", "--listen-address", "127.0.0.1",
-                     "--port", str(self.port), *self.args])
+        self._spawn(
+            [
+                sys.executable,
+                "-m",
+                "gpumon.cli",
+                "exporter",
+                "--listen-address",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                *self.args,
+            ]
+        )
 
     def wait_ready(self, deadline_seconds: float = READY_DEADLINE_SECONDS) -> None:
         self._wait_until(lambda: http_get(f"{self.url}/readyz")[0] == 200, "ready", deadline_seconds)
@@ -250,8 +269,14 @@ class ControllerProcess(LoggedProcess):
 
     name = "gpumon controller"
 
-    def __init__(self, workdir: Path, config: Mapping[str, Any], *args: str, port: int | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        config: Mapping[str, Any],
+        *args: str,
+        port: int | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(workdir / "controller.log", env=env)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -262,8 +287,9 @@ class ControllerProcess(LoggedProcess):
     def spawn(self) -> None:
         self.config_file.parent.mkdir(parents=True, exist_ok=True)
         self.config_file.write_text(yaml.safe_dump(self.config, sort_keys=False))
-        self._spawn([sys.executable, "-m", "gpumon.cli", "controller", "--config", str(self.config_file),
-                     *self.args])
+        self._spawn(
+            [sys.executable, "-m", "gpumon.cli", "controller", "--config", str(self.config_file), *self.args]
+        )
 
     def leading(self) -> bool:
         try:

@@ -28,16 +28,25 @@ class NodeMaker:
         self._prefix = prefix
         self.created: list[str] = []
 
-    async def __call__(self, count: int = 1, template: nodes.NodeTemplate | None = None, *,
-                       ready: bool = True, timeout_seconds: float = 60.0) -> list[str]:
+    async def __call__(
+        self,
+        count: int = 1,
+        template: nodes.NodeTemplate | None = None,
+        *,
+        ready: bool = True,
+        timeout_seconds: float = 60.0,
+    ) -> list[str]:
         names = [f"{self._prefix}-{len(self.created) + i}" for i in range(count)]
         for name in names:
             await self._core.create_node(nodes.manifest(name, template or nodes.NodeTemplate()))
             self.created.append(name)
         if ready:
             for name in names:
-                await eventually(functools.partial(node_ready, self._core, name),
-                                 what=f"node {name} Ready", timeout_seconds=timeout_seconds)
+                await eventually(
+                    functools.partial(node_ready, self._core, name),
+                    what=f"node {name} Ready",
+                    timeout_seconds=timeout_seconds,
+                )
         return names
 
     async def delete_all(self) -> None:

@@ -87,9 +87,14 @@ def labels(name: str, template: NodeTemplate) -> dict[str, str]:
     return out | dict(template.labels)
 
 
-def manifest(name: str, template: NodeTemplate, *, gpus_allocatable: bool = True,
-             annotations: Mapping[str, str] | None = None,
-             extra_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+def manifest(
+    name: str,
+    template: NodeTemplate,
+    *,
+    gpus_allocatable: bool = True,
+    annotations: Mapping[str, str] | None = None,
+    extra_labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """A Node body to create. With ``gpus_allocatable=False`` the node joins without its GPU
     resources, as a real node does before its device plugin registers."""
     base = {"cpu": template.cpu, "memory": template.memory, "pods": template.pods}

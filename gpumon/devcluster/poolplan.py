@@ -70,8 +70,9 @@ def _removal_order(node: PoolNode) -> tuple[bool, bool, float]:
     return (not node.marked_for_deletion, node.gpus_allocatable, -node.joined_at)
 
 
-def plan(pool: str, desired: int, nodes: Sequence[PoolNode], boots: Sequence[Boot],
-         timing: Timing, now: float) -> Plan:
+def plan(
+    pool: str, desired: int, nodes: Sequence[PoolNode], boots: Sequence[Boot], timing: Timing, now: float
+) -> Plan:
     if desired < 0:
         raise ValueError(f"desired replicas must be >= 0, got {desired}")
     # A boot whose Node exists already joined (a step that stopped before saving its bookkeeping).
@@ -94,8 +95,7 @@ def plan(pool: str, desired: int, nodes: Sequence[PoolNode], boots: Sequence[Boo
     still_booting = [b for b in kept_boots if b not in join]
     join_with_gpus = timing.gpu_delay_seconds <= 0
     enable = sorted(
-        n.name for n in kept_nodes
-        if not n.gpus_allocatable and n.joined_at + timing.gpu_delay_seconds <= now
+        n.name for n in kept_nodes if not n.gpus_allocatable and n.joined_at + timing.gpu_delay_seconds <= now
     )
     waiting_gpus = [n.joined_at for n in kept_nodes if not n.gpus_allocatable and n.name not in enable]
     if not join_with_gpus:

@@ -65,8 +65,14 @@ def _pool_node(node: Any, template: nodes.NodeTemplate) -> PoolNode:
 
 
 class PoolSimulator:
-    def __init__(self, api: client.ApiClient, pools: Sequence[SimulatedPool], *,
-                 clock: Callable[[], float] = time.time, interval_seconds: float = 0.5) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        pools: Sequence[SimulatedPool],
+        *,
+        clock: Callable[[], float] = time.time,
+        interval_seconds: float = 0.5,
+    ) -> None:
         # Wall-clock time: boot and join times are kept in the cluster and outlive this process.
         self._core = client.CoreV1Api(api)
         self._custom = client.CustomObjectsApi(api)
@@ -87,16 +93,25 @@ class PoolSimulator:
         annotations = md["metadata"].get("annotations") or {}
         now = self._clock()
         desired = int(md["spec"].get("replicas", 1))  # Cluster API's default
-        p = plan(pool.name, desired, [_pool_node(n, pool.template) for n in listed.items],
-                 decode_boots(annotations.get(BOOTING_ANNOTATION)), pool.timing, now)
+        p = plan(
+            pool.name,
+            desired,
+            [_pool_node(n, pool.template) for n in listed.items],
+            decode_boots(annotations.get(BOOTING_ANNOTATION)),
+            pool.timing,
+            now,
+        )
         await self._apply(pool, md, desired, p, now)
         return p.wake_in
 
-    async def _apply(self, pool: SimulatedPool, md: dict[str, Any], desired: int, p: Plan,
-                     now: float) -> None:
+    async def _apply(
+        self, pool: SimulatedPool, md: dict[str, Any], desired: int, p: Plan, now: float
+    ) -> None:
         for name in p.join:
             body = nodes.manifest(
-                name, pool.template, gpus_allocatable=p.join_with_gpus,
+                name,
+                pool.template,
+                gpus_allocatable=p.join_with_gpus,
                 annotations={
                     JOINED_AT_ANNOTATION: repr(now),
                     # What Cluster API puts on the Nodes of its Machines.
@@ -127,19 +142,30 @@ class PoolSimulator:
         booting = encode_boots(p.boots)
         if (md["metadata"].get("annotations") or {}).get(BOOTING_ANNOTATION) != booting:
             await self._custom.patch_namespaced_custom_object(
-                capi.GROUP, capi.VERSION, pool.namespace, capi.MACHINE_DEPLOYMENTS, pool.name,
-                {"metadata": {"annotations": {BOOTING_ANNOTATION: booting}}}, _content_type=_MERGE_PATCH,
+                capi.GROUP,
+                capi.VERSION,
+                pool.namespace,
+                capi.MACHINE_DEPLOYMENTS,
+                pool.name,
+                {"metadata": {"annotations": {BOOTING_ANNOTATION: booting}}},
+                _content_type=_MERGE_PATCH,
             )
         status = capi.status(
-            p.status, desired=desired,
+            p.status,
+            desired=desired,
             generation=int(md["metadata"].get("generation", 1)),
             selector=capi.selector_string(md["spec"]["selector"].get("matchLabels") or {}),
         )
         current = md.get("status") or {}
         if any(current.get(k) != v for k, v in status.items()):
             await self._custom.patch_namespaced_custom_object_status(
-                capi.GROUP, capi.VERSION, pool.namespace, capi.MACHINE_DEPLOYMENTS, pool.name,
-                {"status": status}, _content_type=_MERGE_PATCH,
+                capi.GROUP,
+                capi.VERSION,
+                pool.namespace,
+                capi.MACHINE_DEPLOYMENTS,
+                pool.name,
+                {"status": status},
+                _content_type=_MERGE_PATCH,
             )
 
     async def run(self) -> None:

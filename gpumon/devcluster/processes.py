@@ -51,8 +51,9 @@ class Child:
         return self.process.poll()
 
 
-def spawn(name: str, argv: Sequence[str], log: Path, *, cwd: Path,
-          env: Mapping[str, str] | None = None) -> Child:
+def spawn(
+    name: str, argv: Sequence[str], log: Path, *, cwd: Path, env: Mapping[str, str] | None = None
+) -> Child:
     """``env`` is added to this process's environment for the child."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:

@@ -16,8 +16,13 @@ class NotReached(AssertionError):
     """The state was not reached in time; the message carries the last thing seen."""
 
 
-async def eventually(check: Callable[[], Awaitable[T | None]], *, what: str,
-                     timeout_seconds: float = 60.0, interval_seconds: float = 0.2) -> T:
+async def eventually(
+    check: Callable[[], Awaitable[T | None]],
+    *,
+    what: str,
+    timeout_seconds: float = 60.0,
+    interval_seconds: float = 0.2,
+) -> T:
     """Returns the first value of ``check()`` that is not None."""
     deadline = time.monotonic() + timeout_seconds
     while True:

@@ -61,9 +61,7 @@ class RenderedMetrics:
     rendered_at: float
 
 
-def render(
-    snapshot: Snapshot, *, profile: Profile, extra: Sequence[Collector] = ()
-) -> RenderedMetrics:
+def render(snapshot: Snapshot, *, profile: Profile, extra: Sequence[Collector] = ()) -> RenderedMetrics:
     """Render ``snapshot`` (plus ``extra`` collectors, e.g. self-metrics) in both formats."""
     families = list(snapshot_families(snapshot, profile))
     registry = CollectorRegistry(auto_describe=False)
@@ -111,7 +109,7 @@ def _go_float(v: float) -> str:
 
 
 def _escape_value(v: str) -> str:
-    return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+    return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
 def _text(families: list[Metric], lines: list[str]) -> bytes:
@@ -234,41 +232,100 @@ _NATIVE_MEMORY: tuple[tuple[str, str, MemoryGetter], ...] = (
     ("gpumon_gpu_memory_total_bytes", "Framebuffer memory in total.", lambda m: m.total_bytes),
     ("gpumon_gpu_memory_used_bytes", "Framebuffer memory in use.", lambda m: m.used_bytes),
     ("gpumon_gpu_memory_free_bytes", "Framebuffer memory free.", lambda m: m.free_bytes),
-    ("gpumon_gpu_memory_reserved_bytes", "Framebuffer memory reserved by the driver.",
-     lambda m: m.reserved_bytes),
+    (
+        "gpumon_gpu_memory_reserved_bytes",
+        "Framebuffer memory reserved by the driver.",
+        lambda m: m.reserved_bytes,
+    ),
 )
 
 _NATIVE_FIELDS: tuple[_Field, ...] = (
     *_memory_fields(_NATIVE_MEMORY, "bytes"),
-    _Field("gpumon_gpu_utilization_ratio", "gauge", "Fraction of the sample period the SMs were busy.",
-           _one(_fast(lambda f: f.utilization_ratio)), "ratio"),
-    _Field("gpumon_gpu_memory_utilization_ratio", "gauge",
-           "Fraction of the sample period the memory controller was busy.",
-           _one(_fast(lambda f: f.memory_utilization_ratio)), "ratio"),
-    _Field("gpumon_gpu_temperature_celsius", "gauge", "Temperature by sensor.",
-           (({"sensor": "gpu"}, _fast(lambda f: f.temperature_gpu_celsius)),
-            ({"sensor": "memory"}, _fast(lambda f: f.temperature_memory_celsius))), "celsius"),
-    _Field("gpumon_gpu_power_watts", "gauge", "Power draw.",
-           _one(_fast(lambda f: f.power_watts)), "watts"),
-    _Field("gpumon_gpu_power_limit_watts", "gauge", "Power management limit.",
-           _one(_fast(lambda f: f.power_limit_watts)), "watts"),
-    _Field("gpumon_gpu_energy_joules_total", "counter", "Energy consumed since the driver was loaded.",
-           _one(_fast(lambda f: f.energy_joules)), "joules"),
-    _Field("gpumon_gpu_clock_hertz", "gauge", "Current clock frequency by clock domain.",
-           (({"clock": "sm"}, _fast(lambda f: f.sm_clock_hertz)),
-            ({"clock": "memory"}, _fast(lambda f: f.memory_clock_hertz))), "hertz"),
-    _Field("gpumon_gpu_pcie_replays_total", "counter", "PCIe replays (retries).",
-           _one(_slow(lambda s: s.pcie_replays))),
-    _Field("gpumon_gpu_ecc_errors_total", "counter", "ECC errors since the last driver load (volatile).",
-           (({"type": "corrected"}, _slow(lambda s: s.ecc_corrected)),
-            ({"type": "uncorrected"}, _slow(lambda s: s.ecc_uncorrected)))),
-    _Field("gpumon_gpu_remapped_rows", "gauge", "Memory rows remapped, by the error that caused it.",
-           (({"type": "correctable"}, _slow(lambda s: s.remapped_rows_correctable)),
-            ({"type": "uncorrectable"}, _slow(lambda s: s.remapped_rows_uncorrectable)))),
-    _Field("gpumon_gpu_row_remap_pending", "gauge", "1 when a row remap waits for a GPU reset.",
-           _one(_slow(lambda s: s.row_remap_pending))),
-    _Field("gpumon_gpu_row_remap_failure", "gauge", "1 when a row remap has failed.",
-           _one(_slow(lambda s: s.row_remap_failure))),
+    _Field(
+        "gpumon_gpu_utilization_ratio",
+        "gauge",
+        "Fraction of the sample period the SMs were busy.",
+        _one(_fast(lambda f: f.utilization_ratio)),
+        "ratio",
+    ),
+    _Field(
+        "gpumon_gpu_memory_utilization_ratio",
+        "gauge",
+        "Fraction of the sample period the memory controller was busy.",
+        _one(_fast(lambda f: f.memory_utilization_ratio)),
+        "ratio",
+    ),
+    _Field(
+        "gpumon_gpu_temperature_celsius",
+        "gauge",
+        "Temperature by sensor.",
+        (
+            ({"sensor": "gpu"}, _fast(lambda f: f.temperature_gpu_celsius)),
+            ({"sensor": "memory"}, _fast(lambda f: f.temperature_memory_celsius)),
+        ),
+        "celsius",
+    ),
+    _Field("gpumon_gpu_power_watts", "gauge", "Power draw.", _one(_fast(lambda f: f.power_watts)), "watts"),
+    _Field(
+        "gpumon_gpu_power_limit_watts",
+        "gauge",
+        "Power management limit.",
+        _one(_fast(lambda f: f.power_limit_watts)),
+        "watts",
+    ),
+    _Field(
+        "gpumon_gpu_energy_joules_total",
+        "counter",
+        "Energy consumed since the driver was loaded.",
+        _one(_fast(lambda f: f.energy_joules)),
+        "joules",
+    ),
+    _Field(
+        "gpumon_gpu_clock_hertz",
+        "gauge",
+        "Current clock frequency by clock domain.",
+        (
+            ({"clock": "sm"}, _fast(lambda f: f.sm_clock_hertz)),
+            ({"clock": "memory"}, _fast(lambda f: f.memory_clock_hertz)),
+        ),
+        "hertz",
+    ),
+    _Field(
+        "gpumon_gpu_pcie_replays_total",
+        "counter",
+        "PCIe replays (retries).",
+        _one(_slow(lambda s: s.pcie_replays)),
+    ),
+    _Field(
+        "gpumon_gpu_ecc_errors_total",
+        "counter",
+        "ECC errors since the last driver load (volatile).",
+        (
+            ({"type": "corrected"}, _slow(lambda s: s.ecc_corrected)),
+            ({"type": "uncorrected"}, _slow(lambda s: s.ecc_uncorrected)),
+        ),
+    ),
+    _Field(
+        "gpumon_gpu_remapped_rows",
+        "gauge",
+        "Memory rows remapped, by the error that caused it.",
+        (
+            ({"type": "correctable"}, _slow(lambda s: s.remapped_rows_correctable)),
+            ({"type": "uncorrectable"}, _slow(lambda s: s.remapped_rows_uncorrectable)),
+        ),
+    ),
+    _Field(
+        "gpumon_gpu_row_remap_pending",
+        "gauge",
+        "1 when a row remap waits for a GPU reset.",
+        _one(_slow(lambda s: s.row_remap_pending)),
+    ),
+    _Field(
+        "gpumon_gpu_row_remap_failure",
+        "gauge",
+        "1 when a row remap has failed.",
+        _one(_slow(lambda s: s.row_remap_failure)),
+    ),
 )
 
 _POD_LABELS = ("node", "namespace", "pod", "container", "gpu", "uuid")
@@ -276,10 +333,14 @@ _POD_LABELS = ("node", "namespace", "pod", "container", "gpu", "uuid")
 
 def _native(snap: Snapshot) -> list[Metric]:
     info = _family("gpumon_gpu_info", "gauge", "GPU identity and driver versions (always 1).")
-    health = _family("gpumon_gpu_health", "gauge",
-                     "The exporter's health judgement, one-hot over healthy/degraded/unhealthy/lost.")
-    health_info = _family("gpumon_gpu_health_info", "gauge",
-                          "Why a GPU is not healthy, one series per reason (always 1).")
+    health = _family(
+        "gpumon_gpu_health",
+        "gauge",
+        "The exporter's health judgement, one-hot over healthy/degraded/unhealthy/lost.",
+    )
+    health_info = _family(
+        "gpumon_gpu_health_info", "gauge", "Why a GPU is not healthy, one series per reason (always 1)."
+    )
     throttled = _family("gpumon_gpu_throttled", "gauge", "1 while a clock event (throttle) reason is active.")
     xids = _family("gpumon_gpu_xid_errors_total", "counter", "Xid errors seen since the exporter started.")
     driver = snap.driver.driver_version if snap.driver else ""
@@ -289,8 +350,17 @@ def _native(snap: Snapshot) -> list[Metric]:
     for g in snap.gpus:
         ident = g.identity
         base = {"node": snap.node, "gpu": str(ident.index), "uuid": ident.uuid}
-        _add(info, {**base, "model": ident.model, "pci_bus_id": ident.pci_bus_id,
-                    "driver_version": driver, "cuda_version": cuda}, 1)
+        _add(
+            info,
+            {
+                **base,
+                "model": ident.model,
+                "pci_bus_id": ident.pci_bus_id,
+                "driver_version": driver,
+                "cuda_version": cuda,
+            },
+            1,
+        )
         for state in HealthState:
             _add(health, {**base, "state": state.value}, 1 if g.health.state is state else 0)
         for reason, detail in dict.fromkeys((r.code, r.detail) for r in g.health.reasons) or [("", "")]:
@@ -308,32 +378,72 @@ def _native(snap: Snapshot) -> list[Metric]:
                 _add(throttled, {**base, "reason": reason}, 1 if reason in active else 0)
 
     per_gpu = _emit(_NATIVE_FIELDS, present)
-    _emit_mig_memory(_NATIVE_MEMORY, per_gpu, (
-        (mig, {**base, "gpu_instance": str(mig.gpu_instance),
-               "compute_instance": str(mig.compute_instance), "mig_profile": mig.profile})
-        for g, base in present for mig in _migs(g)
-    ))
+    _emit_mig_memory(
+        _NATIVE_MEMORY,
+        per_gpu,
+        (
+            (
+                mig,
+                {
+                    **base,
+                    "gpu_instance": str(mig.gpu_instance),
+                    "compute_instance": str(mig.compute_instance),
+                    "mig_profile": mig.profile,
+                },
+            )
+            for g, base in present
+            for mig in _migs(g)
+        ),
+    )
     return [info, *per_gpu, throttled, xids, health, health_info, *_native_pods(snap)]
 
 
 def _native_pods(snap: Snapshot) -> list[Metric]:
-    used = _family("gpumon_pod_gpu_memory_used_bytes", "gauge",
-                   "GPU memory used by the container's processes.", "bytes")
-    util = _family("gpumon_pod_gpu_utilization_ratio", "gauge",
-                   "SM busy fraction of the container's processes, summed.", "ratio")
-    alloc_mem = _family("gpumon_pod_gpu_memory_allocated_bytes", "gauge",
-                        "GPU memory allocated to the container on a shared GPU.", "bytes")
-    alloc_core = _family("gpumon_pod_gpu_core_allocated_ratio", "gauge",
-                         "Share of GPU cores allocated to the container on a shared GPU.", "ratio")
-    allocated = _family("gpumon_pod_gpu_allocated", "gauge",
-                        "1 when the device is assigned whole to the container (kubelet pod-resources).")
-    unallocated = _family("gpumon_pod_gpu_unallocated_use", "gauge",
-                          "1 when the container's processes use a GPU no source allocated to its pod.")
+    used = _family(
+        "gpumon_pod_gpu_memory_used_bytes", "gauge", "GPU memory used by the container's processes.", "bytes"
+    )
+    util = _family(
+        "gpumon_pod_gpu_utilization_ratio",
+        "gauge",
+        "SM busy fraction of the container's processes, summed.",
+        "ratio",
+    )
+    alloc_mem = _family(
+        "gpumon_pod_gpu_memory_allocated_bytes",
+        "gauge",
+        "GPU memory allocated to the container on a shared GPU.",
+        "bytes",
+    )
+    alloc_core = _family(
+        "gpumon_pod_gpu_core_allocated_ratio",
+        "gauge",
+        "Share of GPU cores allocated to the container on a shared GPU.",
+        "ratio",
+    )
+    allocated = _family(
+        "gpumon_pod_gpu_allocated",
+        "gauge",
+        "1 when the device is assigned whole to the container (kubelet pod-resources).",
+    )
+    unallocated = _family(
+        "gpumon_pod_gpu_unallocated_use",
+        "gauge",
+        "1 when the container's processes use a GPU no source allocated to its pod.",
+    )
     for p in snap.pods:
-        labels = dict(zip(_POD_LABELS, (snap.node, p.ref.namespace, p.ref.pod, p.ref.container,
-                                        str(p.gpu_index), p.gpu_uuid), strict=True))
-        for family, value in ((used, p.used_memory_bytes), (util, p.utilization_ratio),
-                              (alloc_mem, p.allocated_memory_bytes), (alloc_core, p.allocated_core_ratio)):
+        labels = dict(
+            zip(
+                _POD_LABELS,
+                (snap.node, p.ref.namespace, p.ref.pod, p.ref.container, str(p.gpu_index), p.gpu_uuid),
+                strict=True,
+            )
+        )
+        for family, value in (
+            (used, p.used_memory_bytes),
+            (util, p.utilization_ratio),
+            (alloc_mem, p.allocated_memory_bytes),
+            (alloc_core, p.allocated_core_ratio),
+        ):
             if value is not None:
                 _add(family, labels, value)
         for resource in p.allocated_resources:
@@ -363,49 +473,112 @@ _DCGM_MEMORY: tuple[tuple[str, str, MemoryGetter], ...] = (
     ("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).", lambda m: _mib(m.reserved_bytes)),
 )
 
-_DCGM_XID = _Field("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.",
-                   _one(lambda g: float(g.last_xid or 0)))
+_DCGM_XID = _Field(
+    "DCGM_FI_DEV_XID_ERRORS",
+    "gauge",
+    "Value of the last XID error encountered.",
+    _one(lambda g: float(g.last_xid or 0)),
+)
 
 _DCGM_FIELDS: tuple[_Field, ...] = (
-    _Field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).",
-           _one(_fast(lambda f: _scaled(f.sm_clock_hertz, 1e-6)))),
-    _Field("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).",
-           _one(_fast(lambda f: _scaled(f.memory_clock_hertz, 1e-6)))),
-    _Field("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).",
-           _one(_fast(lambda f: f.temperature_memory_celsius))),
-    _Field("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).",
-           _one(_fast(lambda f: f.temperature_gpu_celsius))),
-    _Field("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).",
-           _one(_fast(lambda f: f.power_watts))),
-    _Field("DCGM_FI_DEV_POWER_MGMT_LIMIT", "gauge", "Power management limit (in W).",
-           _one(_fast(lambda f: f.power_limit_watts))),
-    _Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "unknown",
-           "Total energy consumption since boot (in mJ).",
-           _one(_fast(lambda f: _scaled(f.energy_joules, 1e3)))),
-    _Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "unknown", "Total number of PCIe retries.",
-           _one(_slow(lambda s: s.pcie_replays))),
-    _Field("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).",
-           _one(_fast(lambda f: _scaled(f.utilization_ratio, 100.0)))),
-    _Field("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).",
-           _one(_fast(lambda f: _scaled(f.memory_utilization_ratio, 100.0)))),
-    _Field("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge",
-           "Current clock event reasons (bitmask of nvmlClocksEventReason*).",
-           _one(_fast(_throttle_mask))),
+    _Field(
+        "DCGM_FI_DEV_SM_CLOCK",
+        "gauge",
+        "SM clock frequency (in MHz).",
+        _one(_fast(lambda f: _scaled(f.sm_clock_hertz, 1e-6))),
+    ),
+    _Field(
+        "DCGM_FI_DEV_MEM_CLOCK",
+        "gauge",
+        "Memory clock frequency (in MHz).",
+        _one(_fast(lambda f: _scaled(f.memory_clock_hertz, 1e-6))),
+    ),
+    _Field(
+        "DCGM_FI_DEV_MEMORY_TEMP",
+        "gauge",
+        "Memory temperature (in C).",
+        _one(_fast(lambda f: f.temperature_memory_celsius)),
+    ),
+    _Field(
+        "DCGM_FI_DEV_GPU_TEMP",
+        "gauge",
+        "GPU temperature (in C).",
+        _one(_fast(lambda f: f.temperature_gpu_celsius)),
+    ),
+    _Field("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", _one(_fast(lambda f: f.power_watts))),
+    _Field(
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT",
+        "gauge",
+        "Power management limit (in W).",
+        _one(_fast(lambda f: f.power_limit_watts)),
+    ),
+    _Field(
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "unknown",
+        "Total energy consumption since boot (in mJ).",
+        _one(_fast(lambda f: _scaled(f.energy_joules, 1e3))),
+    ),
+    _Field(
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "unknown",
+        "Total number of PCIe retries.",
+        _one(_slow(lambda s: s.pcie_replays)),
+    ),
+    _Field(
+        "DCGM_FI_DEV_GPU_UTIL",
+        "gauge",
+        "GPU utilization (in %).",
+        _one(_fast(lambda f: _scaled(f.utilization_ratio, 100.0))),
+    ),
+    _Field(
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "gauge",
+        "Memory utilization (in %).",
+        _one(_fast(lambda f: _scaled(f.memory_utilization_ratio, 100.0))),
+    ),
+    _Field(
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        "gauge",
+        "Current clock event reasons (bitmask of nvmlClocksEventReason*).",
+        _one(_fast(_throttle_mask)),
+    ),
     *_memory_fields(_DCGM_MEMORY),
-    _Field("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "unknown", "Total number of single-bit volatile ECC errors.",
-           _one(_slow(lambda s: s.ecc_corrected))),
-    _Field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "unknown", "Total number of double-bit volatile ECC errors.",
-           _one(_slow(lambda s: s.ecc_uncorrected))),
-    _Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "unknown",
-           "Number of remapped rows for uncorrectable errors",
-           _one(_slow(lambda s: s.remapped_rows_uncorrectable))),
-    _Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "unknown",
-           "Number of remapped rows for correctable errors",
-           _one(_slow(lambda s: s.remapped_rows_correctable))),
-    _Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
-           _one(_slow(lambda s: s.row_remap_failure))),
-    _Field("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "Whether remapping of rows is pending",
-           _one(_slow(lambda s: s.row_remap_pending))),
+    _Field(
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "unknown",
+        "Total number of single-bit volatile ECC errors.",
+        _one(_slow(lambda s: s.ecc_corrected)),
+    ),
+    _Field(
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "unknown",
+        "Total number of double-bit volatile ECC errors.",
+        _one(_slow(lambda s: s.ecc_uncorrected)),
+    ),
+    _Field(
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "unknown",
+        "Number of remapped rows for uncorrectable errors",
+        _one(_slow(lambda s: s.remapped_rows_uncorrectable)),
+    ),
+    _Field(
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "unknown",
+        "Number of remapped rows for correctable errors",
+        _one(_slow(lambda s: s.remapped_rows_correctable)),
+    ),
+    _Field(
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "gauge",
+        "Whether remapping of rows has failed",
+        _one(_slow(lambda s: s.row_remap_failure)),
+    ),
+    _Field(
+        "DCGM_FI_DEV_ROW_REMAP_PENDING",
+        "gauge",
+        "Whether remapping of rows is pending",
+        _one(_slow(lambda s: s.row_remap_pending)),
+    ),
     _DCGM_XID,
 )
 
@@ -420,14 +593,27 @@ def _dcgm(snap: Snapshot) -> list[Metric]:
     mig_rows: list[tuple[MigInstance, Labels]] = []
     for g in snap.gpus:
         ident = g.identity
-        device = {"gpu": str(ident.index), "UUID": ident.uuid, "pci_bus_id": ident.pci_bus_id,
-                  "device": f"nvidia{ident.index}", "modelName": ident.model}
+        device = {
+            "gpu": str(ident.index),
+            "UUID": ident.uuid,
+            "pci_bus_id": ident.pci_bus_id,
+            "device": f"nvidia{ident.index}",
+            "modelName": ident.model,
+        }
         row = (g, {**device, **host, **holders.get(ident.uuid, {})})
         if not g.lost:
             present.append(row)
             mig_rows.extend(
-                (mig, {**device, "GPU_I_PROFILE": mig.profile, "GPU_I_ID": str(mig.gpu_instance),
-                       **host, **holders.get(mig.uuid, {})})
+                (
+                    mig,
+                    {
+                        **device,
+                        "GPU_I_PROFILE": mig.profile,
+                        "GPU_I_ID": str(mig.gpu_instance),
+                        **host,
+                        **holders.get(mig.uuid, {}),
+                    },
+                )
                 for mig in _migs(g)
             )
         elif g.last_xid is not None:

@@ -30,15 +30,21 @@ def test_admin_is_cluster_admin(devcluster: DevCluster) -> None:
 async def test_crds_are_established_with_scale_subresources(api: client.ApiClient) -> None:
     ext = client.ApiextensionsV1Api(api)
     crds = {c.metadata.name: c for c in (await ext.list_custom_resource_definition()).items}
-    for name in ("machinedeployments.cluster.x-k8s.io", "machinesets.cluster.x-k8s.io",
-                 "machinepools.cluster.x-k8s.io"):
+    for name in (
+        "machinedeployments.cluster.x-k8s.io",
+        "machinesets.cluster.x-k8s.io",
+        "machinepools.cluster.x-k8s.io",
+    ):
         established = {c.type: c.status for c in crds[name].status.conditions}.get("Established")
         assert established == "True", name
         v1beta2 = next(v for v in crds[name].spec.versions if v.name == "v1beta2")
         assert v1beta2.served and v1beta2.storage
         assert v1beta2.subresources.scale.spec_replicas_path == ".spec.replicas"
-    for name in ("servicemonitors.monitoring.coreos.com", "podmonitors.monitoring.coreos.com",
-                 "prometheusrules.monitoring.coreos.com"):
+    for name in (
+        "servicemonitors.monitoring.coreos.com",
+        "podmonitors.monitoring.coreos.com",
+        "prometheusrules.monitoring.coreos.com",
+    ):
         assert name in crds
 
 

@@ -67,7 +67,10 @@ def test_failed_start_reports_the_component_log_and_stops_the_rest(tmp_path: Pat
 def _gpumon(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gpumon.cli", "devcluster", f"--state-dir={state_dir}", *args],
-        capture_output=True, text=True, timeout=180, check=False,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
     )
 
 
@@ -95,7 +98,10 @@ def test_cli_up_detach_then_status_kubeconfig_and_down(tmp_path: Path) -> None:
 def test_children_die_when_their_supervisor_is_killed(tmp_path: Path) -> None:
     marker = str(tmp_path / "sleeper")
     supervisor = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import pathlib, sys, time
             from gpumon.devcluster import processes
             argv = [sys.executable, "-c", "import time; time.sleep(300)", {marker!r}]
@@ -103,8 +109,10 @@ def test_children_die_when_their_supervisor_is_killed(tmp_path: Path) -> None:
                                     cwd=pathlib.Path({str(tmp_path)!r}))
             print(child.pid, flush=True)
             time.sleep(300)
-        """)],
-        stdout=subprocess.PIPE, text=True,
+        """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert supervisor.stdout is not None
     child_pid = int(supervisor.stdout.readline())

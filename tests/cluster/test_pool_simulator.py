@@ -25,7 +25,10 @@ TEMPLATE = nodes.NodeTemplate(gpus=4, product="NVIDIA-H100-80GB-HBM3", labels={"
 async def pool(api: client.ApiClient, namespace: str, test_id: str) -> AsyncIterator[SimulatedPool]:
     custom = client.CustomObjectsApi(api)
     await custom.create_namespaced_custom_object(
-        capi.GROUP, capi.VERSION, namespace, capi.MACHINE_DEPLOYMENTS,
+        capi.GROUP,
+        capi.VERSION,
+        namespace,
+        capi.MACHINE_DEPLOYMENTS,
         capi.machine_deployment(test_id, namespace, replicas=0),
     )
     yield SimulatedPool(namespace, test_id, TEMPLATE, TIMING)
@@ -42,8 +45,13 @@ async def _scale(custom: client.CustomObjectsApi, pool: SimulatedPool) -> dict[s
 
 async def _patch_scale(custom: client.CustomObjectsApi, pool: SimulatedPool, replicas: int) -> None:
     await custom.patch_namespaced_custom_object_scale(
-        capi.GROUP, capi.VERSION, pool.namespace, capi.MACHINE_DEPLOYMENTS, pool.name,
-        {"spec": {"replicas": replicas}}, _content_type="application/merge-patch+json",
+        capi.GROUP,
+        capi.VERSION,
+        pool.namespace,
+        capi.MACHINE_DEPLOYMENTS,
+        pool.name,
+        {"spec": {"replicas": replicas}},
+        _content_type="application/merge-patch+json",
     )
 
 
@@ -73,8 +81,9 @@ async def test_pool_simulator_follows_scale_up_and_down(api: client.ApiClient, p
         for n in listed:
             if not nodes.has_gpus_allocatable(n.status.allocatable, TEMPLATE):
                 seen_without_gpus.append((now, float(n.metadata.annotations[JOINED_AT_ANNOTATION])))
-        ok = [n for n in listed
-              if not with_gpus or nodes.has_gpus_allocatable(n.status.allocatable, TEMPLATE)]
+        ok = [
+            n for n in listed if not with_gpus or nodes.has_gpus_allocatable(n.status.allocatable, TEMPLATE)
+        ]
         return listed if len(listed) == count and len(ok) == count else None
 
     async with PoolSimulator(api, [pool], interval_seconds=0.2).running():

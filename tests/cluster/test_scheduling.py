@@ -22,8 +22,9 @@ def own_nodes(test_id: str, gpus: int) -> nodes.NodeTemplate:
 
 def gpu_deployment(name: str, replicas: int, test_id: str, gpus: int = 1) -> dict[str, Any]:
     # Only this test's nodes (see own_nodes).
-    return workloads.gpu_deployment(name, replicas=replicas, limits={nodes.GPU: str(gpus)},
-                                    node_selector={TEST_LABEL: test_id})
+    return workloads.gpu_deployment(
+        name, replicas=replicas, limits={nodes.GPU: str(gpus)}, node_selector={TEST_LABEL: test_id}
+    )
 
 
 async def _pods(core: client.CoreV1Api, namespace: str, app: str) -> list[client.V1Pod]:
@@ -31,8 +32,11 @@ async def _pods(core: client.CoreV1Api, namespace: str, app: str) -> list[client
 
 
 async def _running(core: client.CoreV1Api, namespace: str, app: str, count: int) -> list[client.V1Pod] | None:
-    pods = [p for p in await _pods(core, namespace, app)
-            if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
+    pods = [
+        p
+        for p in await _pods(core, namespace, app)
+        if p.status.phase == "Running" and p.metadata.deletion_timestamp is None
+    ]
     return pods if len(pods) == count else None
 
 
@@ -63,8 +67,10 @@ async def test_noschedule_taint_keeps_new_pods_off_the_node(
 
     async def two_unschedulable() -> list[client.V1Pod] | None:
         pending = [
-            p for p in await _pods(core, namespace, "infer")
-            if p.status.phase == "Pending" and any(
+            p
+            for p in await _pods(core, namespace, "infer")
+            if p.status.phase == "Pending"
+            and any(
                 c.type == "PodScheduled" and c.reason == "Unschedulable" for c in p.status.conditions or []
             )
         ]
@@ -84,10 +90,13 @@ async def test_eviction_blocked_by_pdb_returns_429_and_passes_once_allowed(
     policy = client.PolicyV1Api(api)
     await client.AppsV1Api(api).create_namespaced_deployment(namespace, gpu_deployment("serve", 2, test_id))
     pods = await eventually(lambda: _running(core, namespace, "serve", 2), what="2 pods Running")
-    await policy.create_namespaced_pod_disruption_budget(namespace, {
-        "metadata": {"name": "serve"},
-        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "serve"}}},
-    })
+    await policy.create_namespaced_pod_disruption_budget(
+        namespace,
+        {
+            "metadata": {"name": "serve"},
+            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "serve"}}},
+        },
+    )
 
     async def pdb_observed() -> client.V1PodDisruptionBudget | None:
         pdb = await policy.read_namespaced_pod_disruption_budget("serve", namespace)
@@ -97,8 +106,11 @@ async def test_eviction_blocked_by_pdb_returns_429_and_passes_once_allowed(
 
     await eventually(pdb_observed, what="PDB status computed by the disruption controller")
     victim = pods[0].metadata.name
-    eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
-                "metadata": {"name": victim, "namespace": namespace}}
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": victim, "namespace": namespace},
+    }
 
     with pytest.raises(ApiException) as blocked:
         await core.create_namespaced_pod_eviction(victim, namespace, eviction)

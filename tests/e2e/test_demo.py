@@ -142,10 +142,17 @@ async def test_default_demo_plays_every_step_in_the_cluster(tmp_path: Path) -> N
                 asyncio.create_task(
                     _watch(history, "Deployment", apps.list_namespaced_deployment, NAMESPACE)
                 ),
-                asyncio.create_task(_watch(
-                    history, "MachineDeployment", custom.list_namespaced_custom_object,
-                    capi.GROUP, capi.VERSION, NAMESPACE, capi.MACHINE_DEPLOYMENTS,
-                )),
+                asyncio.create_task(
+                    _watch(
+                        history,
+                        "MachineDeployment",
+                        custom.list_namespaced_custom_object,
+                        capi.GROUP,
+                        capi.VERSION,
+                        NAMESPACE,
+                        capi.MACHINE_DEPLOYMENTS,
+                    )
+                ),
             ]
             try:
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -161,8 +168,10 @@ async def test_default_demo_plays_every_step_in_the_cluster(tmp_path: Path) -> N
     _check_history(history, output)
     report = json.loads((state / "report.json").read_text())
     steps = ", ".join(f"{s['name']} {s['seconds']:.1f} s" for s in report["steps"])
-    print(f"\nmeasured by the demo: ready {report['ready_seconds']:.1f} s, {steps}, "
-          f"total {report['total_seconds']:.1f} s; by this test {time.monotonic() - started:.1f} s")
+    print(
+        f"\nmeasured by the demo: ready {report['ready_seconds']:.1f} s, {steps}, "
+        f"total {report['total_seconds']:.1f} s; by this test {time.monotonic() - started:.1f} s"
+    )
 
 
 def _check_history(h: History, output: str) -> None:
@@ -187,24 +196,28 @@ def _check_history(h: History, output: str) -> None:
     # 2. The Xid: taint and condition on one node; only the pod on the bad GPU evicted; its
     # replacement ran elsewhere before the burst.
     bad = taint.name
-    assert h.first("Node", lambda c: c.name == bad and condition_true(c.obj), after=taint.at - 5), \
-        fail(f"{bad} never had {CONDITION}=True")
+    assert h.first("Node", lambda c: c.name == bad and condition_true(c.obj), after=taint.at - 5), fail(
+        f"{bad} never had {CONDITION}=True"
+    )
     # A second before the taint: the watch streams are not ordered with each other.
     before = h.state("Pod", taint.at - 1.0)
-    on_bad = {n for n, p in before.items()
-              if is_trainer(p) and running(p) and p["spec"].get("nodeName") == bad}
+    on_bad = {
+        n for n, p in before.items() if is_trainer(p) and running(p) and p["spec"].get("nodeName") == bad
+    }
     assert on_bad, fail(f"no trainer pod on {bad} when it was tainted")
     lift = h.first("Node", lambda c: c.name == bad and not tainted(c.obj), after=taint.at)
     assert lift is not None, fail(f"the taint on {bad} was never lifted")
     burst = h.first("Deployment", lambda c: c.name == WORKLOAD and c.obj["spec"]["replicas"] == 12)
-    assert burst is not None and taint.at < burst.at < lift.at, \
-        fail("no burst to 12 replicas during the quarantine")
+    assert burst is not None and taint.at < burst.at < lift.at, fail(
+        "no burst to 12 replicas during the quarantine"
+    )
     gone = on_bad - {n for n, p in h.state("Pod", burst.at).items() if running(p)}
     assert len(gone) == 1, fail(f"expected exactly the one pod on the bad GPU evicted from {bad}, got {gone}")
     at_burst = trainers(burst.at)
     replaced = [p for p in at_burst if p["metadata"]["name"] not in before and p["spec"]["nodeName"] != bad]
-    assert len(at_burst) == 6 and len(replaced) == 1, \
-        fail("the evicted pod's replacement was not Running elsewhere before the burst")
+    assert len(at_burst) == 6 and len(replaced) == 1, fail(
+        "the evicted pod's replacement was not Running elsewhere before the burst"
+    )
 
     # 3. The burst: the pool's MachineDeployment went up, a node joined, all 12 pods ran.
     def replicas(c: Change) -> int:
@@ -214,8 +227,11 @@ def _check_history(h: History, output: str) -> None:
     assert mds and mds[0][1] == 3, fail(f"the pool did not start at 3 replicas: {mds}")
     up = next(((t, r) for t, r in mds if r > 3), None)
     assert up is not None and up[0] > burst.at, fail(f"the pool never scaled up after the burst: {mds}")
-    joined = h.first("Node", lambda c: c.type == "ADDED" and (c.obj["metadata"].get("labels") or {})
-                     .get(POOL_LABEL) == POOL, after=up[0])
+    joined = h.first(
+        "Node",
+        lambda c: c.type == "ADDED" and (c.obj["metadata"].get("labels") or {}).get(POOL_LABEL) == POOL,
+        after=up[0],
+    )
     assert joined is not None, fail("no pool node joined after the scale-up")
     twelve = trainers_reach(12, after=up[0])
     assert twelve is not None, fail("the 12 trainer pods never all ran")
@@ -223,8 +239,9 @@ def _check_history(h: History, output: str) -> None:
     # 4. Recovery: after the burst had landed, the taint went, then the condition (two writes:
     # the taint is in the spec, the condition in the status).
     assert lift.at > twelve, fail("the taint was lifted before the burst landed")
-    cleared = h.first("Node", lambda c: c.name == bad and not tainted(c.obj) and not condition_true(c.obj),
-                      after=lift.at)
+    cleared = h.first(
+        "Node", lambda c: c.name == bad and not tainted(c.obj) and not condition_true(c.obj), after=lift.at
+    )
     assert cleared is not None, fail(f"{CONDITION} on {bad} was never cleared")
 
     # 5. Idle: the pool went back down and its nodes left.

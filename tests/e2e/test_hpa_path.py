@@ -43,8 +43,14 @@ STEP_SECONDS = 120.0  # one step of the path on a busy 2-core machine; typically
 
 
 def deployment(test_id: str) -> dict[str, Any]:
-    return gpu_deployment(APP, replicas=1, limits={GPU: "1"}, node_selector={TEST_LABEL: test_id},
-                          container=APP, image="inference:1")
+    return gpu_deployment(
+        APP,
+        replicas=1,
+        limits={GPU: "1"},
+        node_selector={TEST_LABEL: test_id},
+        container=APP,
+        image="inference:1",
+    )
 
 
 def hpa(namespace: str) -> dict[str, Any]:

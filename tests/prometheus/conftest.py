@@ -43,7 +43,12 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusP
 def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExporterProcess]:
     process = ExporterProcess(
         tmp_path_factory.mktemp("exporter"),
-        "--backend", "simulated", "--metrics-profile", "both", "--node-name", "prom-test-node",
+        "--backend",
+        "simulated",
+        "--metrics-profile",
+        "both",
+        "--node-name",
+        "prom-test-node",
     )
     try:
         process.start()
@@ -77,17 +82,20 @@ FleetPod = tuple[str, str, str, tuple[int, ...]]
 FLEET_NODES: dict[str, tuple[str, tuple[dict[str, Any], ...], tuple[FleetPod, ...]]] = {
     "gpu-node-a": (
         "A100-SXM4-80GB",
-        ({"gpu": 1, "fault": "xid", "code": 79},
-         {"gpu": 2, "fault": "overheat", "celsius": 97},
-         {"gpu": 3, "fault": "ecc", "count": 2}),
-        (("ml", "inference-7d9f8-abcde", "inference", (0,)),
-         ("ml", "trainer-0", "trainer", (2, 3))),
+        (
+            {"gpu": 1, "fault": "xid", "code": 79},
+            {"gpu": 2, "fault": "overheat", "celsius": 97},
+            {"gpu": 3, "fault": "ecc", "count": 2},
+        ),
+        (("ml", "inference-7d9f8-abcde", "inference", (0,)), ("ml", "trainer-0", "trainer", (2, 3))),
     ),
     "gpu-node-b": (
         "H100-80GB-HBM3",
         (),
-        (("ml", "inference-7d9f8-fghij", "inference", (0,)),
-         ("research", "notebook-alice", "notebook", (1,))),
+        (
+            ("ml", "inference-7d9f8-fghij", "inference", (0,)),
+            ("research", "notebook-alice", "notebook", (1,)),
+        ),
     ),
 }
 
@@ -109,15 +117,33 @@ def gpu_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ex
                 ]
                 (workdir / "proc").mkdir()
                 config = workdir / "exporter.yaml"
-                config.write_text(yaml.safe_dump({"pods": {
-                    "pod_resources_socket": str(sockets / f"{node}.sock"),
-                    "host_proc": str(workdir / "proc"),
-                    "api": False,
-                }}))
+                config.write_text(
+                    yaml.safe_dump(
+                        {
+                            "pods": {
+                                "pod_resources_socket": str(sockets / f"{node}.sock"),
+                                "host_proc": str(workdir / "proc"),
+                                "api": False,
+                            }
+                        }
+                    )
+                )
                 fleet[node] = ExporterProcess(
-                    workdir, "--config", str(config), "--backend", "simulated", "--node-name", node,
-                    "--simulate-gpus", "4", "--simulate-model", model, "--simulate-seed", str(seed),
-                    "--slow-interval", "1",
+                    workdir,
+                    "--config",
+                    str(config),
+                    "--backend",
+                    "simulated",
+                    "--node-name",
+                    node,
+                    "--simulate-gpus",
+                    "4",
+                    "--simulate-model",
+                    model,
+                    "--simulate-seed",
+                    str(seed),
+                    "--slow-interval",
+                    "1",
                 )
                 fleet[node].start()
             for node, (_, faults, _) in FLEET_NODES.items():
@@ -152,6 +178,7 @@ def fleet_prometheus(
     prometheus.wait_for('gpumon_gpu_throttled{reason="hw_thermal"} == 1')
     prometheus.wait_for('gpumon_gpu_xid_errors_total{xid="79"}')
     pods = sum(len(gpus) for _, _, node_pods in FLEET_NODES.values() for *_, gpus in node_pods)
-    prometheus.wait_for("count(gpumon_pod_gpu_allocated)",
-                        until=lambda r: bool(r) and int(r[0]["value"][1]) == pods)
+    prometheus.wait_for(
+        "count(gpumon_pod_gpu_allocated)", until=lambda r: bool(r) and int(r[0]["value"][1]) == pods
+    )
     return prometheus

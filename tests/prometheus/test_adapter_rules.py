@@ -101,8 +101,9 @@ def test_examples_use_the_external_rules() -> None:
     adapter_query = fill(
         rule["metricsQuery"],
         series=rule["seriesQuery"].split("{")[0],
-        label_matchers=",".join([*(f'{k}="{v}"' for k, v in selector.items()),
-                                 f'namespace="{HPA["metadata"]["namespace"]}"']),
+        label_matchers=",".join(
+            [*(f'{k}="{v}"' for k, v in selector.items()), f'namespace="{HPA["metadata"]["namespace"]}"']
+        ),
         group_by="",
     )
     (trigger,) = KEDA["spec"]["triggers"]
@@ -134,8 +135,12 @@ def test_custom_rule_returns_one_series_per_requested_pod(
     namespace = sorted(by_pod)[0][0]
     pods = sorted(p for ns, p in by_pod if ns == namespace)[:2]
     matcher = f'pod="{pods[0]}"' if len(pods) == 1 else f'pod=~"{"|".join(pods)}"'
-    query = fill(rule["metricsQuery"], series=rule["seriesQuery"].split("{")[0],
-                 label_matchers=f'namespace="{namespace}",{matcher}', group_by="pod")
+    query = fill(
+        rule["metricsQuery"],
+        series=rule["seriesQuery"].split("{")[0],
+        label_matchers=f'namespace="{namespace}",{matcher}',
+        group_by="pod",
+    )
     result = _at(fleet_prometheus, query, moment)
     assert {r["metric"]["pod"] for r in result} == set(pods), query
     aggregate = _aggregate(rule)

@@ -192,15 +192,18 @@ class AlertmanagerProcess(_LoggedProcess):
             raise RuntimeError("Alertmanager is not installed: run `make system-packages`")
         config_path = self.workdir / "alertmanager.yml"
         config_path.write_text(yaml.safe_dump(self.config))
-        self._spawn([
-            binary,
-            f"--config.file={config_path}",
-            f"--storage.path={self.workdir / 'data'}",
-            f"--web.listen-address={self.target}",
-            "--cluster.listen-address=",  # a single instance: no gossip port
-        ])
-        self._wait_until(lambda: http_get(f"http://{self.target}/-/ready")[0] == 200, "ready",
-                         READY_DEADLINE_SECONDS)
+        self._spawn(
+            [
+                binary,
+                f"--config.file={config_path}",
+                f"--storage.path={self.workdir / 'data'}",
+                f"--web.listen-address={self.target}",
+                "--cluster.listen-address=",  # a single instance: no gossip port
+            ]
+        )
+        self._wait_until(
+            lambda: http_get(f"http://{self.target}/-/ready")[0] == 200, "ready", READY_DEADLINE_SECONDS
+        )
 
 
 @pytest.fixture
@@ -222,8 +225,17 @@ def alertmanager(tmp_path: Path, webhook: _Webhook) -> Iterator[AlertmanagerProc
 
 @pytest.fixture
 def broken_node_exporter(tmp_path: Path) -> Iterator[ExporterProcess]:
-    process = ExporterProcess(tmp_path, "--backend", "simulated", "--node-name", "alert-node",
-                              "--simulate-gpus", "2", "--slow-interval", "1")
+    process = ExporterProcess(
+        tmp_path,
+        "--backend",
+        "simulated",
+        "--node-name",
+        "alert-node",
+        "--simulate-gpus",
+        "2",
+        "--slow-interval",
+        "1",
+    )
     try:
         process.start()
         yield process
@@ -245,11 +257,16 @@ def test_broken_gpu_alert_reaches_alertmanager_webhook(
     alertmanager: AlertmanagerProcess,
     webhook: _Webhook,
 ) -> None:
-    prometheus.configure(prometheus.config(
-        {FLEET_JOB: [broken_node_exporter.target]}, rule_files=[RULES], alertmanagers=[alertmanager.target]
-    ))
-    prometheus.wait_for('gpumon_gpu_health{node="alert-node", state="healthy"} == 1',
-                        until=lambda r: len(r) == 2)
+    prometheus.configure(
+        prometheus.config(
+            {FLEET_JOB: [broken_node_exporter.target]},
+            rule_files=[RULES],
+            alertmanagers=[alertmanager.target],
+        )
+    )
+    prometheus.wait_for(
+        'gpumon_gpu_health{node="alert-node", state="healthy"} == 1', until=lambda r: len(r) == 2
+    )
     # Healthy GPUs, every rule evaluated on their data: nothing fires.
     seen_healthy = time.time()
     deadline = time.monotonic() + 60
@@ -258,13 +275,15 @@ def test_broken_gpu_alert_reaches_alertmanager_webhook(
         time.sleep(0.5)
     assert prometheus.query('ALERTS{node="alert-node"}') == []
 
-    status, answer = http_post_json(f"{broken_node_exporter.url}/api/v1/faults",
-                                    {"gpu": 1, "fault": "ecc", "count": 3})
+    status, answer = http_post_json(
+        f"{broken_node_exporter.url}/api/v1/faults", {"gpu": 1, "fault": "ecc", "count": 3}
+    )
     assert status == 200, answer
 
     alert = webhook.wait_for_alert(
-        lambda a: a["labels"].get("alertname") == "GpuEccUncorrectable"
-        and a["labels"].get("node") == "alert-node",
+        lambda a: (
+            a["labels"].get("alertname") == "GpuEccUncorrectable" and a["labels"].get("node") == "alert-node"
+        ),
         timeout=120,
     )
     assert alert["status"] == "firing"

@@ -33,10 +33,14 @@ STEP_SECONDS = 5
 RATE_INTERVAL = f"{4 * STEP_SECONDS}s"
 
 # metric (or prefix) -> why a query reading it cannot have data in this tier yet.
-_SHARED = ("shared-GPU allocations come from pod annotations (gpushare, cGPU, HAMi), read from the "
-           "API server, which this tier has not")
-_CONTROLLER = ("the controller runs against the API server, which this tier has not; its metrics "
-               "are not scraped here yet")
+_SHARED = (
+    "shared-GPU allocations come from pod annotations (gpushare, cGPU, HAMi), read from the "
+    "API server, which this tier has not"
+)
+_CONTROLLER = (
+    "the controller runs against the API server, which this tier has not; its metrics "
+    "are not scraped here yet"
+)
 PENDING = {
     "gpumon_pod_gpu_memory_allocated_bytes": _SHARED,
     "gpumon_pod_gpu_core_allocated_ratio": _SHARED,
@@ -57,8 +61,10 @@ class Target:
     def pending(self) -> str | None:
         """Why this query has no data here yet: it reads a PENDING metric (for a union, `or`,
         every metric it reads must be PENDING, since one side with data is enough)."""
-        reasons = [next((why for p, why in PENDING.items() if name.startswith(p)), None)
-                   for name in re.findall(r"\bgpumon_[a-z0-9_]+", self.expr)]
+        reasons = [
+            next((why for p, why in PENDING.items() if name.startswith(p)), None)
+            for name in re.findall(r"\bgpumon_[a-z0-9_]+", self.expr)
+        ]
         known = [why for why in reasons if why]
         if not known or (" or " in self.expr and len(known) < len(reasons)):
             return None
@@ -106,8 +112,11 @@ class Window:
 
     def substitute(self, expr: str, values: dict[str, str] | None = None) -> str:
         """Grafana's interpolation: variables (default "All" = their allValue) and interval macros."""
-        builtins = {"__rate_interval": RATE_INTERVAL, "__interval": f"{STEP_SECONDS}s",
-                    "__range": f"{int(self.end - self.start)}s"}
+        builtins = {
+            "__rate_interval": RATE_INTERVAL,
+            "__interval": f"{STEP_SECONDS}s",
+            "__range": f"{int(self.end - self.start)}s",
+        }
 
         def value(m: re.Match[str]) -> str:
             name = m.group(1) or m.group(2)
@@ -125,8 +134,9 @@ def window(fleet_prometheus: PrometheusProcess, gpu_fleet: dict[str, ExporterPro
     selector = 'gpumon_gpu_xid_errors_total{node="gpu-node-b", gpu="0", xid="13"}'
     before = fleet_prometheus.query(selector)
     count = float(before[0]["value"][1]) if before else 0.0
-    status, answer = http_post_json(f"{gpu_fleet['gpu-node-b'].url}/api/v1/faults",
-                                    {"gpu": 0, "fault": "xid", "code": 13})
+    status, answer = http_post_json(
+        f"{gpu_fleet['gpu-node-b'].url}/api/v1/faults", {"gpu": 0, "fault": "xid", "code": 13}
+    )
     assert status == 200, answer
     fleet_prometheus.wait_for(f"{selector} > {count}")
     end = time.time() + 1
@@ -141,8 +151,13 @@ def test_panel_query_returns_data(
     if target.instant:
         data = fleet_prometheus.api("query", query=expr, time=f"{window.end:.3f}")
     else:
-        data = fleet_prometheus.api("query_range", query=expr, start=f"{window.start:.3f}",
-                                    end=f"{window.end:.3f}", step=str(STEP_SECONDS))
+        data = fleet_prometheus.api(
+            "query_range",
+            query=expr,
+            start=f"{window.start:.3f}",
+            end=f"{window.end:.3f}",
+            step=str(STEP_SECONDS),
+        )
     assert data["result"], f"no data for {expr}"
 
 
@@ -158,10 +173,7 @@ def _label_values(prometheus: PrometheusProcess, query: str, window: Window) -> 
 
 @pytest.mark.parametrize(
     "uid, variable",
-    [
-        pytest.param(uid, v, id=f"{uid}:${v['name']}")
-        for uid, v in _variables()
-    ],
+    [pytest.param(uid, v, id=f"{uid}:${v['name']}") for uid, v in _variables()],
 )
 def test_variable_query_returns_values(
     uid: str, variable: dict[str, Any], fleet_prometheus: PrometheusProcess, window: Window

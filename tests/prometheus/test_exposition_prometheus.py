@@ -56,27 +56,55 @@ def rich_snapshot() -> Snapshot:
     """Every kind of series: all fields, MIG instances, Xids, a lost GPU, pods with odd names."""
     gib = 1024**3
     fast = FastFields(
-        memory=MemoryInfo(80 * gib, 20 * gib, 59 * gib, gib), utilization_ratio=0.5,
-        memory_utilization_ratio=0.2, temperature_gpu_celsius=60, temperature_memory_celsius=66,
-        power_watts=250, power_limit_watts=400, energy_joules=1e6, sm_clock_hertz=1.41e9,
-        memory_clock_hertz=1.593e9, throttle_reasons=frozenset({"sw_power_cap"}),
+        memory=MemoryInfo(80 * gib, 20 * gib, 59 * gib, gib),
+        utilization_ratio=0.5,
+        memory_utilization_ratio=0.2,
+        temperature_gpu_celsius=60,
+        temperature_memory_celsius=66,
+        power_watts=250,
+        power_limit_watts=400,
+        energy_joules=1e6,
+        sm_clock_hertz=1.41e9,
+        memory_clock_hertz=1.593e9,
+        throttle_reasons=frozenset({"sw_power_cap"}),
     )
     mig = MigInstance(1, 0, "3g.40gb", "MIG-1", MemoryInfo(40 * gib, gib, 39 * gib))
-    slow = SlowFields(pcie_replays=1, ecc_corrected=2, ecc_uncorrected=0, remapped_rows_correctable=1,
-                      remapped_rows_uncorrectable=0, row_remap_pending=False, row_remap_failure=False,
-                      mig_instances=(mig,))
-    degraded = HealthVerdict(HealthState.DEGRADED, (HealthReason("Thermal", "temperature 90 C",
-                                                                 HealthState.DEGRADED),))
+    slow = SlowFields(
+        pcie_replays=1,
+        ecc_corrected=2,
+        ecc_uncorrected=0,
+        remapped_rows_correctable=1,
+        remapped_rows_uncorrectable=0,
+        row_remap_pending=False,
+        row_remap_failure=False,
+        mig_instances=(mig,),
+    )
+    degraded = HealthVerdict(
+        HealthState.DEGRADED, (HealthReason("Thermal", "temperature 90 C", HealthState.DEGRADED),)
+    )
     lost = HealthVerdict(HealthState.LOST, (HealthReason("GpuLost", "GPU is lost", HealthState.LOST),))
     gpus = tuple(
-        GpuSample(GpuIdentity(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", f"00000000:{i + 1:02X}:00.0"),
-                  fast, slow, degraded if i == 1 else lost if i == 2 else HealthVerdict(HealthState.HEALTHY),
-                  1.0, {13: 1, 79: 1} if i == 2 else {}, lost=i == 2, last_xid=79 if i == 2 else None)
+        GpuSample(
+            GpuIdentity(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", f"00000000:{i + 1:02X}:00.0"),
+            fast,
+            slow,
+            degraded if i == 1 else lost if i == 2 else HealthVerdict(HealthState.HEALTHY),
+            1.0,
+            {13: 1, 79: 1} if i == 2 else {},
+            lost=i == 2,
+            last_xid=79 if i == 2 else None,
+        )
         for i in range(3)
     )
     pods = (
-        PodGpuUsage(PodRef("ml", 'we"ird\\pod\nname', "main"), 0, "GPU-0", gib, 0.4,
-                    allocated_resources=("nvidia.com/gpu",)),
+        PodGpuUsage(
+            PodRef("ml", 'we"ird\\pod\nname', "main"),
+            0,
+            "GPU-0",
+            gib,
+            0.4,
+            allocated_resources=("nvidia.com/gpu",),
+        ),
         PodGpuUsage(PodRef("ml", "shared-a", "c"), 1, "GPU-1", gib, 0.1, 2 * gib, 0.5),
         PodGpuUsage(PodRef("ml", "shared-b", "c"), 1, "GPU-1", gib, 0.2, 2 * gib, 0.5),
     )
@@ -237,7 +265,8 @@ def test_every_default_dcgm_field_is_exposed_or_documented_as_not_provided() -> 
     exposed = {f.name for f in families}
     labels = {k for f in families for s in f.samples for k in s.labels}
     missing = {
-        name for name, kind in fields.items()
+        name
+        for name, kind in fields.items()
         if (name not in labels if kind == "label" else name not in exposed)
     }
     assert missing == not_provided_fields() & set(fields)

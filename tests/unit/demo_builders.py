@@ -9,8 +9,16 @@ from gpumon.demo.views import ClusterView, cluster_view
 POOL_LABEL = "devcluster.gpumon.io/pool"
 
 
-def node(name: str, *, pool: str | None = "gpu-pool", ready: bool = True, taint: str | None = None,
-         condition: str | None = None, gpus: int = 4, unschedulable: bool = False) -> dict[str, Any]:
+def node(
+    name: str,
+    *,
+    pool: str | None = "gpu-pool",
+    ready: bool = True,
+    taint: str | None = None,
+    condition: str | None = None,
+    gpus: int = 4,
+    unschedulable: bool = False,
+) -> dict[str, Any]:
     labels = {"kubernetes.io/os": "linux", **({POOL_LABEL: pool} if pool else {})}
     conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
     if condition is not None:
@@ -25,14 +33,28 @@ def node(name: str, *, pool: str | None = "gpu-pool", ready: bool = True, taint:
     }
 
 
-def pod(name: str, node_name: str | None, *, app: str = "trainer", phase: str = "Running", gpus: int = 1,
-        gpu_mem: int = 0, created: str = "2026-01-01T00:00:00Z", deleting: bool = False,
-        annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def pod(
+    name: str,
+    node_name: str | None,
+    *,
+    app: str = "trainer",
+    phase: str = "Running",
+    gpus: int = 1,
+    gpu_mem: int = 0,
+    created: str = "2026-01-01T00:00:00Z",
+    deleting: bool = False,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
     limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
     if gpu_mem:
         limits["aliyun.com/gpu-mem"] = str(gpu_mem)
-    meta: dict[str, Any] = {"name": name, "namespace": "gpumon-demo", "labels": {"app": app},
-                            "creationTimestamp": created, "annotations": annotations or {}}
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "gpumon-demo",
+        "labels": {"app": app},
+        "creationTimestamp": created,
+        "annotations": annotations or {},
+    }
     if deleting:
         meta["deletionTimestamp"] = created
     spec: dict[str, Any] = {"containers": [{"name": "cuda", "resources": {"limits": limits}}]}
@@ -45,23 +67,43 @@ def pool(desired: int, replicas: int | None = None, available: int | None = None
     return {
         "metadata": {"name": "gpu-pool"},
         "spec": {"replicas": desired},
-        "status": {"replicas": desired if replicas is None else replicas,
-                   "availableReplicas": desired if available is None else available},
+        "status": {
+            "replicas": desired if replicas is None else replicas,
+            "availableReplicas": desired if available is None else available,
+        },
     }
 
 
-def snapshot(gpus: int, pods: dict[int, list[str]] | None = None, states: dict[int, str] | None = None,
-             ) -> dict[str, Any]:
+def snapshot(
+    gpus: int,
+    pods: dict[int, list[str]] | None = None,
+    states: dict[int, str] | None = None,
+) -> dict[str, Any]:
     return {
-        "gpus": [{"identity": {"index": i, "uuid": f"GPU-{i}"}, "fast": {"utilization_ratio": 0.5},
-                  "health": {"state": (states or {}).get(i, "healthy")}} for i in range(gpus)],
-        "pods": [{"ref": {"namespace": "gpumon-demo", "pod": p, "container": "cuda"}, "gpu_index": i}
-                 for i, names in (pods or {}).items() for p in names],
+        "gpus": [
+            {
+                "identity": {"index": i, "uuid": f"GPU-{i}"},
+                "fast": {"utilization_ratio": 0.5},
+                "health": {"state": (states or {}).get(i, "healthy")},
+            }
+            for i in range(gpus)
+        ],
+        "pods": [
+            {"ref": {"namespace": "gpumon-demo", "pod": p, "container": "cuda"}, "gpu_index": i}
+            for i, names in (pods or {}).items()
+            for p in names
+        ],
     }
 
 
-def view(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], md: dict[str, Any] | None = None,
-         snapshots: dict[str, dict[str, Any]] | None = None, events: list[dict[str, Any]] | None = None,
-         at: float = 100.0) -> ClusterView:
-    return cluster_view(at, node_objs=nodes, pod_objs=pods, pool_obj=md, event_objs=events or [],
-                        snapshots=snapshots or {})
+def view(
+    nodes: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+    md: dict[str, Any] | None = None,
+    snapshots: dict[str, dict[str, Any]] | None = None,
+    events: list[dict[str, Any]] | None = None,
+    at: float = 100.0,
+) -> ClusterView:
+    return cluster_view(
+        at, node_objs=nodes, pod_objs=pods, pool_obj=md, event_objs=events or [], snapshots=snapshots or {}
+    )

@@ -14,20 +14,27 @@ def _pods(*objs: dict[str, object]) -> list[PodView]:
 
 
 def test_new_pods_get_the_lowest_free_gpus_and_keep_them_for_life() -> None:
-    first = _pods(pod("a", "n", gpus=2, created="2026-01-01T00:00:01Z"),
-                  pod("b", "n", gpus=1, created="2026-01-01T00:00:02Z"))
+    first = _pods(
+        pod("a", "n", gpus=2, created="2026-01-01T00:00:01Z"),
+        pod("b", "n", gpus=1, created="2026-01-01T00:00:02Z"),
+    )
     held = assign_gpus(first, {}, 4)
     assert held == {"gpumon-demo/a": (0, 1), "gpumon-demo/b": (2,)}
     # a leaves; c arrives and takes the lowest free GPUs; b keeps its own.
-    later = _pods(pod("b", "n", gpus=1, created="2026-01-01T00:00:02Z"),
-                  pod("c", "n", gpus=2, created="2026-01-01T00:00:03Z"))
+    later = _pods(
+        pod("b", "n", gpus=1, created="2026-01-01T00:00:02Z"),
+        pod("c", "n", gpus=2, created="2026-01-01T00:00:03Z"),
+    )
     assert assign_gpus(later, held, 4) == {"gpumon-demo/b": (2,), "gpumon-demo/c": (0, 1)}
 
 
 def test_finished_cpu_only_and_unfitting_pods_hold_nothing() -> None:
-    pods = _pods(pod("done", "n", phase="Succeeded"), pod("cpu", "n", gpus=0),
-                 pod("big", "n", gpus=3, created="2026-01-01T00:00:01Z"),
-                 pod("late", "n", gpus=2, created="2026-01-01T00:00:02Z"))
+    pods = _pods(
+        pod("done", "n", phase="Succeeded"),
+        pod("cpu", "n", gpus=0),
+        pod("big", "n", gpus=3, created="2026-01-01T00:00:01Z"),
+        pod("late", "n", gpus=2, created="2026-01-01T00:00:02Z"),
+    )
     assert assign_gpus(pods, {"gpumon-demo/done": (0,)}, 4) == {"gpumon-demo/big": (0, 1, 2)}
 
 

@@ -37,10 +37,12 @@ def test_steady_says_what_is_missing() -> None:
         },
         "gpu-pool-1 NotReady": {"nodes": [node("gpu-pool-0"), node("gpu-pool-1", ready=False)]},
         "gpu-pool-1: no exporter answer": {"snapshots": {"gpu-pool-0": snapshot(4, {0: ["trainer-a"]})}},
-        "trainer-b not placed on a GPU yet": {"snapshots": {"gpu-pool-0": snapshot(4, {0: ["trainer-a"]}),
-                                                            "gpu-pool-1": snapshot(4)}},
-        "trainer 1/2 Running, 1 Pending": {"pods": [pod("trainer-a", "gpu-pool-0"),
-                                                     pod("trainer-b", None, phase="Pending")]},
+        "trainer-b not placed on a GPU yet": {
+            "snapshots": {"gpu-pool-0": snapshot(4, {0: ["trainer-a"]}), "gpu-pool-1": snapshot(4)}
+        },
+        "trainer 1/2 Running, 1 Pending": {
+            "pods": [pod("trainer-a", "gpu-pool-0"), pod("trainer-b", None, phase="Pending")]
+        },
         "pool 1/2 nodes with GPUs": {"nodes": [node("gpu-pool-0"), node("gpu-pool-1", gpus=0)]},
     }
     for missing, over in cases.items():
@@ -49,43 +51,73 @@ def test_steady_says_what_is_missing() -> None:
 
 
 def test_quarantined_needs_taint_condition_the_victim_gone_and_its_replacement_running() -> None:
-    ctx = StepContext(apps={"trainer": 2}, attributed_app="trainer", pool_desired_before=2,
-                      broken=(Broken("gpu-pool-0", 0, ("gpumon-demo/trainer-a",)),))
-    done = view([node("gpu-pool-0", taint="NoSchedule", condition="XidFatal"), node("gpu-pool-1")],
-                [pod("trainer-a", "gpu-pool-0", deleting=True), pod("trainer-b", "gpu-pool-1"),
-                 pod("trainer-c", "gpu-pool-1")], pool(2))
+    ctx = StepContext(
+        apps={"trainer": 2},
+        attributed_app="trainer",
+        pool_desired_before=2,
+        broken=(Broken("gpu-pool-0", 0, ("gpumon-demo/trainer-a",)),),
+    )
+    done = view(
+        [node("gpu-pool-0", taint="NoSchedule", condition="XidFatal"), node("gpu-pool-1")],
+        [
+            pod("trainer-a", "gpu-pool-0", deleting=True),
+            pod("trainer-b", "gpu-pool-1"),
+            pod("trainer-c", "gpu-pool-1"),
+        ],
+        pool(2),
+    )
     outcome = expect.check(Expect.QUARANTINED, done, ctx)
     assert outcome.met, outcome.detail
     assert "taint NoSchedule, GpuUnhealthy=True (XidFatal); evicted: trainer-a; trainer 2/2" in outcome.detail
-    untainted = view([node("gpu-pool-0", condition="XidFatal"), node("gpu-pool-1")], done_pods := [
-        pod("trainer-b", "gpu-pool-1"), pod("trainer-c", "gpu-pool-1")], pool(2))
+    untainted = view(
+        [node("gpu-pool-0", condition="XidFatal"), node("gpu-pool-1")],
+        done_pods := [pod("trainer-b", "gpu-pool-1"), pod("trainer-c", "gpu-pool-1")],
+        pool(2),
+    )
     assert not expect.check(Expect.QUARANTINED, untainted, ctx).met
-    victim_runs = view([node("gpu-pool-0", taint="NoSchedule", condition="XidFatal"), node("gpu-pool-1")],
-                       [*done_pods, pod("trainer-a", "gpu-pool-0")], pool(2))
+    victim_runs = view(
+        [node("gpu-pool-0", taint="NoSchedule", condition="XidFatal"), node("gpu-pool-1")],
+        [*done_pods, pod("trainer-a", "gpu-pool-0")],
+        pool(2),
+    )
     outcome = expect.check(Expect.QUARANTINED, victim_runs, ctx)
     assert not outcome.met and "still running: gpumon-demo/trainer-a" in outcome.detail
-    unreplaced = view([node("gpu-pool-0", taint="NoSchedule", condition="XidFatal"), node("gpu-pool-1")],
-                      [pod("trainer-b", "gpu-pool-1"), pod("trainer-c", None, phase="Pending")], pool(2))
+    unreplaced = view(
+        [node("gpu-pool-0", taint="NoSchedule", condition="XidFatal"), node("gpu-pool-1")],
+        [pod("trainer-b", "gpu-pool-1"), pod("trainer-c", None, phase="Pending")],
+        pool(2),
+    )
     assert not expect.check(Expect.QUARANTINED, unreplaced, ctx).met
 
 
 def test_scaled_up_needs_more_replicas_with_gpus_and_every_pod_running() -> None:
     ctx = StepContext(apps={"trainer": 3}, attributed_app="trainer", pool_desired_before=2)
     pods = [pod("trainer-a", "gpu-pool-0"), pod("trainer-b", "gpu-pool-1")]
-    booting = view([node("gpu-pool-0"), node("gpu-pool-1")], [*pods, pod("trainer-c", None, phase="Pending")],
-                   pool(3, available=2))
+    booting = view(
+        [node("gpu-pool-0"), node("gpu-pool-1")],
+        [*pods, pod("trainer-c", None, phase="Pending")],
+        pool(3, available=2),
+    )
     assert not expect.check(Expect.SCALED_UP, booting, ctx).met
-    landed = view([node("gpu-pool-0"), node("gpu-pool-1"), node("gpu-pool-2")],
-                  [*pods, pod("trainer-c", "gpu-pool-2")], pool(3))
+    landed = view(
+        [node("gpu-pool-0"), node("gpu-pool-1"), node("gpu-pool-2")],
+        [*pods, pod("trainer-c", "gpu-pool-2")],
+        pool(3),
+    )
     outcome = expect.check(Expect.SCALED_UP, landed, ctx)
     assert outcome.met and outcome.detail.startswith("pool 2 -> 3 replicas (3 joined, 3 with GPUs)")
 
 
 def test_recovered_needs_taint_and_condition_gone() -> None:
-    ctx = StepContext(apps={}, attributed_app="trainer", pool_desired_before=2,
-                      broken=(Broken("gpu-pool-0", 1, ()),))
-    still = view([node("gpu-pool-0", condition="XidFatal")], [], pool(1),
-                 {"gpu-pool-0": snapshot(4, states={1: "healthy"})})
+    ctx = StepContext(
+        apps={}, attributed_app="trainer", pool_desired_before=2, broken=(Broken("gpu-pool-0", 1, ()),)
+    )
+    still = view(
+        [node("gpu-pool-0", condition="XidFatal")],
+        [],
+        pool(1),
+        {"gpu-pool-0": snapshot(4, states={1: "healthy"})},
+    )
     assert not expect.check(Expect.RECOVERED, still, ctx).met
     done = view([node("gpu-pool-0")], [], pool(1), {"gpu-pool-0": snapshot(4)})
     outcome = expect.check(Expect.RECOVERED, done, ctx)

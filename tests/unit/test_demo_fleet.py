@@ -53,8 +53,12 @@ def test_each_exporter_config_is_valid() -> None:
 def test_workloads_fit_and_the_trainer_has_a_disruption_budget() -> None:
     s, _ = _fleet()
     objs = {(o["kind"], o["metadata"]["name"]): o for o in fleet.workloads(s)}
-    assert set(objs) == {("Deployment", "trainer"), ("PodDisruptionBudget", "trainer"),
-                         ("Deployment", "notebook"), ("Deployment", "inference-win")}
+    assert set(objs) == {
+        ("Deployment", "trainer"),
+        ("PodDisruptionBudget", "trainer"),
+        ("Deployment", "notebook"),
+        ("Deployment", "inference-win"),
+    }
     assert objs[("PodDisruptionBudget", "trainer")]["spec"]["maxUnavailable"] == 1
     # The shared node's notebooks fit its GPUs.
     assert fleet.SHARED_REPLICAS * fleet.SHARED_GIB_PER_POD <= fleet.SHARED_GPUS * fleet.SHARED_GIB_PER_GPU

@@ -20,25 +20,47 @@ EVENT = {
 
 
 def test_the_table_shows_nodes_gpus_pods_taints_pool_and_actions() -> None:
-    v = view([node("gpu-pool-0", taint="NoSchedule", condition="XidFatal"), node("gpu-pool-1", gpus=0)],
-             [pod("trainer-a", "gpu-pool-0"), pod("trainer-b", None, phase="Pending")], pool(2, available=1),
-             {"gpu-pool-0": snapshot(2, {1: ["trainer-a"]}, states={0: "lost"})}, [EVENT])
+    v = view(
+        [node("gpu-pool-0", taint="NoSchedule", condition="XidFatal"), node("gpu-pool-1", gpus=0)],
+        [pod("trainer-a", "gpu-pool-0"), pod("trainer-b", None, phase="Pending")],
+        pool(2, available=1),
+        {"gpu-pool-0": snapshot(2, {1: ["trainer-a"]}, states={0: "lost"})},
+        [EVENT],
+    )
     console = Console(record=True, width=200, file=io.StringIO())
     console.print(table(v, Status("step 2/5: xid-79", "waiting", 12.0, (("kubeconfig", "/k"),)), ["ready"]))
     text = console.export_text()
-    for shown in ("step 2/5: xid-79", "kubeconfig: /k", "ready", "taint NoSchedule", "GpuUnhealthy: XidFatal",
-                  "0 lost", "1 healthy    50% trainer-a", "GPUs not offered yet",
-                  "pool gpu-pool: 2 wanted, 2 machines, 1 with GPUs", "1 Running, 1 Pending",
-                  "GpuQuarantined", "tainted gpumon.io/gpu-unhealthy"):
+    for shown in (
+        "step 2/5: xid-79",
+        "kubeconfig: /k",
+        "ready",
+        "taint NoSchedule",
+        "GpuUnhealthy: XidFatal",
+        "0 lost",
+        "1 healthy    50% trainer-a",
+        "GPUs not offered yet",
+        "pool gpu-pool: 2 wanted, 2 machines, 1 with GPUs",
+        "1 Running, 1 Pending",
+        "GpuQuarantined",
+        "tainted gpumon.io/gpu-unhealthy",
+    ):
         assert shown in text, shown
 
 
 def test_the_log_lines_tell_what_changed() -> None:
-    before = view([node("gpu-pool-0"), node("gpu-pool-1")], [pod("trainer-a", "gpu-pool-0")], pool(2),
-                  {"gpu-pool-0": snapshot(1)})
-    after = view([node("gpu-pool-0", taint="NoSchedule", condition="XidFatal"), node("gpu-pool-2")],
-                 [pod("trainer-a", "gpu-pool-0", deleting=True), pod("trainer-b", "gpu-pool-2")], pool(3),
-                 {"gpu-pool-0": snapshot(1, states={0: "lost"})}, [EVENT])
+    before = view(
+        [node("gpu-pool-0"), node("gpu-pool-1")],
+        [pod("trainer-a", "gpu-pool-0")],
+        pool(2),
+        {"gpu-pool-0": snapshot(1)},
+    )
+    after = view(
+        [node("gpu-pool-0", taint="NoSchedule", condition="XidFatal"), node("gpu-pool-2")],
+        [pod("trainer-a", "gpu-pool-0", deleting=True), pod("trainer-b", "gpu-pool-2")],
+        pool(3),
+        {"gpu-pool-0": snapshot(1, states={0: "lost"})},
+        [EVENT],
+    )
     assert changes(before, after) == [
         "node gpu-pool-0: taint NoSchedule, GpuUnhealthy=True (XidFatal), GPU 0 lost",
         "node gpu-pool-2 joined (pool gpu-pool): Ready, no taint, GpuUnhealthy not set, no gpumon state, "

@@ -20,7 +20,11 @@ def _write(tmp_path: Path, text: str) -> Path:
 def test_the_embedded_default_plays_the_five_steps_in_order() -> None:
     s = scenario.load(None)
     assert [st.expect for st in s.steps] == [
-        Expect.STEADY, Expect.QUARANTINED, Expect.SCALED_UP, Expect.RECOVERED, Expect.SCALED_DOWN
+        Expect.STEADY,
+        Expect.QUARANTINED,
+        Expect.SCALED_UP,
+        Expect.RECOVERED,
+        Expect.SCALED_DOWN,
     ]
     assert s.steps[1].inject is not None and s.steps[1].inject.fault == "lost"
     assert s.steps[2].scale == 12 and s.steps[3].clear and s.steps[4].scale == 2
@@ -28,10 +32,15 @@ def test_the_embedded_default_plays_the_five_steps_in_order() -> None:
 
 
 def test_an_inject_becomes_the_exporters_fault_body_on_the_chosen_gpu(tmp_path: Path) -> None:
-    s = scenario.load(_write(tmp_path, """
+    s = scenario.load(
+        _write(
+            tmp_path,
+            """
 steps:
   - {name: hot, inject: {fault: overheat, celsius: 99, node: gpu-pool-1}, expect: quarantined}
-"""))
+""",
+        )
+    )
     inject = s.steps[0].inject
     assert inject is not None and inject.node == "gpu-pool-1" and inject.gpu is None
     assert inject.body(2) == {"fault": "overheat", "gpu": 2, "celsius": 99}
@@ -44,19 +53,22 @@ def _step(body: str) -> str:
     return "steps:\n  - {name: a, " + body + "}"
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("steps: []", "steps: List should have at least 1 item"),
-    (_step("inject: {fault: xid}, expect: quarantined"), "steps.0.inject: xid.code: Field required"),
-    (_step("inject: {fault: melt}, expect: quarantined"), "steps.0.inject:"),
-    (_step("inject: {fault: clear}, expect: steady"), "use `clear: true`"),
-    (_step("scale: 2, clear: true, expect: steady"), "a step does one thing; this one has clear, scale"),
-    (_step("expect: recovered"), "steps.0 (a): recovered needs an earlier step"),
-    (ONE + "\n  - {name: a, expect: steady}", "step names must be unique: a"),
-    ("workload: {gpus_per_pod: 8}\n" + ONE, "exceeds fleet.gpus_per_node"),
-    ("fleet: {pool_nodes: 0}\n" + ONE, "fleet.pool_nodes: Input should be greater"),
-    (_step("expect: melted"), "steps.0.expect: Input should be 'steady'"),
-    ("surprise: 1\n" + ONE, "surprise: Extra inputs are not permitted"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("steps: []", "steps: List should have at least 1 item"),
+        (_step("inject: {fault: xid}, expect: quarantined"), "steps.0.inject: xid.code: Field required"),
+        (_step("inject: {fault: melt}, expect: quarantined"), "steps.0.inject:"),
+        (_step("inject: {fault: clear}, expect: steady"), "use `clear: true`"),
+        (_step("scale: 2, clear: true, expect: steady"), "a step does one thing; this one has clear, scale"),
+        (_step("expect: recovered"), "steps.0 (a): recovered needs an earlier step"),
+        (ONE + "\n  - {name: a, expect: steady}", "step names must be unique: a"),
+        ("workload: {gpus_per_pod: 8}\n" + ONE, "exceeds fleet.gpus_per_node"),
+        ("fleet: {pool_nodes: 0}\n" + ONE, "fleet.pool_nodes: Input should be greater"),
+        (_step("expect: melted"), "steps.0.expect: Input should be 'steady'"),
+        ("surprise: 1\n" + ONE, "surprise: Extra inputs are not permitted"),
+    ],
+)
 def test_a_bad_file_is_one_message_naming_the_field(tmp_path: Path, text: str, message: str) -> None:
     path = _write(tmp_path, text)
     with pytest.raises(ConfigError) as e:

@@ -12,15 +12,19 @@ from gpumon.devcluster import binaries, components
 from gpumon.devcluster.components import Layout, Options, Ports
 from gpumon.devcluster.pki import PkiFiles
 
-PORTS = Ports(etcd_client=2379, etcd_peer=2380, apiserver=6443, controller_manager=10257, scheduler=10259,
-              kwok=10247)
+PORTS = Ports(
+    etcd_client=2379, etcd_peer=2380, apiserver=6443, controller_manager=10257, scheduler=10259, kwok=10247
+)
 
 
 def _fake_cache(root: Path) -> Path:
     kube = root / f"kubernetes-{binaries.KUBERNETES_VERSION}" / "bin"
     for path in (
         root / f"etcd-{binaries.ETCD_VERSION}" / "bin" / "etcd",
-        kube / "kube-apiserver", kube / "kube-controller-manager", kube / "kube-scheduler", kube / "kubectl",
+        kube / "kube-apiserver",
+        kube / "kube-controller-manager",
+        kube / "kube-scheduler",
+        kube / "kubectl",
         root / f"kwok-{binaries.KWOK_VERSION}" / "bin" / "kwok",
         *(root / f"kwok-{binaries.KWOK_VERSION}" / "stages" / f"{s}.yaml" for s in binaries.KWOK_STAGES),
         root / binaries.CRDS_DIR_NAME / "b.yaml",
@@ -85,8 +89,11 @@ def test_apiserver_flags(tools: binaries.Tools, layout: Layout) -> None:
 def test_components_start_in_waves_on_their_own_ports(tools: binaries.Tools, layout: Layout) -> None:
     all_ = components.all_components(tools, PORTS, layout, Options())
     assert [(c.name, c.wave) for c in all_] == [
-        ("etcd", 0), ("kube-apiserver", 1),
-        ("kube-controller-manager", 2), ("kube-scheduler", 2), ("kwok", 2),
+        ("etcd", 0),
+        ("kube-apiserver", 1),
+        ("kube-controller-manager", 2),
+        ("kube-scheduler", 2),
+        ("kwok", 2),
     ]
     ports = [c.health.url.rsplit(":", 1)[1].split("/")[0] for c in all_]
     assert len(set(ports)) == len(ports)
@@ -94,9 +101,11 @@ def test_components_start_in_waves_on_their_own_ports(tools: binaries.Tools, lay
 
 
 def test_controller_manager_flags(tools: binaries.Tools, layout: Layout) -> None:
-    flags = _flags(components.kube_controller_manager(
-        tools, PORTS, layout, Options(node_monitor_grace_period_seconds=17)
-    ).argv)
+    flags = _flags(
+        components.kube_controller_manager(
+            tools, PORTS, layout, Options(node_monitor_grace_period_seconds=17)
+        ).argv
+    )
     assert flags["use-service-account-credentials"] == "true"
     assert flags["service-account-private-key-file"] == str(layout.pki.service_account_key)
     assert flags["cluster-signing-key-file"] == str(layout.pki.ca_key)
@@ -121,8 +130,15 @@ def test_kwok_config_is_a_configuration_then_the_stages() -> None:
     assert [d["metadata"]["name"] for d in docs[1:]] == ["a", "b"]
     options = docs[0]["options"]
     # kwok does not default a given configuration: a zero parallelism would stop it.
-    assert all(options[k] > 0 for k in ("nodeLeaseParallelism", "podPlayStageParallelism",
-                                        "nodePlayStageParallelism", "podsOnNodeSyncParallelism"))
+    assert all(
+        options[k] > 0
+        for k in (
+            "nodeLeaseParallelism",
+            "podPlayStageParallelism",
+            "nodePlayStageParallelism",
+            "podsOnNodeSyncParallelism",
+        )
+    )
     assert options["cidr"] == components.POD_CIDR
 
 

@@ -94,11 +94,20 @@ def test_machine_deployment_selector_matches_its_template() -> None:
 
 
 def test_machine_deployment_status_reports_the_pool() -> None:
-    status = capi.status(PoolStatus(replicas=3, ready_replicas=2, available_replicas=1),
-                         desired=3, generation=4, selector="a=b")
+    status = capi.status(
+        PoolStatus(replicas=3, ready_replicas=2, available_replicas=1),
+        desired=3,
+        generation=4,
+        selector="a=b",
+    )
     assert status == {
-        "replicas": 3, "readyReplicas": 2, "availableReplicas": 1, "upToDateReplicas": 3,
-        "selector": "a=b", "observedGeneration": 4, "phase": "ScalingUp",
+        "replicas": 3,
+        "readyReplicas": 2,
+        "availableReplicas": 1,
+        "upToDateReplicas": 3,
+        "selector": "a=b",
+        "observedGeneration": 4,
+        "phase": "ScalingUp",
     }
     done = capi.status(PoolStatus(2, 2, 2), desired=2, generation=0, selector="a=b")
     assert done["phase"] == "Running" and done["observedGeneration"] == 1

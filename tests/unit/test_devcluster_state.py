@@ -14,7 +14,11 @@ from gpumon.devcluster.waiting import NotReached, eventually
 
 def test_state_round_trips_and_is_forgotten(tmp_path: Path) -> None:
     s = state.State(
-        supervisor_pid=1, server="https://127.0.0.1:1", kubeconfig="/k", ca_cert="/ca", client_cert="/c",
+        supervisor_pid=1,
+        server="https://127.0.0.1:1",
+        kubeconfig="/k",
+        ca_cert="/ca",
+        client_cert="/c",
         client_key="/k",
         components=(state.ComponentState("etcd", 2, "/l", HealthCheck("http://x/readyz", False)),),
     )

@@ -47,8 +47,9 @@ NODE = "gpu-node-1"
 
 def full_fast(**changes: object) -> FastFields:
     fast = FastFields(
-        memory=MemoryInfo(total_bytes=80 * GiB, used_bytes=30 * GiB + 5, free_bytes=49 * GiB,
-                          reserved_bytes=GiB),
+        memory=MemoryInfo(
+            total_bytes=80 * GiB, used_bytes=30 * GiB + 5, free_bytes=49 * GiB, reserved_bytes=GiB
+        ),
         utilization_ratio=0.42,
         memory_utilization_ratio=0.25,
         temperature_gpu_celsius=61.0,
@@ -87,8 +88,12 @@ def gpu(
     lost: bool = False,
 ) -> GpuSample:
     return GpuSample(
-        identity=GpuIdentity(index, f"GPU-{index:08x}-1111-2222-3333-444444444444",
-                             "NVIDIA A100-SXM4-80GB", f"00000000:{0x10 + index:02X}:00.0"),
+        identity=GpuIdentity(
+            index,
+            f"GPU-{index:08x}-1111-2222-3333-444444444444",
+            "NVIDIA A100-SXM4-80GB",
+            f"00000000:{0x10 + index:02X}:00.0",
+        ),
         fast=full_fast() if fast is None else fast,
         slow=full_slow() if slow is None else slow,
         health=health,
@@ -99,19 +104,32 @@ def gpu(
     )
 
 
-def pod(name: str, gpu_index: int = 0, *, namespace: str = "team-a", container: str = "main",
-        **fields: object) -> PodGpuUsage:
-    return PodGpuUsage(PodRef(namespace, name, container), gpu_index,
-                       f"GPU-{gpu_index:08x}-1111-2222-3333-444444444444", **fields)  # type: ignore[arg-type]
+def pod(
+    name: str, gpu_index: int = 0, *, namespace: str = "team-a", container: str = "main", **fields: object
+) -> PodGpuUsage:
+    return PodGpuUsage(
+        PodRef(namespace, name, container),
+        gpu_index,
+        f"GPU-{gpu_index:08x}-1111-2222-3333-444444444444",
+        **fields,
+    )  # type: ignore[arg-type]
 
 
 DRIVER = DriverInfo("550.54.15", "12.4")
 
 
-def snapshot(gpus: Sequence[GpuSample] = (), pods: Sequence[PodGpuUsage] = (),
-             driver: DriverInfo | None = DRIVER) -> Snapshot:
-    return Snapshot(node=NODE, driver=driver, gpus=tuple(gpus) or (gpu(),), pods=tuple(pods),
-                    taken_at=1700000000.5, backend_up=True, complete=True)
+def snapshot(
+    gpus: Sequence[GpuSample] = (), pods: Sequence[PodGpuUsage] = (), driver: DriverInfo | None = DRIVER
+) -> Snapshot:
+    return Snapshot(
+        node=NODE,
+        driver=driver,
+        gpus=tuple(gpus) or (gpu(),),
+        pods=tuple(pods),
+        taken_at=1700000000.5,
+        backend_up=True,
+        complete=True,
+    )
 
 
 Series = dict[str, list[tuple[dict[str, str], float]]]
@@ -174,10 +192,20 @@ NATIVE_POD_FAMILIES = {
 
 
 def test_native_families_types_and_units() -> None:
-    snap = snapshot([gpu(xids={13: 2})], [pod("p", used_memory_bytes=GiB, utilization_ratio=0.1,
-                                             allocated_memory_bytes=2 * GiB, allocated_core_ratio=0.5,
-                                             allocated_resources=("nvidia.com/gpu",)),
-                                          pod("q", unallocated=True)])
+    snap = snapshot(
+        [gpu(xids={13: 2})],
+        [
+            pod(
+                "p",
+                used_memory_bytes=GiB,
+                utilization_ratio=0.1,
+                allocated_memory_bytes=2 * GiB,
+                allocated_core_ratio=0.5,
+                allocated_resources=("nvidia.com/gpu",),
+            ),
+            pod("q", unallocated=True),
+        ],
+    )
     fams = families_of(snap, "native")
     assert {n: (f.type, f.unit) for n, f in fams.items()} == NATIVE_GPU_FAMILIES | NATIVE_POD_FAMILIES
 
@@ -210,11 +238,20 @@ def test_native_values_in_base_units() -> None:
 
 def test_native_info_labels() -> None:
     s = series(render(snapshot([gpu(3)]), profile="native").text)
-    assert s["gpumon_gpu_info"] == [({
-        "node": NODE, "gpu": "3", "uuid": "GPU-00000003-1111-2222-3333-444444444444",
-        "model": "NVIDIA A100-SXM4-80GB", "pci_bus_id": "00000000:13:00.0",
-        "driver_version": "550.54.15", "cuda_version": "12.4",
-    }, 1.0)]
+    assert s["gpumon_gpu_info"] == [
+        (
+            {
+                "node": NODE,
+                "gpu": "3",
+                "uuid": "GPU-00000003-1111-2222-3333-444444444444",
+                "model": "NVIDIA A100-SXM4-80GB",
+                "pci_bus_id": "00000000:13:00.0",
+                "driver_version": "550.54.15",
+                "cuda_version": "12.4",
+            },
+            1.0,
+        )
+    ]
     for name, rows in s.items():
         if name.startswith("gpumon_gpu_"):
             assert all({"node", "gpu", "uuid"} <= lab.keys() for lab, _ in rows), name
@@ -237,27 +274,42 @@ def test_health_is_one_hot(state: HealthState) -> None:
 
 
 def test_health_info_has_one_series_per_reason_and_an_empty_one_when_healthy() -> None:
-    verdict = HealthVerdict(HealthState.UNHEALTHY, (
-        HealthReason("XidFatal", "Xid 79", HealthState.UNHEALTHY),
-        HealthReason("RowRemapPending", "row remap pending: reset the GPU", HealthState.DEGRADED),
-    ))
+    verdict = HealthVerdict(
+        HealthState.UNHEALTHY,
+        (
+            HealthReason("XidFatal", "Xid 79", HealthState.UNHEALTHY),
+            HealthReason("RowRemapPending", "row remap pending: reset the GPU", HealthState.DEGRADED),
+        ),
+    )
     s = series(render(snapshot([gpu(0, health=verdict), gpu(1)]), profile="native").text)
     got = {(lab["gpu"], lab["reason"], lab["detail"]) for lab, v in s["gpumon_gpu_health_info"] if v == 1}
-    assert got == {("0", "XidFatal", "Xid 79"), ("0", "RowRemapPending", "row remap pending: reset the GPU"),
-                   ("1", "", "")}
+    assert got == {
+        ("0", "XidFatal", "Xid 79"),
+        ("0", "RowRemapPending", "row remap pending: reset the GPU"),
+        ("1", "", ""),
+    }
 
 
 def test_absent_fields_produce_no_series() -> None:
     bare = gpu(fast=FastFields(memory=MemoryInfo(GiB, 0, GiB)), slow=SlowFields())
     fams = families_of(snapshot([bare]), "native")
-    assert set(fams) == {"gpumon_gpu_info", "gpumon_gpu_memory_total_bytes", "gpumon_gpu_memory_used_bytes",
-                         "gpumon_gpu_memory_free_bytes", "gpumon_gpu_health", "gpumon_gpu_health_info"}
+    assert set(fams) == {
+        "gpumon_gpu_info",
+        "gpumon_gpu_memory_total_bytes",
+        "gpumon_gpu_memory_used_bytes",
+        "gpumon_gpu_memory_free_bytes",
+        "gpumon_gpu_health",
+        "gpumon_gpu_health_info",
+    }
 
 
 def test_gpu_without_any_sample_keeps_identity_and_health() -> None:
     unread = replace(gpu(), fast=None, slow=None)
     assert set(families_of(snapshot([unread]), "native")) == {
-        "gpumon_gpu_info", "gpumon_gpu_health", "gpumon_gpu_health_info"}
+        "gpumon_gpu_info",
+        "gpumon_gpu_health",
+        "gpumon_gpu_health_info",
+    }
     assert set(families_of(snapshot([unread]), "dcgm")) == {"DCGM_FI_DEV_XID_ERRORS"}
 
 
@@ -281,37 +333,71 @@ def test_lost_gpu_keeps_identity_health_and_xids_only() -> None:
     # dcgm has no health family; the last Xid is what its users alert on.
     d = series(render(snap, profile="dcgm").text)
     assert {name for name, rows in d.items() if any(lab["gpu"] == "1" for lab, _ in rows)} == {
-        "DCGM_FI_DEV_XID_ERRORS"}
+        "DCGM_FI_DEV_XID_ERRORS"
+    }
     assert value(d, "DCGM_FI_DEV_XID_ERRORS", gpu="1") == 79
 
 
 def test_mig_instances_join_the_memory_families_with_instance_labels() -> None:
-    migs = (MigInstance(1, 0, "3g.40gb", "MIG-aaaa", MemoryInfo(40 * GiB, 10 * GiB, 30 * GiB)),
-            MigInstance(2, 0, "3g.40gb", "MIG-bbbb", None))
+    migs = (
+        MigInstance(1, 0, "3g.40gb", "MIG-aaaa", MemoryInfo(40 * GiB, 10 * GiB, 30 * GiB)),
+        MigInstance(2, 0, "3g.40gb", "MIG-bbbb", None),
+    )
     s = series(render(snapshot([gpu(slow=full_slow(mig_instances=migs))]), profile="native").text)
     rows = [lab for lab, _ in s["gpumon_gpu_memory_used_bytes"] if "gpu_instance" in lab]
-    assert rows == [{"node": NODE, "gpu": "0", "uuid": "GPU-00000000-1111-2222-3333-444444444444",
-                     "gpu_instance": "1", "compute_instance": "0", "mig_profile": "3g.40gb"}]
+    assert rows == [
+        {
+            "node": NODE,
+            "gpu": "0",
+            "uuid": "GPU-00000000-1111-2222-3333-444444444444",
+            "gpu_instance": "1",
+            "compute_instance": "0",
+            "mig_profile": "3g.40gb",
+        }
+    ]
     assert value(s, "gpumon_gpu_memory_total_bytes", gpu_instance="1") == 40 * GiB
     assert len(s["gpumon_gpu_memory_reserved_bytes"]) == 1  # the MIG instance reports none
 
 
 def test_pod_series() -> None:
     pods = [
-        pod("trainer-0", 0, used_memory_bytes=3 * GiB, utilization_ratio=0.3,
-            allocated_resources=("nvidia.com/gpu",)),
-        pod("shared-1", 1, namespace="team-b", container="c", allocated_memory_bytes=4 * GiB,
-            allocated_core_ratio=0.25),
+        pod(
+            "trainer-0",
+            0,
+            used_memory_bytes=3 * GiB,
+            utilization_ratio=0.3,
+            allocated_resources=("nvidia.com/gpu",),
+        ),
+        pod(
+            "shared-1",
+            1,
+            namespace="team-b",
+            container="c",
+            allocated_memory_bytes=4 * GiB,
+            allocated_core_ratio=0.25,
+        ),
         pod("stowaway", 1, namespace="team-b", used_memory_bytes=GiB, unallocated=True),
     ]
     s = series(render(snapshot([gpu(0), gpu(1)], pods), profile="native").text)
-    trainer = {"node": NODE, "namespace": "team-a", "pod": "trainer-0", "container": "main", "gpu": "0",
-               "uuid": "GPU-00000000-1111-2222-3333-444444444444"}
+    trainer = {
+        "node": NODE,
+        "namespace": "team-a",
+        "pod": "trainer-0",
+        "container": "main",
+        "gpu": "0",
+        "uuid": "GPU-00000000-1111-2222-3333-444444444444",
+    }
     assert s["gpumon_pod_gpu_memory_used_bytes"][0] == (trainer, 3 * GiB)
     assert s["gpumon_pod_gpu_utilization_ratio"] == [(trainer, 0.3)]
     assert s["gpumon_pod_gpu_allocated"] == [({**trainer, "resource": "nvidia.com/gpu"}, 1)]
-    shared = {**trainer, "namespace": "team-b", "pod": "shared-1", "container": "c", "gpu": "1",
-              "uuid": "GPU-00000001-1111-2222-3333-444444444444"}
+    shared = {
+        **trainer,
+        "namespace": "team-b",
+        "pod": "shared-1",
+        "container": "c",
+        "gpu": "1",
+        "uuid": "GPU-00000001-1111-2222-3333-444444444444",
+    }
     assert s["gpumon_pod_gpu_memory_allocated_bytes"] == [(shared, 4 * GiB)]
     assert s["gpumon_pod_gpu_core_allocated_ratio"] == [(shared, 0.25)]
     stowaway = {**shared, "pod": "stowaway", "container": "main"}
@@ -329,7 +415,8 @@ def test_odd_label_values_round_trip_in_both_formats(name: str) -> None:
     for parse, data in ((parse_text, out.text), (parse_openmetrics, out.openmetrics)):
         fam = next(f for f in parse(data.decode()) if f.name == "gpumon_pod_gpu_memory_used_bytes")
         assert [(s.labels["pod"], s.labels["namespace"], s.labels["container"]) for s in fam.samples] == [
-            (name, name, name)]
+            (name, name, name)
+        ]
         dcgm = next(f for f in parse(data.decode()) if f.name == "DCGM_FI_DEV_GPU_TEMP")
         assert dcgm.samples[0].labels["pod"] == name
 
@@ -337,17 +424,27 @@ def test_odd_label_values_round_trip_in_both_formats(name: str) -> None:
 # --- dcgm profile -------------------------------------------------------------------------------
 
 DCGM_FAMILIES = {
-    "DCGM_FI_DEV_SM_CLOCK": "gauge", "DCGM_FI_DEV_MEM_CLOCK": "gauge",
-    "DCGM_FI_DEV_MEMORY_TEMP": "gauge", "DCGM_FI_DEV_GPU_TEMP": "gauge",
-    "DCGM_FI_DEV_POWER_USAGE": "gauge", "DCGM_FI_DEV_POWER_MGMT_LIMIT": "gauge",
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "unknown", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "unknown",
-    "DCGM_FI_DEV_GPU_UTIL": "gauge", "DCGM_FI_DEV_MEM_COPY_UTIL": "gauge",
+    "DCGM_FI_DEV_SM_CLOCK": "gauge",
+    "DCGM_FI_DEV_MEM_CLOCK": "gauge",
+    "DCGM_FI_DEV_MEMORY_TEMP": "gauge",
+    "DCGM_FI_DEV_GPU_TEMP": "gauge",
+    "DCGM_FI_DEV_POWER_USAGE": "gauge",
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT": "gauge",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "unknown",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "unknown",
+    "DCGM_FI_DEV_GPU_UTIL": "gauge",
+    "DCGM_FI_DEV_MEM_COPY_UTIL": "gauge",
     "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": "gauge",
-    "DCGM_FI_DEV_FB_TOTAL": "gauge", "DCGM_FI_DEV_FB_FREE": "gauge", "DCGM_FI_DEV_FB_USED": "gauge",
+    "DCGM_FI_DEV_FB_TOTAL": "gauge",
+    "DCGM_FI_DEV_FB_FREE": "gauge",
+    "DCGM_FI_DEV_FB_USED": "gauge",
     "DCGM_FI_DEV_FB_RESERVED": "gauge",
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "unknown", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "unknown",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "unknown", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "unknown",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "gauge", "DCGM_FI_DEV_ROW_REMAP_PENDING": "gauge",
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "unknown",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "unknown",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "unknown",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "unknown",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "gauge",
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": "gauge",
     "DCGM_FI_DEV_XID_ERRORS": "gauge",
 }
 
@@ -393,22 +490,34 @@ def test_dcgm_xid_is_zero_before_any_xid() -> None:
 
 def test_dcgm_labels() -> None:
     s = series(render(snapshot([gpu(2)]), profile="dcgm").text)
-    expected = {"gpu": "2", "UUID": "GPU-00000002-1111-2222-3333-444444444444",
-                "pci_bus_id": "00000000:12:00.0", "device": "nvidia2", "modelName": "NVIDIA A100-SXM4-80GB",
-                "Hostname": NODE, "DCGM_FI_DRIVER_VERSION": "550.54.15"}
+    expected = {
+        "gpu": "2",
+        "UUID": "GPU-00000002-1111-2222-3333-444444444444",
+        "pci_bus_id": "00000000:12:00.0",
+        "device": "nvidia2",
+        "modelName": "NVIDIA A100-SXM4-80GB",
+        "Hostname": NODE,
+        "DCGM_FI_DRIVER_VERSION": "550.54.15",
+    }
     for name, rows in s.items():
         assert [lab for lab, _ in rows] == [expected], name
 
 
 def test_dcgm_pod_labels_on_a_device_one_container_uses_and_none_on_a_shared_one() -> None:
-    pods = [pod("solo", 0, used_memory_bytes=GiB),
-            pod("a", 1, used_memory_bytes=GiB), pod("b", 1, used_memory_bytes=GiB)]
+    pods = [
+        pod("solo", 0, used_memory_bytes=GiB),
+        pod("a", 1, used_memory_bytes=GiB),
+        pod("b", 1, used_memory_bytes=GiB),
+    ]
     s = series(render(snapshot([gpu(0), gpu(1), gpu(2)], pods), profile="dcgm").text)
     for name, rows in s.items():
         by_gpu = {lab["gpu"]: lab for lab, _ in rows}
         assert len(rows) == 3, name  # one series per GPU, never fanned out per pod
         assert {k: by_gpu["0"][k] for k in ("pod", "namespace", "container")} == {
-            "pod": "solo", "namespace": "team-a", "container": "main"}, name
+            "pod": "solo",
+            "namespace": "team-a",
+            "container": "main",
+        }, name
         assert "pod" not in by_gpu["1"] and "pod" not in by_gpu["2"], name
 
 
@@ -418,18 +527,35 @@ def test_dcgm_mig_instances() -> None:
     snap = replace(snap, pods=(replace(snap.pods[0], gpu_uuid="MIG-aaaa"),))
     s = series(render(snap, profile="dcgm").text)
     mig_rows = [(lab, v) for lab, v in s["DCGM_FI_DEV_FB_USED"] if "GPU_I_ID" in lab]
-    assert mig_rows == [({"gpu": "0", "UUID": "GPU-00000000-1111-2222-3333-444444444444",
-                          "pci_bus_id": "00000000:10:00.0", "device": "nvidia0",
-                          "modelName": "NVIDIA A100-SXM4-80GB", "GPU_I_PROFILE": "1g.10gb", "GPU_I_ID": "1",
-                          "Hostname": NODE, "DCGM_FI_DRIVER_VERSION": "550.54.15",
-                          "pod": "m", "namespace": "team-a", "container": "main"}, 2048.0)]
+    assert mig_rows == [
+        (
+            {
+                "gpu": "0",
+                "UUID": "GPU-00000000-1111-2222-3333-444444444444",
+                "pci_bus_id": "00000000:10:00.0",
+                "device": "nvidia0",
+                "modelName": "NVIDIA A100-SXM4-80GB",
+                "GPU_I_PROFILE": "1g.10gb",
+                "GPU_I_ID": "1",
+                "Hostname": NODE,
+                "DCGM_FI_DRIVER_VERSION": "550.54.15",
+                "pod": "m",
+                "namespace": "team-a",
+                "container": "main",
+            },
+            2048.0,
+        )
+    ]
 
 
 def test_unknown_driver_leaves_the_version_labels_empty() -> None:
     snap = snapshot([gpu()], driver=None)
     assert series(render(snap, profile="native").text)["gpumon_gpu_info"][0][0]["driver_version"] == ""
-    assert all("DCGM_FI_DRIVER_VERSION" not in lab
-               for rows in series(render(snap, profile="dcgm").text).values() for lab, _ in rows)
+    assert all(
+        "DCGM_FI_DRIVER_VERSION" not in lab
+        for rows in series(render(snap, profile="dcgm").text).values()
+        for lab, _ in rows
+    )
 
 
 # --- both, formats, extras ----------------------------------------------------------------------
@@ -439,7 +565,8 @@ def test_both_is_native_plus_dcgm_with_each_family_declared_once() -> None:
     snap = snapshot([gpu(0), gpu(1)], [pod("p", used_memory_bytes=1)])
     out = render(snap, profile="both")
     assert series(out.text) == series(render(snap, profile="native").text) | series(
-        render(snap, profile="dcgm").text)
+        render(snap, profile="dcgm").text
+    )
     for data in (out.text, out.openmetrics):
         declared = [line.split()[2] for line in data.decode().splitlines() if line.startswith("# TYPE ")]
         assert len(declared) == len(set(declared))
@@ -449,7 +576,8 @@ def test_both_is_native_plus_dcgm_with_each_family_declared_once() -> None:
 def self_metrics() -> CollectorRegistry:
     registry = CollectorRegistry()
     Counter("gpumon_exporter_errors", "Errors.", ["source", "kind"], registry=registry).labels(
-        "nvml", "timeout").inc()
+        "nvml", "timeout"
+    ).inc()
     Histogram("gpumon_exporter_sample_duration_seconds", "Sample time.", registry=registry).observe(0.01)
     return registry
 
@@ -463,12 +591,14 @@ class _Families:
 
 
 SNAPSHOTS = {
-    "full": snapshot([gpu(i, xids={13: i + 1}, last_xid=13) for i in range(4)],
-                     [pod(f"p{i}", i % 4, used_memory_bytes=i * MiB, utilization_ratio=i / 64)
-                      for i in range(16)]),
+    "full": snapshot(
+        [gpu(i, xids={13: i + 1}, last_xid=13) for i in range(4)],
+        [pod(f"p{i}", i % 4, used_memory_bytes=i * MiB, utilization_ratio=i / 64) for i in range(16)],
+    ),
     "odd": snapshot([gpu()], [pod(n, namespace=n, used_memory_bytes=1) for n in ODD_NAMES]),
-    "sparse": snapshot([replace(gpu(0), fast=None), gpu(1, lost=True, xids={79: 1}, last_xid=79)],
-                       driver=None),
+    "sparse": snapshot(
+        [replace(gpu(0), fast=None), gpu(1, lost=True, xids={79: 1}, last_xid=79)], driver=None
+    ),
 }
 
 

@@ -64,10 +64,12 @@ def test_every_metric_read_is_exported_or_proposed() -> None:
         (where, name)
         for where, text in _queries().items()
         for name in NAME.findall(text)
-        if _family(name, defined) not in defined and name not in PROPOSED
+        if _family(name, defined) not in defined
+        and name not in PROPOSED
         # Names the adapter rules publish to the HPA are API names, not series; a name ending
         # in "_" is the prefix of a regex (__name__=~"gpumon_pod_gpu_.+").
-        and not name.startswith("gpumon_workload_") and not name.endswith("_")
+        and not name.startswith("gpumon_workload_")
+        and not name.endswith("_")
     }
     assert unknown == set(), "metrics read but exported nowhere in gpumon/"
 
