@@ -220,7 +220,8 @@ class Reconciler:
             if self._dirty:
                 continue
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.01, wake_at - self._wall()))
+                async with asyncio.timeout(max(0.01, wake_at - self._wall())):
+                    await self._wake.wait()
 
     async def round(self, names: Iterable[str]) -> None:
         self.rounds += 1

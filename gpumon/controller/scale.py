@@ -341,7 +341,8 @@ class Autoscaler:
             await informer.synced.wait()
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.resync_seconds)
+                async with asyncio.timeout(self.settings.resync_seconds):
+                    await self._wake.wait()
             if self._wake.is_set():
                 await asyncio.sleep(self.settings.debounce_seconds)
             self._wake.clear()

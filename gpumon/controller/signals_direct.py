@@ -422,7 +422,8 @@ class DirectSource:
         next_round = loop.time()
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.0, next_round - loop.time()))
+                async with asyncio.timeout_at(next_round):
+                    await self._wake.wait()
             self._wake.clear()
             urls = self._endpoints.current()
             if loop.time() >= next_round:

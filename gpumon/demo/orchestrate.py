@@ -344,7 +344,8 @@ class _Play:
         if self.observer.done():
             raise DemoError(f"observing the cluster stopped: {self.observer.exception()!r}")
         try:
-            return await asyncio.wait_for(self.live.next(), max(0.1, deadline - time.monotonic()))
+            async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
+                return await self.live.next()
         except TimeoutError:
             return None
 

@@ -71,7 +71,8 @@ async def _list_pods(base: KubeFacts, timeout_seconds: float, kubeconfig: Path |
         return replace(base, error_kind="no_credentials", error=str(e) or type(e).__name__)
     try:
         params = {"fieldSelector": f"spec.nodeName={base.node}", "limit": "500"}
-        body = await asyncio.wait_for(api.get("/api/v1/pods", params), timeout_seconds)
+        async with asyncio.timeout(timeout_seconds):
+            body = await api.get("/api/v1/pods", params)
     except Unreachable as e:
         return replace(base, error_kind="unreachable", error=e.message)
     except KubeError as e:

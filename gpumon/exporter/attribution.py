@@ -354,7 +354,8 @@ class PodAttribution:
             return
         self._resolving = asyncio.ensure_future(asyncio.to_thread(processes.resolve))
         try:
-            await asyncio.wait_for(asyncio.shield(self._resolving), self._timeout)
+            async with asyncio.timeout(self._timeout):
+                await asyncio.shield(self._resolving)
         except TimeoutError:
             self.metrics.error("proc", "timeout")
 

@@ -380,10 +380,8 @@ class Sampler:
         self._stop.set()
         self._xids_allowed.set()  # wake the thread if it waits for the backend
         try:
-            await asyncio.wait_for(
-                asyncio.wrap_future(self._executor.submit(self._backend.close)),
-                self._sampling.call_timeout_seconds,
-            )
+            async with asyncio.timeout(self._sampling.call_timeout_seconds):
+                await asyncio.wrap_future(self._executor.submit(self._backend.close))
         except Exception as e:  # shutting down: report, never raise
             log.warning("closing the device backend failed: %s", e or type(e).__name__)
         if self._xid_thread is not None:
@@ -451,7 +449,8 @@ class Sampler:
 
     async def _refresh_pods(self, attributor: PodAttributor) -> None:
         try:
-            await asyncio.wait_for(attributor.refresh(), self._sampling.slow_interval_seconds)
+            async with asyncio.timeout(self._sampling.slow_interval_seconds):
+                await attributor.refresh()
         except TimeoutError:
             self._metrics.record_error("pods.refresh", "timeout")
         except Exception:
@@ -554,7 +553,8 @@ class Sampler:
             del self._hung[key]
         future = self._executor.submit(fn, *args)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), self._sampling.call_timeout_seconds)
+            async with asyncio.timeout(self._sampling.call_timeout_seconds):
+                return await asyncio.wrap_future(future)
         except TimeoutError:
             # A call still queued is cancelled; one already running cannot be, so remember it
             # and give this GPU no second thread until it returns.

@@ -407,7 +407,8 @@ async def watch_stream(
         await response.write(_line(state_message(current(), node=node, now=wall_clock())))
         while True:
             try:
-                ev = await asyncio.wait_for(watcher.queue.get(), heartbeat)
+                async with asyncio.timeout(heartbeat):
+                    ev = await watcher.queue.get()
             except TimeoutError:
                 await response.write(_line({"type": "heartbeat", "node": node, "time": wall_clock()}))
                 continue

@@ -3,6 +3,7 @@ caches seeded by hand, every write checked."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -451,3 +452,24 @@ def test_pending_pods_informer_keeps_only_unschedulable_gpu_pods() -> None:
     assert a.pending._params == {"fieldSelector": "spec.nodeName=,status.phase=Pending"}
     assert a.nodes["a"]._params == {"labelSelector": "pool=a"}
     assert a.pending._convert({**obj, "status": {"phase": "Pending"}}) is None
+
+
+async def test_the_loop_stops_when_cancelled_as_a_change_wakes_it() -> None:
+    # Python 3.11's asyncio.wait_for handed the loop its wake-up and dropped the cancellation:
+    # a controller stopping at that moment never did.
+    pool = make_pool()
+    a = autoscaler(ScaleKube(pool), pool)
+    for informer in (*a.informers, a._pods, a._pdbs):
+        informer.synced.set()
+    task = asyncio.create_task(a.run())
+    for _ in range(5):  # into its wait for a change
+        await asyncio.sleep(0)
+    assert not task.done()
+    node(a, "n0")  # an informer change wakes the loop
+    task.cancel()
+    try:
+        done, _ = await asyncio.wait([task], timeout=10)
+        assert done and task.cancelled(), "the autoscaler lost its cancellation"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

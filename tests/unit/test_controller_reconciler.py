@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from types import MappingProxyType
 from typing import Any
@@ -304,3 +305,23 @@ async def test_a_drain_past_its_deadline_is_counted_overdue_by_pool():
     w.signals("n0", xid=79, pods={})
     await w.reconciler.round(["n0"])
     assert w.node_obj("n0")["metadata"]["labels"][c.LABEL_STATE] == "drained" and overdue("a") == 0
+
+
+async def test_the_loop_stops_when_cancelled_as_a_change_wakes_it():
+    # Python 3.11's asyncio.wait_for handed the loop its wake-up and dropped the cancellation:
+    # a controller stopping at that moment never did.
+    w = World()
+    for informer in (w.nodes, w.pods, w.pdbs):
+        informer.synced.set()
+    task = asyncio.create_task(w.reconciler.run())
+    for _ in range(5):  # into its wait for a change
+        await asyncio.sleep(0)
+    assert not task.done()
+    w.reconciler.mark(["n0"])
+    task.cancel()
+    try:
+        done, _ = await asyncio.wait([task], timeout=10)
+        assert done and task.cancelled(), "the reconciler lost its cancellation"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

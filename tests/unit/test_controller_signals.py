@@ -4,6 +4,8 @@ exporters (the exporter app on simulated GPUs, in-process)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -458,6 +460,51 @@ async def test_direct_source_polls_exporters_without_a_watch_endpoint(exporters)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             await old.close()
+
+
+async def test_direct_source_stops_when_cancelled_as_its_poller_wakes():
+    """A troubled node's first line wakes the snapshot poller; the change callback cancels the
+    source in that same loop turn. Python 3.11's asyncio.wait_for handed the poller its wake-up
+    and dropped the cancellation, so run() waited for the poller for ever."""
+
+    async def watch(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        bad = verdict_doc("unhealthy", ("XidFatal", "Xid 79"), xids=(79,))
+        await resp.write(json.dumps(state_msg({"gpu": 0, "uuid": "G0", **bad})).encode() + b"\n")
+        with contextlib.suppress(ConnectionError):
+            while True:  # heartbeats until the client goes
+                await asyncio.sleep(0.05)
+                await resp.write(b'{"type":"heartbeat"}\n')
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/api/v1/watch", watch)
+    server = TestServer(app)
+    await server.start_server()
+    tasks: list[asyncio.Task[None]] = []
+
+    def cancel_on_first_change(nodes: Any) -> None:
+        if tasks and not tasks[0].cancelling():
+            tasks[0].cancel()
+
+    try:
+        async with aiohttp.ClientSession() as session:
+            src = DirectSource(
+                DirectSettings(poll_interval_seconds=30.0),
+                StaticEndpoints({"n1": str(server.make_url("")).rstrip("/")}),
+                session,
+            )
+            task = asyncio.create_task(src.run(cancel_on_first_change))
+            tasks.append(task)
+            try:
+                done, _ = await asyncio.wait([task], timeout=10)
+                assert done and task.cancelled(), "the source lost its cancellation and kept polling"
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+    finally:
+        await server.close()
 
 
 def test_a_troubled_node_without_fresh_detail_says_placement_is_pending():

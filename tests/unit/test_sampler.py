@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpumon.config import SamplingConfig
 from gpumon.devices.health import HealthPolicy
 from gpumon.devices.model import (
+    DriverInfo,
     GpuIdentity,
     GpuSample,
     HealthReason,
@@ -322,6 +323,64 @@ async def test_run_and_shutdown_leave_no_xid_thread(backend, executor, clocks) -
     async with _running(sampler):
         await _until(lambda: sampler.ready)
     assert sampler._xid_thread is not None and not sampler._xid_thread.is_alive()
+
+
+class CancellingAttributor(RecordingAttributor):
+    """Has the sampler's task cancelled just as the first refresh returns: a shutdown landing in
+    the same loop turn as a finishing refresh."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.target: asyncio.Task[None] | None = None
+
+    async def refresh(self) -> None:
+        await super().refresh()
+        if self.refreshes == 1 and self.target is not None:
+            asyncio.get_running_loop().call_soon(self.target.cancel)
+
+
+class CancellingOpenBackend(SimulatedBackend):
+    """Has the sampler's task cancelled from the device thread just before ``open`` returns, so
+    the cancellation and the call's result reach the loop in the same turn."""
+
+    target: asyncio.Task[None] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def open(self) -> DriverInfo:
+        driver = super().open()
+        if self.target is not None and self.loop is not None:
+            self.loop.call_soon_threadsafe(self.target.cancel)
+        return driver
+
+
+async def _assert_stops(task: asyncio.Task[None], sampler: Sampler) -> None:
+    try:
+        done, _ = await asyncio.wait([task], timeout=10)
+        assert done and task.cancelled(), "the sampler lost its cancellation and kept sampling"
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await sampler.shutdown()
+
+
+async def test_a_cancel_landing_as_a_pod_refresh_finishes_stops_the_sampler(executor, clocks) -> None:
+    # Python 3.11's asyncio.wait_for returned the refresh's result and dropped the cancellation:
+    # run() went on for ever, and so did the exporter's shutdown waiting for it.
+    attributor = CancellingAttributor()
+    sampler = make_sampler(SimulatedBackend(2, seed=1), executor, clocks, attributor=attributor)
+    task = attributor.target = asyncio.create_task(sampler.run())
+    await _assert_stops(task, sampler)
+    assert attributor.refreshes == 1
+
+
+async def test_a_cancel_landing_as_a_device_call_returns_stops_the_sampler(executor, clocks) -> None:
+    backend = CancellingOpenBackend(2, seed=1)
+    sampler = make_sampler(backend, executor, clocks)
+    task = backend.target = asyncio.create_task(sampler.run())
+    backend.loop = asyncio.get_running_loop()
+    await _assert_stops(task, sampler)
+    assert sampler.snapshot is None  # stopped inside the first tick
 
 
 async def _until(condition: Callable[[], bool]) -> None:

@@ -18,6 +18,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpumon.config import AuthConfig, ConfigError, ExporterConfig, SamplingConfig
+from gpumon.devices.model import XidEvent
 from gpumon.devices.nvml import NvmlBackend
 from gpumon.devices.simulated import SimulatedBackend, parse_fault
 from gpumon.exporter.server import STATE, accepts_gzip, choose_format, make_app
@@ -312,6 +313,24 @@ async def test_watch_streams_end_when_the_app_stops(
         with contextlib.suppress(ClientPayloadError):  # the stream is cut, not finished
             assert await resp.content.read() == b""
     assert not client.app[STATE].watch_tasks
+
+
+async def test_a_watch_cancelled_as_an_event_arrives_still_ends(
+    aiohttp_client: MakeClient, backend: SimulatedBackend
+) -> None:
+    # Python 3.11's asyncio.wait_for handed the stream the event and dropped the cancellation:
+    # the stream went on, and a graceful stop waited for it.
+    client = await started(aiohttp_client, backend)
+    resp = await client.get("/api/v1/watch")
+    await resp.content.readline()
+    state = client.app[STATE]
+    streams = set(state.watch_tasks)
+    assert len(streams) == 1
+    state.sampler.ingest_xids([XidEvent(backend.devices()[1].uuid, 79, 0.0, 1)])  # queued for the stream
+    await client.app.shutdown()
+    done, _ = await asyncio.wait(streams, timeout=10)
+    assert done, "the watch stream lost its cancellation"
+    resp.close()
 
 
 # -- faults -------------------------------------------------------------------------------------
