@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -154,6 +155,18 @@ def _ours(view: NodeView) -> tuple[Taint, ...]:
     return tuple(t for t in view.taints if t.key == c.TAINT_KEY)
 
 
+def _with_ours(view: NodeView, taint: Taint) -> tuple[Taint, ...]:
+    """The node's taints with ``taint`` as gpumon's only one, where gpumon's stood (else last):
+    the others keep their order, so a write changes nothing but gpumon's own taint."""
+    out: list[Taint] = []
+    for t in view.taints:
+        if t.key != c.TAINT_KEY:
+            out.append(t)
+        elif taint not in out:
+            out.append(taint)
+    return tuple(out) if taint in out else (*out, taint)
+
+
 def _preexisting_taints(view: NodeView) -> tuple[Taint, ...]:
     text = view.annotations.get(c.ANNOTATION_TAINT_PREEXISTING)
     try:
@@ -212,7 +225,7 @@ def _quarantine_desired(
     cordon = view.unschedulable or (policy.cordon and severity is Severity.UNHEALTHY)
     actions = tuple(f.action for f in verdict.findings)
     condition = _with_transition(view, "True", records[0].reason, condition_message(records, actions), now)
-    return _Desired((*_others(view), taint), cordon, label.value, annotations, condition)
+    return _Desired(_with_ours(view, taint), cordon, label.value, annotations, condition)
 
 
 def _same(a: Taint, b: Taint) -> bool:
@@ -241,7 +254,9 @@ def _write(view: NodeView, want: _Desired) -> NodeWrite | None:
     if changed:
         meta["annotations"] = changed
     spec: dict[str, Any] = {}
-    if tuple(map(Taint.to_json, view.taints)) != tuple(map(Taint.to_json, want.taints)):
+    # As a set: the node lifecycle controller appends its taints (not-ready, unreachable) after
+    # ours and removes them again; their place in the list is no reason to write.
+    if Counter(view.taints) != Counter(want.taints):
         spec["taints"] = [t.to_json() for t in want.taints]
     if view.unschedulable != want.unschedulable:
         spec["unschedulable"] = want.unschedulable
@@ -335,7 +350,8 @@ def plan_node(
                 ),
             ),
         )
-    write = _write(view, _quarantine_desired(view, verdict, now, phase, policy))
+    want = _quarantine_desired(view, verdict, now, phase, policy)
+    write = _write(view, want)
     effect = taint_effect(severity)
     if not quarantined:
         msg = f"tainted {c.TAINT_KEY}={severity.value}:{effect}: {_summary(verdict)}"
@@ -345,7 +361,7 @@ def plan_node(
     if write is None:
         return NO_PLAN
     events: tuple[Event, ...] = ()
-    if write.merge_patch is not None and "taints" in write.merge_patch.get("spec", {}):
+    if _ours(view) != tuple(t for t in want.taints if t.key == c.TAINT_KEY):
         msg = f"quarantine now {c.TAINT_KEY}={severity.value}:{effect}: {_summary(verdict)}"
         events = (Event(ref, "GpuQuarantineUpdated", msg, warning=True, key=f"updated:{severity}"),)
     return NodePlan(PlanKind.UPDATE, write, events)

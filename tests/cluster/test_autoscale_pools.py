@@ -5,8 +5,10 @@ the GPUs are allocatable; the real scheduler places the pods."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ from controller_harness import (  # noqa: F401 - fixtures
     sa_kubeconfig_for_fixture,
     wait_for_event,
 )
-from kubernetes_asyncio import client
+from kubernetes_asyncio import client, watch
 
 from gpumon.controller.pools import RECORD_ANNOTATION, REMOVING_ANNOTATION
 from gpumon.devcluster import capi, nodes
@@ -41,12 +43,15 @@ CA = {
     "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "1",
 }
 TIMING = Timing(boot_delay_seconds=1.0, gpu_delay_seconds=3.0)
+
+
 @dataclass
 class Pool:
     namespace: str
     name: str
     sim: SimulatedPool
     custom: client.CustomObjectsApi
+    created: dict[str, Any]  # the MachineDeployment as the API server answered its creation
 
     async def scale(self) -> dict[str, Any]:
         result: dict[str, Any] = await self.custom.get_namespaced_custom_object_scale(
@@ -79,7 +84,7 @@ async def make_pool(api: client.ApiClient, namespace: str, test_id: str) -> Asyn
         annotations: dict[str, str] | None = None,
     ) -> Pool:
         name = f"{test_id}-{suffix}"
-        await custom.create_namespaced_custom_object(
+        created = await custom.create_namespaced_custom_object(
             capi.GROUP,
             capi.VERSION,
             namespace,
@@ -88,7 +93,7 @@ async def make_pool(api: client.ApiClient, namespace: str, test_id: str) -> Asyn
         )
         made.append(name)
         tpl = template or nodes.NodeTemplate(gpus=8, labels={TEST_LABEL: test_id})
-        return Pool(namespace, name, SimulatedPool(namespace, name, tpl, TIMING), custom)
+        return Pool(namespace, name, SimulatedPool(namespace, name, tpl, TIMING), custom, created)
 
     yield make
     for name in made:
@@ -345,6 +350,71 @@ async def test_idle_nodes_are_drained_respecting_pdbs_and_removed_down_to_min(
             assert await pool.replicas() == 1  # never below min
 
 
+@dataclass
+class ScaleHistory:
+    """Every version of a pool's MachineDeployment since its creation, as (``spec.replicas``,
+    ``scaledUpAt`` of the autoscaler's record): a watch from the resourceVersion of its creation
+    gets each write once, in the API server's order, however late it is read. Polling could
+    miss a step between two reads, or see it late, on a loaded machine."""
+
+    pool: Pool
+    versions: list[tuple[int, float | None]]
+    failed: BaseException | None = None
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def of(cls, pool: Pool) -> AsyncIterator[ScaleHistory]:
+        history = cls(pool, [cls._entry(pool.created)])
+        task = asyncio.create_task(history._follow(), name=f"scale-history-{pool.name}")
+        try:
+            yield history
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    @staticmethod
+    def _entry(md: dict[str, Any]) -> tuple[int, float | None]:
+        record = json.loads((md["metadata"].get("annotations") or {}).get(RECORD_ANNOTATION) or "{}")
+        return int(md["spec"].get("replicas", 0)), record.get("scaledUpAt")
+
+    async def _follow(self) -> None:
+        version = self.pool.created["metadata"]["resourceVersion"]
+        try:
+            while True:  # each watch ends after timeout_seconds; go on from the last version seen
+                async with watch.Watch() as w:
+                    events = w.stream(
+                        self.pool.custom.list_namespaced_custom_object,
+                        capi.GROUP,
+                        capi.VERSION,
+                        self.pool.namespace,
+                        capi.MACHINE_DEPLOYMENTS,
+                        field_selector=f"metadata.name={self.pool.name}",
+                        resource_version=version,
+                        timeout_seconds=30,
+                    )
+                    async for event in events:
+                        md = event["object"]
+                        version = md["metadata"]["resourceVersion"]
+                        if event["type"] == "MODIFIED":
+                            self.versions.append(self._entry(md))
+        except Exception as e:  # e.g. 410 Gone: the history has a hole, say so
+            self.failed = e
+
+    def replicas(self) -> list[int]:
+        """Each value ``spec.replicas`` took, in order."""
+        self._check()
+        return [n for n, _ in itertools.groupby(n for n, _ in self.versions)]
+
+    def scale_ups(self) -> list[float]:
+        """The controller's own time of each scale-up, as it recorded them (to the millisecond)."""
+        self._check()
+        return list(dict.fromkeys(t for _, t in self.versions if t is not None))
+
+    def _check(self) -> None:
+        if self.failed is not None:
+            raise AssertionError(f"the watch of {self.pool.name} broke: {self.failed!r}")
+
+
 async def _len(nodes_: Awaitable[list[client.V1Node]], count: int) -> list[client.V1Node] | None:
     found = await nodes_
     return found if len(found) == count else None
@@ -362,23 +432,22 @@ async def test_bounds_step_limit_cooldown_and_cluster_autoscaler_pools(
         pool_config(stepped, test_id, max_replicas=3, max_step=1, scale_up_cooldown_seconds=2),
     ]
     # No simulator: the requested nodes never come, so each step's capacity stays "arriving".
-    async with autoscaling(kubeconfig, namespace, test_id, pools, simulate=[], api=api) as ctl:
+    async with (
+        ScaleHistory.of(stepped) as history,
+        autoscaling(kubeconfig, namespace, test_id, pools, simulate=[], api=api) as ctl,
+    ):
         for i in range(5):
             await core.create_namespaced_pod(namespace, gpu_pod(f"big-{i}", test_id, {nodes.GPU: "8"}))
-        steps: list[tuple[float, int]] = []
 
-        async def at_max() -> bool | None:
-            n = await stepped.replicas()
-            if not steps or steps[-1][1] != n:
-                steps.append((time.monotonic(), n))
-            return True if n == 3 else None
+        async def at_max() -> list[float] | None:
+            ups = history.scale_ups()
+            return ups if history.replicas()[-1] == 3 and len(ups) >= 3 else None
 
-        await eventually(at_max, what="the step-limited pool at its max", interval_seconds=0.05)
-        # The pool starts at 0 replicas; on a loaded machine the first poll may already see 1.
-        history = [n for _, n in steps]
-        assert ([0] if history[0] != 0 else []) + history == [0, 1, 2, 3]
-        gaps = [b[0] - a[0] for a, b in itertools.pairwise([s for s in steps if s[1] >= 1])]
-        assert all(g >= 1.5 for g in gaps), gaps  # the 2 s cooldown, less polling slack
+        ups = await eventually(at_max, what="the step-limited pool at its max, its record written")
+        assert history.replicas() == [0, 1, 2, 3]  # one node per step, every step
+        gaps = [round(b - a, 3) for a, b in itertools.pairwise(ups)]
+        # The 2 s cooldown, between the controller's own decision times (kept to the millisecond).
+        assert len(ups) == 3 and all(g >= 2.0 - 0.001 for g in gaps), ups
 
         async def at_limit(text: str) -> str | None:
             found = await events(core, namespace, stepped.name, "GpuPoolAtLimit")

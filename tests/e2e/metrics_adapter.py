@@ -168,9 +168,10 @@ def _write(path: Path, doc: dict[str, Any]) -> Path:
     return path
 
 
-async def _available(registration: client.ApiregistrationV1Api) -> bool | None:
+async def _available(registration: client.ApiregistrationV1Api, seen: list[str]) -> bool | None:
     svc = await registration.read_api_service(API_SERVICE)
     conditions = (svc.status and svc.status.conditions) or []
+    seen[:] = [f"{c.type}={c.status} {c.reason}: {c.message}" for c in conditions]
     return True if any(c.type == "Available" and c.status == "True" for c in conditions) else None
 
 
@@ -243,11 +244,13 @@ async def external_metrics_api(
                 }
             )
             t0 = time.monotonic()
+            conditions: list[str] = []
             await eventually(
-                lambda: _alive_and(adapter, _available(registration)),
+                lambda: _alive_and(adapter, _available(registration, conditions)),
                 what=f"APIService {API_SERVICE} Available",
                 timeout_seconds=timeout_seconds,
                 interval_seconds=0.5,
+                seen=lambda: conditions,
             )
             adapter.available_after = time.monotonic() - t0
             yield adapter

@@ -14,12 +14,17 @@ nodes that match a label selector, as they come and go:
 - the workload: each running pod of the workload on a node has one process on that node's GPU
   keeping ``level`` of its SMs busy.
 
-Prometheus finds the exporters through a file_sd targets file written here."""
+Prometheus finds the exporters through a file_sd targets file written here.
+
+Every wait here has a deadline (:data:`STOP_SECONDS`): an exporter that does not stop is a bug
+in it, reported with the stacks of its tasks that are still running, not a test that hangs
+until pytest's timeout."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import shutil
 import tempfile
@@ -37,7 +42,6 @@ from prometheus_client import CollectorRegistry
 
 from gpumon.config import ExporterConfig, PodsConfig, SamplingConfig, SimulationConfig
 from gpumon.devcluster import podresources_server
-from gpumon.devcluster.localservers import free_port
 from gpumon.devcluster.nodes import GPU
 from gpumon.devcluster.podresources_server import PodResourcesLister, pod_resources
 from gpumon.devices.simulated import SimProcess, SimulatedBackend
@@ -47,6 +51,28 @@ from gpumon.exporter.server import make_app
 
 GIB = 1 << 30
 POD_GPU_MEMORY = 16 * GIB
+# An exporter stops in well under a second (its sampler, its pod watch, its server's grace of 2 s).
+STOP_SECONDS = 20.0
+
+
+class StuckError(AssertionError):
+    """Something did not finish within its deadline; the message says what and where it is."""
+
+
+async def _finish(aw: Any, what: str, seconds: float = STOP_SECONDS) -> None:
+    """Await ``aw`` for at most ``seconds``, in a task of its own: a deadline that does not rely
+    on the awaited code honouring a cancellation (what is being tested here). On the deadline,
+    raise with the stack of every task still running, which shows where it is stuck."""
+    task = asyncio.ensure_future(aw)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if done:
+        task.result()
+        return
+    stacks = io.StringIO()
+    for t in asyncio.all_tasks():
+        if t is not asyncio.current_task():
+            t.print_stack(limit=8, file=stacks)
+    raise StuckError(f"{what}: not done after {seconds:.0f}s; tasks still running:\n{stacks.getvalue()}")
 
 
 @dataclass
@@ -82,6 +108,7 @@ class PoolExporters:
     errors: list[str] = field(default_factory=list)
     _next_pid: int = 20000
     _seed: int = 0
+    _task: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         self._core = client.CoreV1Api(self.api)
@@ -98,7 +125,7 @@ class PoolExporters:
         config = ExporterConfig(
             node_name=node,
             listen_address="127.0.0.1",
-            port=free_port(),
+            port=0,  # bound below, and read back: no free port that another process takes meanwhile
             backend="simulated",
             simulation=SimulationConfig(gpus=1, seed=self._seed),
             sampling=SamplingConfig(fast_interval_seconds=1, slow_interval_seconds=1),
@@ -120,11 +147,19 @@ class PoolExporters:
         runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=2)
         await runner.setup()
         await web.TCPSite(runner, config.listen_address, config.port).start()
-        return NodeExporter(node, backend, kubelet, root / "proc", runner, config.port, stack)
+        port = int(runner.addresses[0][1])
+        return NodeExporter(node, backend, kubelet, root / "proc", runner, port, stack)
 
     async def _stop(self, exporter: NodeExporter) -> None:
-        await exporter.runner.cleanup()
+        await _finish(exporter.runner.cleanup(), f"stopping the exporter of {exporter.node}")
         exporter.stack.close()
+
+    def check(self) -> None:
+        """Raise what ended the loop that keeps the exporters in step with the pool, if it ended:
+        otherwise the test would only see the load stop following ``level``."""
+        if self._task is not None and self._task.done() and not self._task.cancelled():
+            error = self._task.exception()
+            raise AssertionError(f"the pool exporters' loop ended: {error!r}") from error
 
     def _write_targets(self) -> None:
         doc = [{"targets": sorted(e.target for e in self.running.values()), "labels": {}}]
@@ -187,13 +222,15 @@ class PoolExporters:
         # cleanup would be swallowed there (its cleanup awaits the tasks it cancels under
         # `suppress(CancelledError)`), and the loop would go on for ever.
         closing = asyncio.Event()
-        task = asyncio.create_task(self._loop(closing), name="pool-exporters")
+        self._task = asyncio.create_task(self._loop(closing), name="pool-exporters")
         try:
             yield self
         finally:
             closing.set()
-            await task
-            for exporter in self.running.values():
-                await self._stop(exporter)
-            self.running.clear()
-            shutil.rmtree(self._sockets, ignore_errors=True)
+            try:
+                await _finish(self._task, "the pool exporters' loop, told to stop")
+            finally:
+                for exporter in list(self.running.values()):
+                    await self._stop(exporter)
+                self.running.clear()
+                shutil.rmtree(self._sockets, ignore_errors=True)

@@ -15,8 +15,11 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
-from node_watch import metric, node_events
+from node_watch import NODE_EVENTS_NAMESPACE, metric, node_events
 
+from gpumon.controller import contract
+from gpumon.controller.events import COMPONENT
+from gpumon.controller.pools import DELETE_MACHINE_ANNOTATION
 from gpumon.devcluster import capi
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.localservers import ControllerProcess, ExporterProcess
@@ -33,23 +36,54 @@ def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
 
 
+def _gpumon_key(key: str) -> bool:
+    """A label or annotation key the controller may write on a node: its own domain
+    (``gpumon.io/…``), or the Cluster API deletion mark its autoscaler puts on a node it removes."""
+    domain = key.partition("/")[0] if "/" in key else ""
+    return domain == "gpumon.io" or domain.endswith(".gpumon.io") or key == DELETE_MACHINE_ANNOTATION
+
+
+def _by_gpumon(event: client.CoreV1Event) -> bool:
+    component = event.source.component if event.source is not None else None
+    return component == COMPONENT or event.reporting_component == COMPONENT or event.reason.startswith("Gpu")
+
+
+async def node_state(core: client.CoreV1Api, name: str) -> dict[str, Any]:
+    """Everything on a node that the controller could have written, and nothing else: Kubernetes
+    and kwok change the rest on their own schedule, so comparing it fails at random. Seen here
+    within 15 s of a node turning Ready (when ``make_nodes`` returns): the node lifecycle
+    controller adds the ``beta.kubernetes.io/{arch,os}`` labels, lifts its
+    ``node.kubernetes.io/not-ready`` taint and records a ``RegisteredNode`` Event; later a late
+    kwok heartbeat brings Ready=Unknown and ``node.kubernetes.io/unreachable`` taints, and every
+    heartbeat moves times, resourceVersion and managedFields."""
+    node = await core.read_node(name)
+    return {
+        "labels": {k: v for k, v in (node.metadata.labels or {}).items() if _gpumon_key(k)},
+        "annotations": {k: v for k, v in (node.metadata.annotations or {}).items() if _gpumon_key(k)},
+        # The node lifecycle controller owns node.kubernetes.io/*; any other taint could be ours
+        # (gpumon.io/gpu-unhealthy, or a person's taint it puts back on recovery).
+        "taints": sorted(
+            (t.key, t.value or "", t.effect)
+            for t in node.spec.taints or ()
+            if not t.key.startswith("node.kubernetes.io/")
+        ),
+        "unschedulable": bool(node.spec.unschedulable),
+        "conditions": [
+            (c.status, c.reason, c.message)
+            for c in node.status.conditions or ()
+            if c.type == contract.CONDITION_TYPE
+        ],
+        "events": sorted((e.reason, e.message) for e in await node_events(core, name) if _by_gpumon(e)),
+    }
+
+
 async def cluster_state(api: client.ApiClient, namespace: str, nodes: list[str]) -> dict[str, Any]:
-    """What gpumon or Helm could have written, as plain data: the nodes' labels, annotations,
-    taints, unschedulable and conditions (heartbeat times left out: kwok moves them), and
-    everything in the namespace that is not the namespace's own default."""
+    """What gpumon or Helm could have written, as plain data: on each node what the controller
+    writes (:func:`node_state`), and everything in the namespace that is not the namespace's own
+    default."""
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     coordination = client.CoordinationV1Api(api)
-    state: dict[str, Any] = {}
-    for name in nodes:
-        node = await core.read_node(name)
-        state[name] = {
-            "labels": node.metadata.labels,
-            "annotations": node.metadata.annotations,
-            "taints": [(t.key, t.effect) for t in node.spec.taints or ()],
-            "unschedulable": node.spec.unschedulable,
-            "conditions": sorted((c.type, c.status, c.reason) for c in node.status.conditions or ()),
-            "events": [e.reason for e in await node_events(core, name)],
-        }
+    state: dict[str, Any] = {name: await node_state(core, name) for name in nodes}
     state["namespace"] = {
         "leases": [x.metadata.name for x in (await coordination.list_namespaced_lease(namespace)).items],
         "configmaps": [
@@ -131,6 +165,67 @@ async def test_a_malformed_rule_file_stops_the_controller_before_it_touches_the_
         assert word in message, message
     assert len(message.splitlines()) <= 4, message  # one message, not a dump
     assert await cluster_state(api, namespace, [node]) == before
+
+
+async def test_the_node_comparison_sees_every_write_of_the_controller_and_nothing_else(
+    api: client.ApiClient, namespace: str, test_id: str, make_nodes: NodeMaker
+) -> None:
+    """The test above proves nothing if :func:`node_state` misses a write of the controller, and
+    fails at random if it sees what Kubernetes and kwok change by themselves."""
+    core = client.CoreV1Api(api)
+    (node,) = await make_nodes(1, NodeTemplate(gpus=1, labels={TEST_LABEL: test_id}))
+    made: list[str] = []
+
+    async def event(reason: str, component: str) -> None:
+        body = {
+            "metadata": {"generateName": f"{node}."},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+            "reason": reason, "message": f"{reason} on {node}", "type": "Normal",
+            "source": {"component": component},
+        }  # fmt: skip
+        made.append((await core.create_namespaced_event(NODE_EVENTS_NAMESPACE, body)).metadata.name)
+
+    def taint(key: str, effect: str) -> dict[str, Any]:
+        return {"key": key, "value": "x", "effect": effect}
+
+    try:
+        before = await node_state(core, node)
+        # What Kubernetes' controllers and kwok write on a node by themselves.
+        await core.patch_node(node, {
+            "metadata": {
+                "annotations": {"node.alpha.kubernetes.io/ttl": "15"},
+                "labels": {"beta.kubernetes.io/arch": "amd64"},
+            },
+            "spec": {"taints": [taint("node.kubernetes.io/unreachable", "NoSchedule")]},
+        })  # fmt: skip
+        unknown = {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}
+        await core.patch_node_status(node, {"status": {"conditions": [unknown]}})
+        await event("RegisteredNode", "node-controller")
+        assert await node_state(core, node) == before
+
+        # Each kind of write the controller makes, one at a time: each one must show.
+        writes: dict[str, dict[str, Any]] = {
+            "taint": {"spec": {"taints": [taint(contract.TAINT_KEY, "NoSchedule")]}},
+            "label": {"metadata": {"labels": {contract.LABEL_STATE: "quarantined"}}},
+            "annotation": {"metadata": {"annotations": {contract.ANNOTATION_QUARANTINED_AT: "now"}}},
+            "deletion mark": {"metadata": {"annotations": {DELETE_MACHINE_ANNOTATION: "gpumon"}}},
+            "cordon": {"spec": {"unschedulable": True}},
+        }
+        seen = before
+        for what, patch in writes.items():
+            await core.patch_node(node, patch)
+            now = await node_state(core, node)
+            assert now != seen, f"the comparison misses the controller's {what}"
+            seen = now
+        condition = {"type": contract.CONDITION_TYPE, "status": "True", "reason": "GpuLost", "message": "0"}
+        await core.patch_node_status(node, {"status": {"conditions": [condition]}})
+        now = await node_state(core, node)
+        assert now != seen, "the comparison misses the controller's condition"
+        await event("GpuQuarantined", COMPONENT)
+        assert await node_state(core, node) != now, "the comparison misses the controller's Event"
+    finally:
+        for name in made:
+            await core.delete_namespaced_event(name, NODE_EVENTS_NAMESPACE)
 
 
 # -- a pool pointing at a missing target ----------------------------------------------------------

@@ -39,7 +39,11 @@ APP = "inference"  # the example HPA's Deployment and its container (the metric'
 METRIC = "gpumon_workload_gpu_utilization_ratio"
 MAX_REPLICAS = 3
 STEADY, HIGH, LOW = 0.30, 0.95, 0.10  # per-pod SM busy fraction; the example's target is 0.7
-STEP_SECONDS = 120.0  # one step of the path on a busy 2-core machine; typically a few seconds
+# Deadlines of the waits, each well inside pytest's 300 s, so that a step that never happens
+# fails with what was seen last instead of timing the whole test out. Measured here: the metric
+# follows the load in 0.5-2 s, the way up takes 10-12 s, the way down 21 s (docs/e2e.md).
+METRIC_SECONDS = 60.0
+PATH_SECONDS = 90.0
 
 
 def deployment(test_id: str) -> dict[str, Any]:
@@ -110,11 +114,13 @@ class Cluster:
     api: client.ApiClient
     namespace: str
     pool: str
+    exporters: PoolExporters
     seen: list[dict[str, int]] = field(default_factory=list)  # every state read
-    metric_answers: list[str] = field(default_factory=list)  # the adapter's refusals
+    metric_answers: list[str] = field(default_factory=list)  # every answer of the adapter
 
     async def external_metric(self) -> float | None:
         """The metric as the HPA controller reads it, through the aggregation layer."""
+        self.exporters.check()
         path = f"/apis/{GROUP}/v1beta1/namespaces/{self.namespace}/{METRIC}"
         resp = await self.api.call_api(
             path,
@@ -126,8 +132,8 @@ class Cluster:
         )
         async with resp:
             body = await resp.json(content_type=None)
+        self.metric_answers.append(f"{resp.status} {body}")  # e.g. 404 before the series are listed
         if resp.status != 200 or not body.get("items"):
-            self.metric_answers.append(f"{resp.status} {body}")  # e.g. 404 before the series are listed
             return None
         return float(sum(_quantity(i["value"]) for i in body["items"]))
 
@@ -152,6 +158,7 @@ class Cluster:
         return sorted(n.metadata.name for n in listed.items)
 
     async def state(self) -> dict[str, int]:
+        self.exporters.check()
         pods = await self.pods()
         state = {
             "replicas": await self.replicas(),
@@ -194,7 +201,11 @@ class Milestones:
             return state if final in self.at else None
 
         result: dict[str, int] = await eventually(
-            check, what=final, timeout_seconds=timeout_seconds, interval_seconds=0.25
+            check,
+            what=final,
+            timeout_seconds=timeout_seconds,
+            interval_seconds=0.25,
+            seen=lambda: {"reached": dict(self.at), "state": self.cluster.seen[-1:]},
         )
         return result
 
@@ -235,7 +246,7 @@ async def test_gpu_load_scales_the_deployment_and_its_node_pool_up_and_back_down
         controller_config(devcluster, namespace, test_id, pool, prometheus.url),
         "--act",
     )
-    cluster = Cluster(api, namespace, pool)
+    cluster = Cluster(api, namespace, pool, exporters)
     try:
         prometheus.start(prometheus_config(targets))
         async with (
@@ -259,8 +270,9 @@ async def test_gpu_load_scales_the_deployment_and_its_node_pool_up_and_back_down
             steady = await eventually(
                 _metric_near(cluster, STEADY),
                 what="the workload's metric at 0.3",
-                timeout_seconds=STEP_SECONDS,
+                timeout_seconds=METRIC_SECONDS,
                 interval_seconds=0.5,
+                seen=lambda: cluster.metric_answers[-1:],
             )
             assert await cluster.replicas() == 1
 
@@ -270,8 +282,9 @@ async def test_gpu_load_scales_the_deployment_and_its_node_pool_up_and_back_down
             await eventually(
                 _metric_near(cluster, HIGH),
                 what="the metric at 0.95",
-                timeout_seconds=STEP_SECONDS,
+                timeout_seconds=METRIC_SECONDS,
                 interval_seconds=0.25,
+                seen=lambda: cluster.metric_answers[-1:],
             )
             up.at["metric_high"] = round(time.monotonic() - up.start, 1)
             final = await up.until(
@@ -283,7 +296,7 @@ async def test_gpu_load_scales_the_deployment_and_its_node_pool_up_and_back_down
                     "second_pod_running": lambda s: s["running"] >= 2,
                     "all_running": lambda s: s["running"] == MAX_REPLICAS and s["replicas"] == MAX_REPLICAS,
                 },
-                timeout_seconds=3 * STEP_SECONDS,
+                timeout_seconds=PATH_SECONDS,
             )
             assert final["pool_replicas"] == MAX_REPLICAS and final["pool_nodes"] == MAX_REPLICAS
             assert _causal(up.at), up.at
@@ -300,7 +313,7 @@ async def test_gpu_load_scales_the_deployment_and_its_node_pool_up_and_back_down
                     "pods_gone": lambda s: s["running"] == 1 and s["replicas"] == 1,
                     "pool_scaled_down": lambda s: s["pool_replicas"] == 1 and s["pool_nodes"] == 1,
                 },
-                timeout_seconds=3 * STEP_SECONDS,
+                timeout_seconds=PATH_SECONDS,
             )
             assert final["running"] == 1
             # The remaining pod's node is the one node left: only idle nodes were removed.

@@ -122,6 +122,31 @@ async def test_degraded_prefers_no_schedule_then_escalates_in_place():
     assert k.condition()["reason"] == "XidFatal"
 
 
+async def test_taints_of_others_coming_and_going_cause_no_write_and_no_event():
+    """The node lifecycle controller appends its taints after ours when a heartbeat is late
+    (kwok's, after an API server restart) and removes them again: neither their place in the
+    list nor their coming and going is a change of the quarantine."""
+    k = Cluster()
+    await k.step(verdict(gpu_verdict(3)), now=200.0)
+    writes = len(k.api.writes())
+    unreachable = {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule", "timeAdded": "t"}
+    k.obj["spec"]["taints"].append(unreachable)
+    assert (await k.step(verdict(gpu_verdict(3)), now=300.0)).kind is PlanKind.NONE
+    k.obj["spec"]["taints"].remove(unreachable)
+    assert (await k.step(verdict(gpu_verdict(3)), now=400.0)).kind is PlanKind.NONE
+    assert len(k.api.writes()) == writes
+    # Our own taint changing is an update, written in place: the others keep their order.
+    k.obj["spec"]["taints"].append(unreachable)
+    deg = finding("thermal-degraded", Severity.DEGRADED, "Thermal", "temperature 90 C >= 87 C")
+    plan = await k.step(verdict(gpu_verdict(3, deg)), now=500.0)
+    assert [e.reason for e in plan.events] == ["GpuQuarantineUpdated"]
+    assert k.obj["spec"]["taints"] == [
+        OTHER_TAINT,
+        {"key": c.TAINT_KEY, "value": "degraded", "effect": "PreferNoSchedule"},
+        unreachable,
+    ]
+
+
 async def test_drifting_evidence_causes_no_write_but_a_new_gpu_does():
     k = Cluster()
     hot = lambda t: finding("thermal-unhealthy", reason="Thermal", evidence=f"temperature {t} C")  # noqa: E731

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -49,3 +50,24 @@ async def test_eventually_names_what_it_waited_for_and_the_last_value() -> None:
 
     with pytest.raises(NotReached, match="the thing: not reached"):
         await eventually(never, what="the thing", timeout_seconds=0, interval_seconds=0)
+
+
+async def test_eventually_abandons_a_check_that_outlives_the_deadline_and_says_what_it_saw() -> None:
+    seen: list[str] = []
+
+    async def hangs() -> None:
+        seen.append("asked")
+        await asyncio.Event().wait()  # a request nobody answers
+
+    with pytest.raises(NotReached, match=r"the thing: not reached in 0s \(a check was still running"):
+        await eventually(hangs, what="the thing", timeout_seconds=0.2, seen=lambda: seen[-1])
+    with pytest.raises(NotReached, match="last seen: 'asked'"):
+        await eventually(hangs, what="the thing", timeout_seconds=0.2, seen=lambda: seen[-1])
+
+
+async def test_a_timeout_of_the_check_itself_is_not_the_deadline() -> None:
+    async def times_out() -> None:
+        raise TimeoutError("the check's own")
+
+    with pytest.raises(TimeoutError, match="the check's own"):
+        await eventually(times_out, what="x", timeout_seconds=5)
