@@ -1,4 +1,4 @@
-"""Test tiers by folder: tests/unit -> `unit`, tests/build -> `build`, tests/nvml -> `nvml`,
+"""Test tiers by folder: tests/unit -> `unit`, tests/pins -> `pins`, tests/nvml -> `nvml`,
 tests/prometheus -> `prometheus`, tests/cluster -> `cluster`, tests/e2e -> `e2e`. Run one tier
 with `-m NAME`."""
 
@@ -10,7 +10,7 @@ import pytest
 
 pytest_plugins = ["devcluster_fixtures"]
 
-_TIERS = ("unit", "build", "nvml", "prometheus", "cluster", "e2e")
+_TIERS = ("unit", "pins", "nvml", "prometheus", "cluster", "e2e")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
