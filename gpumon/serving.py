@@ -67,6 +67,19 @@ def bind(address: str, port: int) -> list[socket.socket]:
     return sockets
 
 
+def stop_on_signals() -> asyncio.Event:
+    """An event SIGTERM or SIGINT sets, on the running loop.
+
+    Long-running commands stop by checking it rather than by the cancellation asyncio.run sends
+    on SIGINT: a cancellation that a library turns into a timeout (and that code then handles
+    as one) is lost, and the command would run on for ever."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
 async def serve_until_signalled(
     build_app: Callable[[], web.Application],
     address: str,
@@ -93,10 +106,7 @@ async def serve_until_signalled(
         for sock in sockets:
             await web.SockSite(runner, sock, ssl_context=ssl_context).start()
         on_listening(metrics_url(runner.addresses, tls=ssl_context is not None))
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_on_signals()
         await stop.wait()
         log.info("stopping")
         return 0

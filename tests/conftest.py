@@ -7,10 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tiers import TIERS
 
 pytest_plugins = ["devcluster_fixtures"]
-
-_TIERS = ("unit", "pins", "nvml", "prometheus", "cluster", "e2e")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -20,5 +19,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             tier = Path(item.fspath).relative_to(root).parts[0]
         except ValueError:
             continue
-        if tier in _TIERS:
+        if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))

@@ -125,9 +125,11 @@ async def rounds(
     watch: bool,
     interval_seconds: float,
     sleep: Callable[[float], Awaitable[None]],
+    stopped: Callable[[], bool] = lambda: False,
 ) -> int:
-    """One round, or with ``watch`` one every interval for ever; a failed round is shown and,
-    when watching, tried again. Returns the exit code of the last round."""
+    """One round, or with ``watch`` one every interval until ``stopped()``; a failed round is
+    shown and, when watching, tried again. Returns the exit code of the last round, or 130 (as
+    for Ctrl-C) when a watch was stopped."""
     while True:
         try:
             view: Fleet | Explanation | Failed = await build()
@@ -137,6 +139,8 @@ async def rounds(
         if not watch:
             return 1 if isinstance(view, Failed) else 0
         await sleep(interval_seconds)
+        if stopped():
+            return 130
 
 
 def run(args: argparse.Namespace) -> int:
@@ -165,12 +169,14 @@ def run(args: argparse.Namespace) -> int:
 
 async def _main(args: argparse.Namespace, config: ControllerConfig, node: str | None, policy: Policy) -> int:
     import asyncio
+    import contextlib
 
     import aiohttp
     from kubernetes_asyncio.config import ConfigException
 
     from gpumon.config import ConfigError
     from gpumon.controller.kube import KubeError, Unreachable, connect
+    from gpumon.serving import stop_on_signals
     from gpumon.status.explain import build_explanation
     from gpumon.status.fleet import build_fleet
     from gpumon.status.read import NodeNotFound, read_cluster
@@ -199,8 +205,20 @@ async def _main(args: argparse.Namespace, config: ControllerConfig, node: str | 
                     return build_fleet(state, pool_label=policy.pool_label)
                 return build_explanation(state, pool_label=policy.pool_label, policy=policy)
 
+            stop = stop_on_signals()
+
+            async def until_stopped(seconds: float) -> None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(seconds):
+                        await stop.wait()
+
             return await rounds(
-                build, show, watch=args.watch, interval_seconds=args.interval, sleep=asyncio.sleep
+                build,
+                show,
+                watch=args.watch,
+                interval_seconds=args.interval,
+                sleep=until_stopped,
+                stopped=stop.is_set,
             )
     finally:
         show.close()

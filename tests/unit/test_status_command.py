@@ -3,6 +3,7 @@ its exit codes when the cluster cannot be read."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from pathlib import Path
@@ -75,6 +76,24 @@ async def test_watch_shows_every_round_and_keeps_going_after_a_failed_one() -> N
     with pytest.raises(KeyboardInterrupt):
         await rounds(build, shown.append, watch=True, interval_seconds=2.5, sleep=sleep)
     assert [type(v).__name__ for v in shown] == ["Failed", "Fleet", "Fleet"] and slept == [2.5] * 3
+
+
+async def test_a_watch_ends_when_stopped_even_if_a_round_ate_the_interrupt() -> None:
+    """Ctrl-C sets the stop event; the watch ends after the round in flight, whatever that
+    round did with the cancellation asyncio.run would otherwise send."""
+    stop = asyncio.Event()
+    shown: list[object] = []
+
+    async def build() -> Fleet:
+        if len(shown) == 1:
+            stop.set()  # the signal arrives during the second round
+        return fleet_view()
+
+    async def sleep(seconds: float) -> None:
+        pass
+
+    code = await rounds(build, shown.append, watch=True, interval_seconds=1, sleep=sleep, stopped=stop.is_set)
+    assert code == 130 and len(shown) == 2
 
 
 async def test_one_round_exit_codes() -> None:
