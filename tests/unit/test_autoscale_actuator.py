@@ -10,6 +10,7 @@ from types import MappingProxyType
 from typing import Any
 
 import pytest
+from cancellation import assert_ends_cancelled
 from controller_fakes import FakeKube
 from prometheus_client import CollectorRegistry
 from test_autoscale_demand import containers, unschedulable
@@ -467,9 +468,4 @@ async def test_the_loop_stops_when_cancelled_as_a_change_wakes_it() -> None:
     assert not task.done()
     node(a, "n0")  # an informer change wakes the loop
     task.cancel()
-    try:
-        done, _ = await asyncio.wait([task], timeout=10)
-        assert done and task.cancelled(), "the autoscaler lost its cancellation"
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    await assert_ends_cancelled(task, "the autoscaler lost its cancellation")

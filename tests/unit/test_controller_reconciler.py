@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from types import MappingProxyType
 from typing import Any
 
+from cancellation import assert_ends_cancelled
 from controller_fakes import FakeKube
 from prometheus_client import CollectorRegistry
 
@@ -319,9 +320,4 @@ async def test_the_loop_stops_when_cancelled_as_a_change_wakes_it():
     assert not task.done()
     w.reconciler.mark(["n0"])
     task.cancel()
-    try:
-        done, _ = await asyncio.wait([task], timeout=10)
-        assert done and task.cancelled(), "the reconciler lost its cancellation"
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    await assert_ends_cancelled(task, "the reconciler lost its cancellation")

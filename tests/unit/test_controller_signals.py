@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from cancellation import assert_ends_cancelled
 
 from gpumon.config import ExporterConfig, SamplingConfig
 from gpumon.controller.policy import Op, Rule, Scope
@@ -497,12 +498,7 @@ async def test_direct_source_stops_when_cancelled_as_its_poller_wakes():
             )
             task = asyncio.create_task(src.run(cancel_on_first_change))
             tasks.append(task)
-            try:
-                done, _ = await asyncio.wait([task], timeout=10)
-                assert done and task.cancelled(), "the source lost its cancellation and kept polling"
-            finally:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            await assert_ends_cancelled(task, "the source lost its cancellation and kept polling")
     finally:
         await server.close()
 

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from cancellation import assert_ends_cancelled
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -355,12 +356,8 @@ class CancellingOpenBackend(SimulatedBackend):
 
 async def _assert_stops(task: asyncio.Task[None], sampler: Sampler) -> None:
     try:
-        done, _ = await asyncio.wait([task], timeout=10)
-        assert done and task.cancelled(), "the sampler lost its cancellation and kept sampling"
+        await assert_ends_cancelled(task, "the sampler lost its cancellation and kept sampling")
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         await sampler.shutdown()
 
 
