@@ -2,7 +2,7 @@
 
 2,000 GPU nodes in 4 pools (8 GPUs each), 20,000 scheduled GPU pods, 500 pending GPU pods of
 mixed sizes, some nodes quarantined, idle, joining or without allocatable GPUs. Measured: the
-pure planner (:func:`gpumon.controller.autoscale.plan_pools`), and the whole CPU side of a round
+pure planner (:func:`gpumon.controller.core.scale_plan.plan_pools`), and the whole CPU side of a round
 (the shell reading its caches into planner inputs, then planning), the caches being the real
 informer caches seeded with the same objects. API calls are not part of either. Beside it, the
 replicas a GPU-unaware autoscaler would request (one node per pending pod).
@@ -22,14 +22,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from bench.report import Row, Table, table_markdown
-from gpumon.controller.autoscale import Action, plan_pools
-from gpumon.controller.backoff import Backoff
-from gpumon.controller.cluster import Informer
-from gpumon.controller.demand import PodDemand
-from gpumon.controller.drain import Evictor
-from gpumon.controller.events import EventRecorder
-from gpumon.controller.objects import GpuResources, PdbView, PodView
-from gpumon.controller.pools import (
+from gpumon.controller.act.events import EventRecorder
+from gpumon.controller.act.evict import Evictor
+from gpumon.controller.act.retry import RetryPolicy
+from gpumon.controller.core.backoff import Backoff
+from gpumon.controller.core.demand import PodDemand
+from gpumon.controller.core.objects import GpuResources, PdbView, PodView
+from gpumon.controller.core.pools import (
     RECORD_ANNOTATION,
     Pool,
     PoolConfig,
@@ -39,7 +38,9 @@ from gpumon.controller.pools import (
     pool_from_config,
     record_to_annotation,
 )
-from gpumon.controller.scale import AutoscaleMetrics, Autoscaler, gpu_resources
+from gpumon.controller.core.scale_plan import Action, plan_pools
+from gpumon.controller.shell.autoscaler_loop import AutoscaleMetrics, Autoscaler, gpu_resources
+from gpumon.controller.shell.informer import Informer
 
 NODES = 2_000
 PODS = 20_000
@@ -111,7 +112,7 @@ def _autoscaler(pools: list[Pool], rng: random.Random) -> tuple[Autoscaler, dict
         pods=pods,
         pdbs=pdbs,
         recorder=EventRecorder(api, instance="bench"),
-        evictor=Evictor(api, Backoff()),
+        evictor=Evictor(api, RetryPolicy(Backoff())),
         metrics=AutoscaleMetrics(CollectorRegistry()),
         is_leader=lambda: True,
         dry_run=True,

@@ -60,7 +60,7 @@ from bench.scale_fleet import (
     pending_pod,
     pool_target,
 )
-from gpumon.controller.contract import TAINT_KEY
+from gpumon.controller.core.contract import TAINT_KEY
 from gpumon.controller.kube import ApiClientKube, Conflict, KubeApi, KubeError, Unreachable, connect
 from gpumon.devcluster import capi, kubeconfig, processes
 from gpumon.devcluster.binaries import ETCD_VERSION, KUBERNETES_VERSION, KWOK_VERSION

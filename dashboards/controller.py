@@ -1,5 +1,5 @@
 """Controller: what it decided and did (quarantines, evictions, time to quarantine, scale plans)
-and how healthy it is itself. Metric names: gpumon/controller/metrics.py.
+and how healthy it is itself. Metric names: gpumon/controller/shell/metrics.py.
 
 Every replica exports the cluster-wide gauges from its own caches, so gauges are read with
 ``max by (...)``: the replicas agree, and a sum would count the fleet once per replica. The

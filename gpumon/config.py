@@ -31,7 +31,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from gpumon.configfile import ConfigError as ConfigError
 from gpumon.configfile import read_yaml_mapping
 from gpumon.configtypes import Float, Int
-from gpumon.controller.pools import PoolConfig, unique_pool_names
+from gpumon.controller.core.pools import PoolConfig, unique_pool_names
 from gpumon.devices.model import HealthState
 
 DEFAULT_EXPORTER_PORT = 9842

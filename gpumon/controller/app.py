@@ -23,15 +23,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from gpumon.config import ControllerConfig
 from gpumon.configfile import read_config_text
-from gpumon.controller.backoff import Backoff
-from gpumon.controller.breaker import SafetyPolicy
-from gpumon.controller.cluster import Informer
-from gpumon.controller.drain import DrainPolicy, Escalation, Evictor
-from gpumon.controller.events import EventRecorder
-from gpumon.controller.kube import KubeApi
-from gpumon.controller.leader import LeaderElector, LeaderSettings
-from gpumon.controller.metrics import ClusterGauges, ControllerMetrics
-from gpumon.controller.objects import (
+from gpumon.controller.act.events import EventRecorder
+from gpumon.controller.act.evict import Evictor
+from gpumon.controller.act.retry import RetryPolicy
+from gpumon.controller.core.backoff import Backoff
+from gpumon.controller.core.breaker import SafetyPolicy
+from gpumon.controller.core.drain_plan import DrainPolicy, Escalation
+from gpumon.controller.core.node_plan import QuarantinePolicy
+from gpumon.controller.core.objects import (
     GpuResources,
     NodeView,
     PdbView,
@@ -40,15 +39,18 @@ from gpumon.controller.objects import (
     pdb_from_json,
     pod_from_json,
 )
-from gpumon.controller.policy import Policy
-from gpumon.controller.pools import pool_from_config
-from gpumon.controller.quarantine import QuarantinePolicy
-from gpumon.controller.reconciler import Reconciler, Settings
+from gpumon.controller.core.policy import Policy
+from gpumon.controller.core.pools import pool_from_config
+from gpumon.controller.core.signals import SignalSource
+from gpumon.controller.kube import KubeApi
 from gpumon.controller.rules import load_rules
-from gpumon.controller.scale import AutoscaleMetrics, Autoscaler, gpu_resources
-from gpumon.controller.signals import SignalSource
-from gpumon.controller.signals_direct import DirectSettings, DirectSource, StaticEndpoints
-from gpumon.controller.signals_prometheus import PrometheusSettings, PrometheusSource
+from gpumon.controller.shell.autoscaler_loop import AutoscaleMetrics, Autoscaler, gpu_resources
+from gpumon.controller.shell.informer import Informer
+from gpumon.controller.shell.leader import LeaderElector, LeaderSettings
+from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
+from gpumon.controller.shell.remediation_loop import Reconciler, Settings
+from gpumon.controller.shell.signal_sources.direct import DirectSettings, DirectSource, StaticEndpoints
+from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource
 from gpumon.devices.health import HealthPolicy
 from gpumon.tasks import cancel_and_wait
 
@@ -106,6 +108,7 @@ def build_settings(config: ControllerConfig, policy: Policy) -> Settings:
         dry_run=config.dry_run,
         namespace=config.namespace,
         state_configmap=config.state_configmap,
+        retry=RetryPolicy(Backoff(d.retry_initial_seconds, d.retry_max_seconds)),
     )
 
 
@@ -252,7 +255,7 @@ def make_app(
         wall_clock=wall_clock,
         on_result=lambda ok: metrics.events.labels("created" if ok else "failed").inc(),
     )
-    evictor = Evictor(api, Backoff(config.drain.retry_initial_seconds, config.drain.retry_max_seconds))
+    evictor = Evictor(api, settings.retry)
     endpoints = None
     if config.signals.source == "direct" and not config.signals.direct.endpoints:
         d = config.signals.direct
@@ -299,6 +302,7 @@ def make_app(
             resources=resources,
             wall_clock=wall_clock,
             on_error=on_error("autoscaler"),
+            retry=settings.retry,
         )
     controller = Controller(
         config=config,

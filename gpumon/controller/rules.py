@@ -32,9 +32,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from gpumon.configfile import ConfigError, read_yaml_mapping
 from gpumon.configtypes import Float, Int, NoBool
-from gpumon.controller.policy import Op, Rule, Scope
-from gpumon.controller.signals import Signal
-from gpumon.controller.verdicts import Severity
+from gpumon.controller.core.policy import Op, Rule, Scope
+from gpumon.controller.core.signals import Signal
+from gpumon.controller.core.verdicts import Severity
 from gpumon.devices.health import HealthPolicy
 from gpumon.devices.model import HealthState
 

@@ -15,7 +15,7 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpumon.controller.events import COMPONENT
+from gpumon.controller.act.events import COMPONENT
 from gpumon.demo import fleet
 from gpumon.demo.exporters import ExporterFleet
 from gpumon.demo.views import ClusterView, cluster_view

@@ -10,7 +10,7 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
-from gpumon.controller.contract import CONDITION_TYPE, LABEL_STATE, TAINT_KEY
+from gpumon.controller.core.contract import CONDITION_TYPE, LABEL_STATE, TAINT_KEY
 from gpumon.devcluster import nodes
 from gpumon.devcluster.poolplan import POOL_LABEL
 from gpumon.devcluster.workloads import APP_LABEL

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from rich.live import Live
 
     from gpumon.config import ControllerConfig
-    from gpumon.controller.policy import Policy
+    from gpumon.controller.core.policy import Policy
     from gpumon.status.model import Explanation, Fleet
     from gpumon.status.read import Sources
 
@@ -95,8 +95,8 @@ def load_config(args: argparse.Namespace) -> ControllerConfig:
 
 
 def sources(config: ControllerConfig, args: argparse.Namespace) -> Sources:
-    from gpumon.controller.objects import GpuResources
-    from gpumon.controller.pools import pool_from_config
+    from gpumon.controller.core.objects import GpuResources
+    from gpumon.controller.core.pools import pool_from_config
     from gpumon.status.read import Sources
 
     d = config.signals.direct

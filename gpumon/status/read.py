@@ -17,11 +17,11 @@ from typing import Any
 
 import aiohttp
 
+from gpumon.controller.act.scale import read_scale
+from gpumon.controller.core.node_plan import is_quarantined
+from gpumon.controller.core.objects import GpuResources, pdb_from_json
+from gpumon.controller.core.pools import Pool
 from gpumon.controller.kube import KubeApi, KubeError, NotFound, Unreachable
-from gpumon.controller.objects import GpuResources, pdb_from_json
-from gpumon.controller.pools import Pool
-from gpumon.controller.quarantine import is_quarantined
-from gpumon.controller.scale import read_scale
 from gpumon.status.state import (
     ClusterState,
     NodeInfo,

@@ -1,6 +1,6 @@
 """What status reads from the cluster, as slim frozen views built from raw JSON (pure).
 
-Nodes, pods and PDBs reuse the controller's own projections (:mod:`gpumon.controller.objects`),
+Nodes, pods and PDBs reuse the controller's own projections (:mod:`gpumon.controller.core.objects`),
 so status sees a node exactly as the controller does.
 """
 
@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumon.controller.contract import TAINT_KEY
-from gpumon.controller.objects import (
+from gpumon.controller.core.contract import DRY_RUN_PREFIX, TAINT_KEY
+from gpumon.controller.core.objects import (
     GpuResources,
     NodeView,
     PdbView,
@@ -19,8 +19,7 @@ from gpumon.controller.objects import (
     node_from_json,
     pod_from_json,
 )
-from gpumon.controller.pools import RECORD_ANNOTATION, Pool, Record, ScaleState, record_from_annotation
-from gpumon.controller.reconciler import DRY_RUN_PREFIX
+from gpumon.controller.core.pools import RECORD_ANNOTATION, Pool, Record, ScaleState, record_from_annotation
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpumon.controller.objects import from_rfc3339
+from gpumon.controller.core.objects import from_rfc3339
 
 
 def age(at: str | None, now: float) -> float | None:

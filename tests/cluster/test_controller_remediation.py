@@ -22,7 +22,7 @@ from controller_harness import (  # noqa: F401 - fixtures
 )
 from kubernetes_asyncio import client
 
-from gpumon.controller.objects import from_rfc3339
+from gpumon.controller.core.objects import from_rfc3339
 from gpumon.devcluster.waiting import eventually
 
 TAINT = "gpumon.io/gpu-unhealthy"

@@ -44,7 +44,7 @@ from controller_harness import (  # noqa: F401 - fixtures
 )
 from kubernetes_asyncio import client
 
-from gpumon.controller import contract as c
+from gpumon.controller.core import contract as c
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.waiting import eventually
 

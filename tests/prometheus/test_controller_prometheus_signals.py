@@ -27,10 +27,10 @@ from conftest import ExporterProcess, PrometheusProcess, http_get
 
 from gpumon.config import ControllerConfig
 from gpumon.controller.app import build_policy
-from gpumon.controller.policy import EMPTY_NODE_STATE, NodeState, Policy, evaluate_node
-from gpumon.controller.signals import FleetSignals
-from gpumon.controller.signals_prometheus import PrometheusSettings, PrometheusSource
-from gpumon.controller.verdicts import NodeVerdict, Severity, SignalStatus
+from gpumon.controller.core.policy import EMPTY_NODE_STATE, NodeState, Policy, evaluate_node
+from gpumon.controller.core.signals import FleetSignals
+from gpumon.controller.core.verdicts import NodeVerdict, Severity, SignalStatus
+from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource
 
 JOB = "gpumon-exporter"
 BROKEN, HOT, KILLED = "prom-sig-broken", "prom-sig-hot", "prom-sig-killed"

@@ -11,8 +11,8 @@ import copy
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
+from gpumon.controller.core.verdicts import Finding, GpuVerdict, NodeVerdict, Severity, SignalStatus
 from gpumon.controller.kube import Conflict, KubeError, NotFound
-from gpumon.controller.verdicts import Finding, GpuVerdict, NodeVerdict, Severity, SignalStatus
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

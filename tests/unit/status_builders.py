@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpumon.controller.objects import GpuResources, to_rfc3339
-from gpumon.controller.quarantine import records_to_json
-from gpumon.controller.verdicts import GpuRecord, Severity
+from gpumon.controller.core.node_plan import records_to_json
+from gpumon.controller.core.objects import GpuResources, to_rfc3339
+from gpumon.controller.core.verdicts import GpuRecord, Severity
 from gpumon.status.state import ClusterState, EventInfo, event_info, node_info, pod_info
 
 NOW = 1_800_000_000.0

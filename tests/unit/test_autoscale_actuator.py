@@ -1,4 +1,4 @@
-"""The autoscaler's shell and actuator (gpumon.controller.scale) against a recording fake API:
+"""The autoscaler's shell and actuator (gpumon.controller.shell.autoscaler_loop) against a recording fake API:
 caches seeded by hand, every write checked."""
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ from controller_fakes import FakeKube
 from prometheus_client import CollectorRegistry
 from test_autoscale_demand import containers, unschedulable
 
-from gpumon.controller.backoff import Backoff
-from gpumon.controller.cluster import Informer
-from gpumon.controller.demand import GPU_RESOURCES, PodDemand
-from gpumon.controller.drain import Evictor
-from gpumon.controller.events import EventRecorder
-from gpumon.controller.kube import Conflict, TooManyRequests
-from gpumon.controller.objects import GpuResources, PdbView, PodView, from_rfc3339
-from gpumon.controller.pools import (
+from gpumon.controller.act.events import EventRecorder
+from gpumon.controller.act.evict import Evictor
+from gpumon.controller.act.retry import RetryPolicy
+from gpumon.controller.core.backoff import Backoff
+from gpumon.controller.core.demand import GPU_RESOURCES, PodDemand
+from gpumon.controller.core.objects import GpuResources, PdbView, PodView, from_rfc3339
+from gpumon.controller.core.pools import (
     CA_MAX_ANNOTATION,
     DELETE_MACHINE_ANNOTATION,
     RECORD_ANNOTATION,
@@ -36,13 +35,15 @@ from gpumon.controller.pools import (
     record_from_annotation,
     record_to_annotation,
 )
-from gpumon.controller.scale import (
+from gpumon.controller.kube import Conflict, TooManyRequests
+from gpumon.controller.shell.autoscaler_loop import (
     AutoscaleMetrics,
     Autoscaler,
     LoopSettings,
     gpu_resources,
     set_replicas,
 )
+from gpumon.controller.shell.informer import Informer
 
 GPU = "nvidia.com/gpu"
 NOW = 1_800_000_000.0
@@ -159,7 +160,7 @@ def autoscaler(
         pods=pods,
         pdbs=pdbs,
         recorder=EventRecorder(kube, instance="t", wall_clock=clock),
-        evictor=Evictor(kube, Backoff(0.5, 2)),
+        evictor=Evictor(kube, RetryPolicy(Backoff(0.5, 2))),
         metrics=AutoscaleMetrics(CollectorRegistry()),
         is_leader=lambda: True,
         dry_run=dry_run,

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from gpumon.config import ConfigError, ControllerConfig, load
-from gpumon.controller.objects import Requirement, Taint, from_rfc3339
-from gpumon.controller.pools import (
+from gpumon.controller.core.objects import Requirement, Taint, from_rfc3339
+from gpumon.controller.core.pools import (
     PoolConfig,
     ScaleTarget,
     parse_selector,

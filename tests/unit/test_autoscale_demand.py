@@ -1,4 +1,4 @@
-"""GPU demand of pods and the bin-packing simulation (gpumon.controller.demand)."""
+"""GPU demand of pods and the bin-packing simulation (gpumon.controller.core.demand)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpumon.controller.demand import (
+from gpumon.controller.core.demand import (
     GPU_RESOURCES,
     NodeSelectorTerm,
     Packer,
@@ -24,7 +24,7 @@ from gpumon.controller.demand import (
     units,
     why_not_hosted,
 )
-from gpumon.controller.objects import Requirement, Taint, from_rfc3339
+from gpumon.controller.core.objects import Requirement, Taint, from_rfc3339
 
 GPU = "nvidia.com/gpu"
 MEM = "aliyun.com/gpu-mem"

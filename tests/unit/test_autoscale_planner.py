@@ -1,4 +1,4 @@
-"""The scale planner (gpumon.controller.autoscale): a pure function of pools, cluster and time."""
+"""The scale planner (gpumon.controller.core.scale_plan): a pure function of pools, cluster and time."""
 
 from __future__ import annotations
 
@@ -8,17 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpumon.controller.autoscale import (
-    SETTLE_SECONDS,
-    Action,
-    PoolInput,
-    PoolPlan,
-    bounds,
-    plan_pools,
-    removal_record,
-)
-from gpumon.controller.demand import PodDemand, Toleration
-from gpumon.controller.pools import (
+from gpumon.controller.core.demand import PodDemand, Toleration
+from gpumon.controller.core.pools import (
     CA_MAX_ANNOTATION,
     CA_MIN_ANNOTATION,
     RECORD_ANNOTATION,
@@ -31,6 +22,15 @@ from gpumon.controller.pools import (
     pool_from_config,
     record_from_annotation,
     record_to_annotation,
+)
+from gpumon.controller.core.scale_plan import (
+    SETTLE_SECONDS,
+    Action,
+    PoolInput,
+    PoolPlan,
+    bounds,
+    plan_pools,
+    removal_record,
 )
 
 GPU = "nvidia.com/gpu"

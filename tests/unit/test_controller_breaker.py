@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpumon.controller.breaker import (
+from gpumon.controller.core.breaker import (
     BreakerTrip,
     Candidate,
     PoolView,

@@ -3,11 +3,12 @@ from __future__ import annotations
 import pytest
 from controller_fakes import FakeKube, finding, gpu_verdict, verdict
 
-from gpumon.controller.backoff import Backoff
-from gpumon.controller.contract import NodeState
-from gpumon.controller.drain import DrainPolicy, EvictionResult, Evictor, needs_drain, plan_drain
-from gpumon.controller.kube import KubeError, TooManyRequests
-from gpumon.controller.objects import (
+from gpumon.controller.act.evict import EvictionResult, Evictor
+from gpumon.controller.act.retry import RetryPolicy
+from gpumon.controller.core.backoff import Backoff
+from gpumon.controller.core.contract import NodeState
+from gpumon.controller.core.drain_plan import DrainPolicy, needs_drain, plan_drain
+from gpumon.controller.core.objects import (
     GpuResources,
     LabelSelector,
     PdbView,
@@ -15,9 +16,10 @@ from gpumon.controller.objects import (
     pdb_from_json,
     pod_from_json,
 )
-from gpumon.controller.plans import DrainTarget
-from gpumon.controller.signals import GpuReading, NodeReading
-from gpumon.controller.verdicts import Severity
+from gpumon.controller.core.plans import DrainTarget
+from gpumon.controller.core.signals import GpuReading, NodeReading
+from gpumon.controller.core.verdicts import Severity
+from gpumon.controller.kube import KubeError, TooManyRequests
 from gpumon.devices.model import PodRef
 
 
@@ -199,7 +201,7 @@ def target(name: str = "a") -> DrainTarget:
 
 async def test_eviction_posts_an_eviction_with_uid_precondition():
     api = FakeKube()
-    out = await Evictor(api, Backoff()).run(target(), now=0.0, delete=False, dry_run=False)
+    out = await Evictor(api, RetryPolicy(Backoff())).run(target(), now=0.0, delete=False, dry_run=False)
     assert out.result is EvictionResult.EVICTED
     ((method, path, body),) = api.writes()
     assert (method, path) == ("POST", EVICT)
@@ -220,7 +222,7 @@ async def test_429_backs_off_and_retries_later():
         return None
 
     api.hooks[("POST", EVICT)] = blocked
-    ev = Evictor(api, Backoff(initial_seconds=5, max_seconds=60, jitter=0))
+    ev = Evictor(api, RetryPolicy(Backoff(initial_seconds=5, max_seconds=60, jitter=0)))
     out = await ev.run(target(), now=0.0, delete=False, dry_run=False)
     assert out.result is EvictionResult.BLOCKED and "disruption budget" in out.detail
     assert ev.next_try_at([target()]) == 5.0
@@ -235,7 +237,7 @@ async def test_429_backs_off_and_retries_later():
 async def test_escalation_deletes_with_precondition_even_while_backing_off():
     api = FakeKube()
     api.add("/api/v1/namespaces/ml/pods/a", {"metadata": {"name": "a"}})
-    ev = Evictor(api, Backoff())
+    ev = Evictor(api, RetryPolicy(Backoff()))
     out = await ev.run(target(), now=0.0, delete=True, dry_run=False)
     assert out.result is EvictionResult.DELETED
     assert api.writes() == [("DELETE", "/api/v1/namespaces/ml/pods/a", {"preconditions": {"uid": "uid-a"}})]
@@ -243,7 +245,7 @@ async def test_escalation_deletes_with_precondition_even_while_backing_off():
 
 async def test_gone_pods_errors_and_dry_run():
     api = FakeKube()
-    ev = Evictor(api, Backoff(jitter=0))
+    ev = Evictor(api, RetryPolicy(Backoff(jitter=0)))
     # Delete of a pod that is already gone.
     assert (await ev.run(target(), now=0.0, delete=True, dry_run=False)).result is EvictionResult.GONE
 
@@ -271,7 +273,7 @@ async def test_forget_drops_retry_state_of_pods_no_longer_drained():
         raise TooManyRequests(429, "TooManyRequests", "pdb")
 
     api.hooks[("POST", EVICT)] = blocked
-    ev = Evictor(api, Backoff())
+    ev = Evictor(api, RetryPolicy(Backoff()))
     await ev.run(target(), now=0.0, delete=False, dry_run=False)
     ev.forget("uid-a")
     assert ev.next_try_at([target()]) is None
@@ -299,7 +301,7 @@ def test_drain_waits_while_pod_placement_is_being_fetched():
 async def test_a_pod_evicted_once_is_not_evicted_again_until_the_cache_sees_it_go():
     # After an API server restart the pod cache can lag: the pod still looks like it runs.
     api = FakeKube()
-    ev = Evictor(api, Backoff())
+    ev = Evictor(api, RetryPolicy(Backoff()))
     assert (await ev.run(target(), now=0.0, delete=False, dry_run=False)).result is EvictionResult.EVICTED
     for later in (1.0, 100.0):
         assert (

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 from controller_fakes import FakeKube
 
-from gpumon.controller.events import MAX_TRIES, EventRecorder
+from gpumon.controller.act.events import MAX_TRIES, EventRecorder
+from gpumon.controller.core.objects import to_rfc3339
+from gpumon.controller.core.plans import Event, ObjectRef
 from gpumon.controller.kube import KubeError, Unreachable
-from gpumon.controller.objects import to_rfc3339
-from gpumon.controller.plans import Event, ObjectRef
 
 
 class Clock:

@@ -8,9 +8,9 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from gpumon.controller.backoff import Backoff
-from gpumon.controller.cluster import Informer, object_key
+from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.kube import KubeError, Unreachable
+from gpumon.controller.shell.informer import Informer, object_key
 
 
 def obj(name: str, rv: int, ns: str | None = None, **labels: str) -> dict[str, Any]:

@@ -4,7 +4,7 @@ import pytest
 from controller_fakes import FakeKube
 
 from gpumon.controller.kube import Conflict
-from gpumon.controller.leader import LeaderElector, LeaderSettings, LeaseRecord, Step, decide
+from gpumon.controller.shell.leader import LeaderElector, LeaderSettings, LeaseRecord, Step, decide
 
 S = LeaderSettings(lease_duration_seconds=15, renew_deadline_seconds=10, retry_period_seconds=2)
 NS = "/apis/coordination.k8s.io/v1/namespaces/gpumon/leases"

@@ -5,7 +5,7 @@ from types import MappingProxyType
 
 import pytest
 
-from gpumon.controller.policy import (
+from gpumon.controller.core.policy import (
     EMPTY_NODE_STATE,
     NODE_TARGET,
     NodeEvaluation,
@@ -15,9 +15,9 @@ from gpumon.controller.policy import (
     evaluate_node,
     restore_state,
 )
+from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading
+from gpumon.controller.core.verdicts import GpuRecord, Severity, SignalStatus
 from gpumon.controller.rules import load_rules
-from gpumon.controller.signals import FleetSignals, GpuReading, NodeReading
-from gpumon.controller.verdicts import GpuRecord, Severity, SignalStatus
 from gpumon.devices.health import HealthPolicy
 from gpumon.devices.model import HealthReason, HealthState, HealthVerdict
 

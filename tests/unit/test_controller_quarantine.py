@@ -5,19 +5,20 @@ import json
 import pytest
 from controller_fakes import FakeKube, finding, gpu_verdict, healthy, verdict
 
-from gpumon.controller import contract as c
-from gpumon.controller.kube import Conflict
-from gpumon.controller.objects import NodeView, node_from_json, to_rfc3339
-from gpumon.controller.plans import PlanKind
-from gpumon.controller.quarantine import (
+from gpumon.controller.act.node_write import apply_node_write
+from gpumon.controller.act.retry import RetryPolicy
+from gpumon.controller.core import contract as c
+from gpumon.controller.core.node_plan import (
     QuarantinePolicy,
-    apply_node_write,
     drain_started_at,
     plan_node,
     records_from_json,
     records_to_json,
 )
-from gpumon.controller.verdicts import GpuRecord, Severity, SignalStatus
+from gpumon.controller.core.objects import NodeView, node_from_json, to_rfc3339
+from gpumon.controller.core.plans import PlanKind
+from gpumon.controller.core.verdicts import GpuRecord, Severity, SignalStatus
+from gpumon.controller.kube import Conflict
 
 PATH = "/api/v1/nodes/n1"
 OTHER_TAINT = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
@@ -312,7 +313,7 @@ async def test_conflict_that_persists_is_raised():
     plan = plan_node(k.view, verdict(gpu_verdict()), now=1.0)
     k.api.touch(PATH)
     with pytest.raises(Conflict):
-        await apply_node_write(k.api, plan.write, replan, attempts=3)
+        await apply_node_write(k.api, plan.write, replan, RetryPolicy(conflict_attempts=3))
 
 
 async def test_replan_with_nothing_left_returns_quietly():

@@ -11,20 +11,21 @@ from cancellation import assert_ends_cancelled
 from controller_fakes import FakeKube
 from prometheus_client import CollectorRegistry
 
-from gpumon.controller import contract as c
-from gpumon.controller.backoff import Backoff
-from gpumon.controller.breaker import SafetyPolicy
-from gpumon.controller.cluster import Informer
-from gpumon.controller.drain import DrainPolicy, Evictor
-from gpumon.controller.events import EventRecorder
+from gpumon.controller.act.events import EventRecorder
+from gpumon.controller.act.evict import Evictor
+from gpumon.controller.core import contract as c
+from gpumon.controller.core.backoff import Backoff
+from gpumon.controller.core.breaker import SafetyPolicy
+from gpumon.controller.core.drain_plan import DrainPolicy
+from gpumon.controller.core.node_plan import QuarantinePolicy
+from gpumon.controller.core.objects import PodView, node_from_json, to_rfc3339
+from gpumon.controller.core.policy import Policy
+from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading
 from gpumon.controller.kube import TooManyRequests
-from gpumon.controller.metrics import ClusterGauges, ControllerMetrics
-from gpumon.controller.objects import PodView, node_from_json, to_rfc3339
-from gpumon.controller.policy import Policy
-from gpumon.controller.quarantine import QuarantinePolicy
-from gpumon.controller.reconciler import Reconciler, Settings
 from gpumon.controller.rules import load_rules
-from gpumon.controller.signals import FleetSignals, GpuReading, NodeReading
+from gpumon.controller.shell.informer import Informer
+from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
+from gpumon.controller.shell.remediation_loop import Reconciler, Settings
 from gpumon.devices.model import PodRef
 
 NS = "gpumon"

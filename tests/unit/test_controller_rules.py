@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 
 from gpumon.config import ConfigError
-from gpumon.controller.policy import Op, Scope
+from gpumon.controller.core.policy import Op, Scope
+from gpumon.controller.core.signals import Signal
+from gpumon.controller.core.verdicts import Severity
 from gpumon.controller.rules import builtin_rules, load_rules, parse_duration
-from gpumon.controller.signals import Signal
-from gpumon.controller.verdicts import Severity
 from gpumon.devices.health import HealthPolicy
 
 

@@ -16,10 +16,11 @@ from aiohttp.test_utils import TestServer
 from cancellation import assert_ends_cancelled
 
 from gpumon.config import ExporterConfig, SamplingConfig
-from gpumon.controller.policy import Op, Rule, Scope
+from gpumon.controller.core.policy import Op, Rule, Scope
+from gpumon.controller.core.signals import Signal
+from gpumon.controller.core.verdicts import Severity
 from gpumon.controller.rules import load_rules
-from gpumon.controller.signals import Signal
-from gpumon.controller.signals_direct import (
+from gpumon.controller.shell.signal_sources.direct import (
     DirectSettings,
     DirectSource,
     ExporterView,
@@ -31,7 +32,7 @@ from gpumon.controller.signals_direct import (
     reading_of,
     verdict_from_json,
 )
-from gpumon.controller.signals_prometheus import (
+from gpumon.controller.shell.signal_sources.prometheus import (
     FRESHNESS,
     PODS,
     PrometheusSettings,
@@ -41,7 +42,6 @@ from gpumon.controller.signals_prometheus import (
     queries_for,
     readings_from_results,
 )
-from gpumon.controller.verdicts import Severity
 from gpumon.devices.model import GpuSample, HealthState, PodGpuUsage, PodRef
 from gpumon.devices.simulated import SimulatedBackend, parse_fault
 from gpumon.exporter.server import make_app

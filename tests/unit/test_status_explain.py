@@ -10,9 +10,9 @@ from status_builders import at, event, node, pod, record, state
 
 from gpumon.config import ControllerConfig
 from gpumon.controller.app import build_policy
-from gpumon.controller.breaker import BreakerTrip, breaker_to_annotation
-from gpumon.controller.objects import pdb_from_json
-from gpumon.controller.verdicts import Severity
+from gpumon.controller.core.breaker import BreakerTrip, breaker_to_annotation
+from gpumon.controller.core.objects import pdb_from_json
+from gpumon.controller.core.verdicts import Severity
 from gpumon.devices.model import (
     FastFields,
     GpuIdentity,

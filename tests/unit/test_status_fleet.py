@@ -7,10 +7,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from status_builders import NOW, RESOURCES, at, event, node, pod, record, state
 
-from gpumon.controller.breaker import BreakerTrip, breaker_to_annotation
-from gpumon.controller.metrics import ClusterGauges, ControllerMetrics
-from gpumon.controller.objects import pdb_from_json
-from gpumon.controller.pools import (
+from gpumon.controller.core.breaker import BreakerTrip, breaker_to_annotation
+from gpumon.controller.core.objects import pdb_from_json
+from gpumon.controller.core.pools import (
     RECORD_ANNOTATION,
     PoolConfig,
     Record,
@@ -20,7 +19,8 @@ from gpumon.controller.pools import (
     pool_from_config,
     record_to_annotation,
 )
-from gpumon.controller.verdicts import Severity
+from gpumon.controller.core.verdicts import Severity
+from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
 from gpumon.status.fleet import build_fleet, gpu_counts, problems_of
 from gpumon.status.metrics import controller_status
 from gpumon.status.model import GpuCounts

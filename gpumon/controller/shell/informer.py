@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
-from gpumon.controller.backoff import Backoff
+from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.kube import Gone, KubeApi, KubeError
 
 log = logging.getLogger(__name__)

@@ -9,19 +9,21 @@ or a gpumon-keyed taint that was there before, and on recovery puts back exactly
 from __future__ import annotations
 
 import json
-import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon.controller import contract as c
-from gpumon.controller.kube import Conflict, KubeApi
-from gpumon.controller.objects import Condition, NodeView, Taint, from_rfc3339, node_from_json, to_rfc3339
-from gpumon.controller.plans import NO_PLAN, Event, NodePlan, NodeWrite, ObjectRef, PlanKind
-from gpumon.controller.verdicts import GpuRecord, NodeVerdict, Severity, SignalStatus, records_of
-
-log = logging.getLogger(__name__)
+from gpumon.controller.core import contract as c
+from gpumon.controller.core.objects import (
+    Condition,
+    NodeView,
+    Taint,
+    from_rfc3339,
+    to_rfc3339,
+)
+from gpumon.controller.core.plans import NO_PLAN, Event, NodePlan, NodeWrite, ObjectRef, PlanKind
+from gpumon.controller.core.verdicts import GpuRecord, NodeVerdict, Severity, SignalStatus, records_of
 
 _OUR_ANNOTATIONS = (
     c.ANNOTATION_UNHEALTHY_GPUS,
@@ -365,38 +367,3 @@ def plan_node(
         msg = f"quarantine now {c.TAINT_KEY}={severity.value}:{effect}: {_summary(verdict)}"
         events = (Event(ref, "GpuQuarantineUpdated", msg, warning=True, key=f"updated:{severity}"),)
     return NodePlan(PlanKind.UPDATE, write, events)
-
-
-# ---------------------------------------------------------------------------------------------
-# Actuator
-
-
-async def apply_node_write(
-    api: KubeApi,
-    write: NodeWrite,
-    replan: Callable[[NodeView], NodeWrite | None],
-    attempts: int = 3,
-) -> NodeView | None:
-    """Apply a plan's writes; on 409 (the node changed since the cache saw it) re-read the node,
-    re-plan against it and try again. Returns the node as written, or None if nothing was left
-    to write."""
-    path = f"/api/v1/nodes/{write.node}"
-    current: NodeWrite | None = write
-    result: NodeView | None = None
-    for attempt in range(attempts):
-        if current is None:
-            return result
-        try:
-            if current.merge_patch is not None:
-                result = node_from_json(await api.patch(path, current.merge_patch))
-            if current.status_patch is not None:
-                result = node_from_json(
-                    await api.patch(path + "/status", current.status_patch, strategic=True)
-                )
-            return result
-        except Conflict:
-            if attempt == attempts - 1:
-                raise
-            log.info("node changed while writing; re-planning", extra={"node": write.node})
-            current = replan(node_from_json(await api.get(path)))
-    return result

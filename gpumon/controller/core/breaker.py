@@ -15,8 +15,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpumon.controller.contract import BREAKER_ANNOTATION_PREFIX
-from gpumon.controller.objects import from_rfc3339, to_rfc3339
+from gpumon.controller.core.contract import BREAKER_ANNOTATION_PREFIX
+from gpumon.controller.core.objects import from_rfc3339, to_rfc3339
 
 
 @dataclass(frozen=True, slots=True)

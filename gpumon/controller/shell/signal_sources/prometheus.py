@@ -22,9 +22,9 @@ from typing import Any
 
 import aiohttp
 
-from gpumon.controller.backoff import Backoff
-from gpumon.controller.policy import Rule, Scope
-from gpumon.controller.signals import (
+from gpumon.controller.core.backoff import Backoff
+from gpumon.controller.core.policy import Rule, Scope
+from gpumon.controller.core.signals import (
     EMPTY_FLEET,
     ChangeCallback,
     FleetSignals,

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from gpumon.controller.core.objects import to_rfc3339
+from gpumon.controller.core.plans import Event
 from gpumon.controller.kube import KubeApi, KubeError
-from gpumon.controller.objects import to_rfc3339
-from gpumon.controller.plans import Event
 
 log = logging.getLogger(__name__)
 

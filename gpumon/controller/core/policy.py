@@ -24,8 +24,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from gpumon.controller.signals import FleetSignals, GpuReading, NodeReading, Signal
-from gpumon.controller.verdicts import Finding, GpuRecord, GpuVerdict, NodeVerdict, Severity, SignalStatus
+from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading, Signal
+from gpumon.controller.core.verdicts import (
+    Finding,
+    GpuRecord,
+    GpuVerdict,
+    NodeVerdict,
+    Severity,
+    SignalStatus,
+)
 from gpumon.devices.health import HealthPolicy, classify_xid
 from gpumon.devices.model import HealthState
 

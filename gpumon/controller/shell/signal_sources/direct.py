@@ -29,8 +29,8 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from gpumon.controller.backoff import Backoff
-from gpumon.controller.signals import ChangeCallback, FleetSignals, GpuReading, NodeReading
+from gpumon.controller.core.backoff import Backoff
+from gpumon.controller.core.signals import ChangeCallback, FleetSignals, GpuReading, NodeReading
 from gpumon.devices.model import HealthReason, HealthState, HealthVerdict, PodRef
 
 log = logging.getLogger(__name__)

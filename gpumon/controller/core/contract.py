@@ -39,3 +39,7 @@ class NodeState(enum.StrEnum):
     DRAINING = "draining"
     DRAINED = "drained"
     RECOVERING = "recovering"
+
+
+# Events and log lines about a decision that dry-run kept from being written start with this.
+DRY_RUN_PREFIX = "[dry-run] "

@@ -22,9 +22,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpumon.configtypes import Float, Int, NoBool
-from gpumon.controller import contract as c
-from gpumon.controller.demand import SharedCards, Template, milli
-from gpumon.controller.objects import LabelSelector, Requirement, Taint, from_rfc3339
+from gpumon.controller.core import contract as c
+from gpumon.controller.core.demand import SharedCards, Template, milli
+from gpumon.controller.core.objects import LabelSelector, Requirement, Taint, from_rfc3339
 from gpumon.exporter.sharing import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
@@ -436,3 +436,8 @@ def record_to_annotation(record: Record) -> str:
             "at": rm.at,
         }
     return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+def pool_of(labels: Mapping[str, str], pool_label: str) -> str:
+    """The pool a node belongs to, by its pool label ("default" without one)."""
+    return labels.get(pool_label) or "default"

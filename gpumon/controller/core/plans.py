@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon.controller.contract import NodeState
-from gpumon.controller.objects import PdbView, PodView
+from gpumon.controller.core.contract import NodeState
+from gpumon.controller.core.objects import PdbView, PodView
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from gpumon.controller import contract as c
-from gpumon.controller.breaker import (
+from gpumon.controller.act.breaker_record import record_breaker
+from gpumon.controller.act.events import EventRecorder
+from gpumon.controller.act.evict import EvictionResult, Evictor
+from gpumon.controller.act.node_write import apply_node_write
+from gpumon.controller.act.retry import DEFAULT_RETRY, RetryPolicy
+from gpumon.controller.core import contract as c
+from gpumon.controller.core.breaker import (
     Admission,
     BreakerTrip,
     Candidate,
@@ -28,17 +33,10 @@ from gpumon.controller.breaker import (
     breaker_to_annotation,
     breakers_from_annotations,
 )
-from gpumon.controller.cluster import Informer
-from gpumon.controller.drain import DrainPolicy, Escalation, EvictionResult, Evictor, needs_drain, plan_drain
-from gpumon.controller.events import EventRecorder
-from gpumon.controller.kube import KubeApi, KubeError, NotFound
-from gpumon.controller.metrics import ControllerMetrics
-from gpumon.controller.objects import NodeView, PdbView, PodView
-from gpumon.controller.plans import DrainPlan, Event, NodePlan, NodeWrite, ObjectRef, PlanKind
-from gpumon.controller.policy import EMPTY_NODE_STATE, NodeState, Policy, evaluate_node, with_records
-from gpumon.controller.quarantine import (
+from gpumon.controller.core.contract import DRY_RUN_PREFIX
+from gpumon.controller.core.drain_plan import DrainPolicy, Escalation, needs_drain, plan_drain
+from gpumon.controller.core.node_plan import (
     QuarantinePolicy,
-    apply_node_write,
     drain_started_at,
     is_excluded,
     is_quarantined,
@@ -47,12 +45,17 @@ from gpumon.controller.quarantine import (
     quarantined_at,
     records_from_json,
 )
-from gpumon.controller.signals import NodeReading, SignalSource
-from gpumon.controller.verdicts import NodeVerdict, SignalStatus
+from gpumon.controller.core.objects import NodeView, PdbView, PodView
+from gpumon.controller.core.plans import DrainPlan, Event, NodePlan, NodeWrite, ObjectRef, PlanKind
+from gpumon.controller.core.policy import EMPTY_NODE_STATE, NodeState, Policy, evaluate_node, with_records
+from gpumon.controller.core.pools import pool_of
+from gpumon.controller.core.signals import NodeReading, SignalSource
+from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
+from gpumon.controller.kube import KubeApi, KubeError
+from gpumon.controller.shell.informer import Informer
+from gpumon.controller.shell.metrics import ControllerMetrics
 
 log = logging.getLogger(__name__)
-
-DRY_RUN_PREFIX = "[dry-run] "
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +71,7 @@ class Settings:
     resync_seconds: float = 300.0
     # How often a draining node is looked at again (pods leaving, PDBs changing).
     drain_check_seconds: float = 5.0
-    retry_seconds: float = 5.0
-
-
-def pool_of(labels: Mapping[str, str], pool_label: str) -> str:
-    return labels.get(pool_label) or "default"
+    retry: RetryPolicy = DEFAULT_RETRY
 
 
 class Reconciler:
@@ -212,7 +211,7 @@ class Reconciler:
                 except Exception:
                     log.exception("reconcile round failed; retrying its nodes")
                     for node in due:
-                        self._schedule(now + self.settings.retry_seconds, node)
+                        self._schedule(now + self.settings.retry.round_retry_seconds, node)
                 self._metrics.reconcile.observe(loop.time() - started)
                 continue
             wake_at = min([next_resync, *(t for t, _ in self._timers[:1])])
@@ -290,7 +289,7 @@ class Reconciler:
         return admission
 
     async def _record_trip(self, trip: BreakerTrip) -> None:
-        key, value = breaker_to_annotation(trip)
+        key, _ = breaker_to_annotation(trip)
         ns, name = self.settings.namespace, self.settings.state_configmap
         ref = ObjectRef("ConfigMap", name, namespace=ns)
         msg = f"circuit breaker for pool {trip.pool!r} opened: {trip.reason}"
@@ -299,15 +298,8 @@ class Reconciler:
         await self._recorder.record(Event(ref, "GpuBreakerOpen", msg, warning=True, key=key), prefix=prefix)
         if self.settings.dry_run or not self._is_leader():
             return
-        path = f"/api/v1/namespaces/{ns}/configmaps/{name}"
         try:
-            try:
-                obj = await self._api.patch(path, {"metadata": {"annotations": {key: value}}})
-            except NotFound:
-                obj = await self._api.post(
-                    f"/api/v1/namespaces/{ns}/configmaps",
-                    {"metadata": {"name": name, "namespace": ns, "annotations": {key: value}}},
-                )
+            obj = await record_breaker(self._api, ns, name, trip)
             meta = obj.get("metadata") or {}
             annotations = dict(meta.get("annotations") or {})
             self._state.update_local(self._state_key, annotations, str(meta.get("resourceVersion", "")))
@@ -400,12 +392,12 @@ class Reconciler:
             ).write
 
         try:
-            written = await apply_node_write(self._api, plan.write, replan)
+            written = await apply_node_write(self._api, plan.write, replan, self.settings.retry)
         except KubeError as e:
             self._metrics.actions.labels(plan.kind.value, "error").inc()
             self._metrics.api_errors.labels("quarantine", type(e).__name__).inc()
             log.warning("node write failed; will retry", extra={"node": view.name, "error": str(e)})
-            self._schedule(now + self.settings.retry_seconds, view.name)
+            self._schedule(now + self.settings.retry.round_retry_seconds, view.name)
             return False
         if written is not None:
             self._nodes.update_local(view.name, written, written.resource_version)

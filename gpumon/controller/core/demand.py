@@ -22,7 +22,7 @@ from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
 from typing import Any
 
-from gpumon.controller.objects import GpuResources, Requirement, Taint
+from gpumon.controller.core.objects import GpuResources, Requirement, Taint
 from gpumon.exporter.sharing import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})

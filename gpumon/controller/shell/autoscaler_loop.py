@@ -1,11 +1,11 @@
-"""The autoscaler's imperative shell: caches in, :func:`~gpumon.controller.autoscale.plan_pools`
+"""The autoscaler's imperative shell: caches in, :func:`~gpumon.controller.core.scale_plan.plan_pools`
 in the middle, thin idempotent writes out.
 
 Actuation, one function per action: read a target's ``/scale`` (with the target's annotations),
 patch ``spec.replicas`` as a JSON merge patch with an explicit integer (so 0 is written, not
 dropped) guarded by the resourceVersion that was read (a concurrent change answers 409 and
 the round is planned again), write the autoscaler's record on the target, cordon a node and
-drain it through the Eviction API (:class:`~gpumon.controller.drain.Evictor`, PDBs hold), mark
+drain it through the Eviction API (:class:`~gpumon.controller.core.drain_plan.Evictor`, PDBs hold), mark
 it and its Cluster API Machine with ``cluster.x-k8s.io/delete-machine``.
 
 Only the leader plans and writes; the caches (pending GPU pods, each pool's nodes) run on every
@@ -24,36 +24,33 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpumon.controller.autoscale import Action, PoolInput, PoolPlan, plan_pools, removal_record
-from gpumon.controller.cluster import Informer
-from gpumon.controller.demand import GPU_RESOURCES, PodDemand, pending_gpu_pod
-from gpumon.controller.drain import EvictionResult, Evictor
-from gpumon.controller.events import EventRecorder
-from gpumon.controller.kube import Conflict, KubeApi, KubeError, NotFound
-from gpumon.controller.objects import (
+from gpumon.controller.act.events import EventRecorder
+from gpumon.controller.act.evict import EvictionResult, Evictor
+from gpumon.controller.act.machine_mark import mark_for_deletion
+from gpumon.controller.act.node_write import cordon_for_removal, uncordon
+from gpumon.controller.act.retry import DEFAULT_RETRY, Outcome, RetryPolicy, outcome
+from gpumon.controller.act.scale import read_scale, set_replicas, write_record
+from gpumon.controller.core.contract import DRY_RUN_PREFIX
+from gpumon.controller.core.demand import GPU_RESOURCES, PodDemand, pending_gpu_pod
+from gpumon.controller.core.objects import (
     GpuResources,
     PdbView,
     PodView,
     from_rfc3339,
     pdbs_covering,
     pod_from_json,
-    to_rfc3339,
 )
-from gpumon.controller.plans import DrainTarget, Event, ObjectRef
-from gpumon.controller.pools import (
+from gpumon.controller.core.plans import DrainTarget, Event, ObjectRef
+from gpumon.controller.core.pools import (
     DELETE_MACHINE_ANNOTATION,
-    RECORD_ANNOTATION,
-    REMOVING_ANNOTATION,
     Pool,
     PoolNode,
-    Record,
     ScaleState,
-    ScaleTarget,
     pool_node_from_json,
-    record_to_annotation,
-    scale_state,
 )
-from gpumon.controller.reconciler import DRY_RUN_PREFIX
+from gpumon.controller.core.scale_plan import Action, PoolInput, PoolPlan, plan_pools, removal_record
+from gpumon.controller.kube import KubeApi, KubeError, NotFound
+from gpumon.controller.shell.informer import Informer
 
 log = logging.getLogger(__name__)
 
@@ -68,59 +65,7 @@ def gpu_resources(base: GpuResources, pools: Iterable[Pool]) -> GpuResources:
 
 
 # ---------------------------------------------------------------------------------------------
-# Actuation
-
-
-async def read_scale(api: KubeApi, target: ScaleTarget) -> ScaleState:
-    obj = await api.get(target.path)
-    return scale_state(obj, await api.get(target.scale_path))
-
-
-async def set_replicas(api: KubeApi, target: ScaleTarget, replicas: int, resource_version: str) -> str:
-    """Patch ``spec.replicas``; raises Conflict when the target changed since it was read.
-    Returns the new resourceVersion."""
-    body = {"metadata": {"resourceVersion": resource_version}, "spec": {"replicas": int(replicas)}}
-    answer = await api.patch(target.scale_path, body)
-    return str((answer.get("metadata") or {}).get("resourceVersion", ""))
-
-
-async def write_record(api: KubeApi, target: ScaleTarget, record: Record, resource_version: str) -> str:
-    """Write the record on the target, guarded like :func:`set_replicas`; returns the new
-    resourceVersion."""
-    body = {
-        "metadata": {
-            "resourceVersion": resource_version,
-            "annotations": {RECORD_ANNOTATION: record_to_annotation(record)},
-        }
-    }
-    answer = await api.patch(target.path, body)
-    return str((answer.get("metadata") or {}).get("resourceVersion", ""))
-
-
-async def cordon_for_removal(api: KubeApi, node: str, now: float) -> None:
-    body = {
-        "metadata": {"annotations": {REMOVING_ANNOTATION: to_rfc3339(now)}},
-        "spec": {"unschedulable": True},
-    }
-    await api.patch(f"/api/v1/nodes/{node}", body)
-
-
-async def uncordon(api: KubeApi, node: str) -> None:
-    body = {"metadata": {"annotations": {REMOVING_ANNOTATION: None}}, "spec": {"unschedulable": None}}
-    await api.patch(f"/api/v1/nodes/{node}", body)
-
-
-async def mark_for_deletion(api: KubeApi, node: PoolNode, target: ScaleTarget) -> None:
-    """``cluster.x-k8s.io/delete-machine`` on the node's Machine (Cluster API deletes marked
-    Machines first when replicas go down) and on the Node itself, where people and providers
-    without Machine objects look."""
-    mark = {"metadata": {"annotations": {DELETE_MACHINE_ANNOTATION: "gpumon"}}}
-    if target.is_cluster_api and node.machine:
-        ns = node.machine_namespace or target.namespace
-        path = f"/apis/{target.group}/{target.version}/namespaces/{ns}/machines/{node.machine}"
-        with contextlib.suppress(NotFound):
-            await api.patch(path, mark)
-    await api.patch(f"/api/v1/nodes/{node.name}", mark)
+# Reading a node's pods
 
 
 async def pods_on(api: KubeApi, node: str, resources: GpuResources) -> list[PodView]:
@@ -209,8 +154,6 @@ class LoopSettings:
     resync_seconds: float = 10.0
     # After a change, wait this long for more (pods of one Job arrive together) before planning.
     debounce_seconds: float = 0.5
-    # Retry of a round that failed on the API.
-    retry_seconds: float = 2.0
 
 
 class Autoscaler:
@@ -232,7 +175,9 @@ class Autoscaler:
         settings: LoopSettings = LoopSettings(),
         wall_clock: Callable[[], float] = time.time,
         on_error: Callable[[str], None] | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
+        self._retry = retry
         self._api = api
         self.pools = tuple(pools)
         self._pods = pods
@@ -352,7 +297,7 @@ class Autoscaler:
                 await self.round()
             except Exception:
                 log.exception("autoscaling round failed; retrying")
-                await asyncio.sleep(self.settings.retry_seconds)
+                await asyncio.sleep(self._retry.round_retry_seconds)
                 self._wake.set()
 
     async def round(self) -> tuple[PoolPlan, ...]:
@@ -375,12 +320,13 @@ class Autoscaler:
             await self._record_notes(inp, plan)
             try:
                 result = await self._apply(inp, plan, now)
-            except Conflict:
-                result = "conflict"  # someone changed the target since it was read: plan again
-                self._wake.set()
             except KubeError as e:
-                result = "error"
-                log.warning("autoscaling write failed", extra={"pool": plan.pool, "error": str(e)})
+                if outcome(e) is Outcome.REPLAN:
+                    result = "conflict"  # someone changed the target since it was read: plan again
+                    self._wake.set()
+                else:
+                    result = "error"
+                    log.warning("autoscaling write failed", extra={"pool": plan.pool, "error": str(e)})
             self.metrics.plans.labels(plan.pool, plan.action.value, result).inc()
         return plans
 

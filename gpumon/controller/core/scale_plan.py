@@ -4,12 +4,12 @@ For each pool the plan says how many replicas its ``/scale`` target should have,
 pending pods that is for, and which nodes to take out. The rules (docs/autoscaling.md):
 
 - **Demand** is unschedulable GPU pods. They are placed by a bin-packing simulation
-  (:mod:`gpumon.controller.demand`) first onto capacity already on its way, in any pool, then
+  (:mod:`gpumon.controller.core.demand`) first onto capacity already on its way, in any pool, then
   onto new nodes of the first pool (in config order) whose template can host them.
 - **Arriving capacity** is replicas requested but not registered as nodes, and nodes that
   joined but whose GPU resources are not allocatable yet (device plugin starting); both count
   until ``arriving_timeout_seconds``. Pods a scale-up was for, or that arriving capacity took
-  in, are remembered on the target (:class:`~gpumon.controller.pools.Record`): until that
+  in, are remembered on the target (:class:`~gpumon.controller.core.pools.Record`): until that
   timeout they never cause a second scale-up, even in the moment between a node's GPUs
   becoming allocatable and the scheduler binding them.
 - **Replacements**: each quarantined node of the pool adds one node, once.
@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from gpumon.controller.demand import Packer, PodDemand, size, why_not_hosted
-from gpumon.controller.pools import (
+from gpumon.controller.core.demand import Packer, PodDemand, size, why_not_hosted
+from gpumon.controller.core.pools import (
     CA_MAX_ANNOTATION,
     CA_MIN_ANNOTATION,
     EMPTY_RECORD,

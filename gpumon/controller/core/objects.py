@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from gpumon.controller.contract import CONDITION_TYPE, MIRROR_POD_ANNOTATION
+from gpumon.controller.core.contract import CONDITION_TYPE, MIRROR_POD_ANNOTATION
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 _KEPT_ANNOTATION_PREFIXES = ("gpumon.io/", "breaker.gpumon.io/")

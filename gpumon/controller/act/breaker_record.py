@@ -1,0 +1,26 @@
+"""Records an open circuit breaker on the controller's state ConfigMap.
+
+The breaker stays open until a person removes the annotation, so the record is the breaker:
+a restarted or new leader reads it back through its informer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpumon.controller.core.breaker import BreakerTrip, breaker_to_annotation
+from gpumon.controller.kube import KubeApi, NotFound
+
+
+async def record_breaker(api: KubeApi, namespace: str, name: str, trip: BreakerTrip) -> Mapping[str, Any]:
+    """Annotate the ConfigMap (creating it when missing); returns the object as written."""
+    key, value = breaker_to_annotation(trip)
+    path = f"/api/v1/namespaces/{namespace}/configmaps/{name}"
+    try:
+        return await api.patch(path, {"metadata": {"annotations": {key: value}}})
+    except NotFound:
+        return await api.post(
+            f"/api/v1/namespaces/{namespace}/configmaps",
+            {"metadata": {"name": name, "namespace": namespace, "annotations": {key: value}}},
+        )

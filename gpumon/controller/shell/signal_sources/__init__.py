@@ -1,0 +1,1 @@
+"""Where GPU readings come from: the exporters' watch streams, or Prometheus."""
