@@ -27,7 +27,7 @@ from gpumon.devices.backend import GpuLostError
 from gpumon.devices.model import Snapshot
 from gpumon.devices.simulated import SimulatedBackend
 from gpumon.exporter.exposition import snapshot_families
-from gpumon.exporter.sampler import GpuState, health_policy, to_sample, with_fast, with_lost, with_slow
+from gpumon.exporter.sampler import GpuState, to_sample, with_fast, with_lost, with_slow
 
 
 class NaiveCollector:
@@ -37,7 +37,7 @@ class NaiveCollector:
         self._backend = backend
         self._pods = pods
         self._node = node
-        self._policy = health_policy(HealthConfig())
+        self._policy = HealthConfig().policy()
         self._driver = backend.open()
         self._identities = backend.devices()
 

@@ -34,11 +34,11 @@ from typing import Any
 from aiohttp import web
 
 from bench.scale_fleet import NAMESPACE, gpu_pod_name, node_names
-from gpumon.devices.health import HealthPolicy, judge
 from gpumon.devices.model import GpuSample, PodGpuUsage, PodRef, Snapshot, XidEvent
 from gpumon.devices.simulated import SimulatedBackend
 from gpumon.exporter.sampler import Watcher, watch_events
 from gpumon.exporter.server import to_jsonable, watch_stream
+from gpumon.gpu_health import HealthPolicy, judge
 
 log = logging.getLogger(__name__)
 

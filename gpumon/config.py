@@ -14,6 +14,7 @@ import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal, TypeVar, cast
 
 from pydantic import (
@@ -33,6 +34,7 @@ from gpumon.configfile import read_yaml_mapping
 from gpumon.configtypes import Float, Int
 from gpumon.controller.core.pools import PoolConfig, unique_pool_names
 from gpumon.devices.model import HealthState
+from gpumon.gpu_health import HealthPolicy
 
 DEFAULT_EXPORTER_PORT = 9842
 """Neither nvidia_gpu_exporter's 9835 nor dcgm-exporter's 9400 (docs/configuration.md)."""
@@ -60,6 +62,9 @@ class SamplingConfig(_Section):
 
 
 class HealthConfig(_Section):
+    """How a GPU is judged (gpumon.gpu_health): the same section in the exporter's config and
+    under the controller's ``policy:``, turned into the frozen policy by :meth:`policy` alone."""
+
     xid_overrides: dict[Int, HealthState] = Field(default_factory=dict)
     unknown_xid_state: HealthState = HealthState.DEGRADED
     xid_window_seconds: Float = Field(600.0, gt=0)
@@ -71,6 +76,16 @@ class HealthConfig(_Section):
         if self.temperature_unhealthy_celsius < self.temperature_degraded_celsius:
             raise ValueError("temperature_unhealthy_celsius must be >= temperature_degraded_celsius")
         return self
+
+    def policy(self) -> HealthPolicy:
+        """The one converter to the frozen value both programs judge with."""
+        return HealthPolicy(
+            xid_overrides=MappingProxyType(dict(self.xid_overrides)),
+            unknown_xid_state=self.unknown_xid_state,
+            xid_window_seconds=self.xid_window_seconds,
+            temperature_degraded_celsius=self.temperature_degraded_celsius,
+            temperature_unhealthy_celsius=self.temperature_unhealthy_celsius,
+        )
 
 
 class SimulationConfig(_Section):

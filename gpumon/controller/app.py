@@ -51,7 +51,6 @@ from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
 from gpumon.controller.shell.remediation_loop import Reconciler, Settings
 from gpumon.controller.shell.signal_sources.direct import DirectSettings, DirectSource, StaticEndpoints
 from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource
-from gpumon.devices.health import HealthPolicy
 from gpumon.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -60,13 +59,7 @@ log = logging.getLogger(__name__)
 def build_policy(config: ControllerConfig) -> Policy:
     """Rules and policy from config; a bad rule raises ConfigError naming rule and field."""
     p = config.policy
-    health = HealthPolicy(
-        xid_overrides=dict(p.health.xid_overrides),
-        unknown_xid_state=p.health.unknown_xid_state,
-        xid_window_seconds=p.health.xid_window_seconds,
-        temperature_degraded_celsius=p.health.temperature_degraded_celsius,
-        temperature_unhealthy_celsius=p.health.temperature_unhealthy_celsius,
-    )
+    health = p.health.policy()
     rules = load_rules(
         inline=p.rules,
         rules_file=p.rules_file,

@@ -33,10 +33,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from gpumon.configfile import ConfigError, read_yaml_mapping
 from gpumon.configtypes import Float, Int, NoBool
 from gpumon.controller.core.policy import Op, Rule, Scope
-from gpumon.controller.core.signals import Signal
-from gpumon.controller.core.verdicts import Severity
-from gpumon.devices.health import HealthPolicy
 from gpumon.devices.model import HealthState
+from gpumon.gpu_health import HealthPolicy, Severity, Signal
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -135,7 +133,7 @@ class RuleModel(BaseModel):
 
 
 def builtin_rules(health: HealthPolicy) -> list[dict[str, Any]]:
-    """Defaults mirroring NVIDIA's Xid catalog (classes in gpumon.devices.health) and the
+    """Defaults mirroring NVIDIA's Xid catalog (classes in gpumon.gpu_health) and the
     exporter's thermal limits; each one can be changed or disabled by name."""
     return [
         {"name": "xid-unhealthy", "signal": "xid", "severity": "unhealthy"},

@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpumon import __version__
-from gpumon.config import HealthConfig, SamplingConfig
+from gpumon.config import SamplingConfig
 from gpumon.devices.backend import (
     BackendError,
     BackendUnavailable,
@@ -35,7 +35,6 @@ from gpumon.devices.backend import (
     DeviceCallError,
     GpuLostError,
 )
-from gpumon.devices.health import HealthPolicy, judge
 from gpumon.devices.model import (
     DriverInfo,
     FastFields,
@@ -49,6 +48,7 @@ from gpumon.devices.model import (
 )
 from gpumon.exporter.exposition import Profile, RenderedMetrics, render
 from gpumon.exporter.sources import PodAttributor
+from gpumon.gpu_health import HealthPolicy, judge
 
 log = logging.getLogger(__name__)
 
@@ -61,16 +61,6 @@ _XID_WAIT_SECONDS = 1.0
 
 _NO_COUNTS: Mapping[int, int] = MappingProxyType({})
 _NO_TIMES: Mapping[int, float] = MappingProxyType({})
-
-
-def health_policy(cfg: HealthConfig) -> HealthPolicy:
-    return HealthPolicy(
-        xid_overrides=dict(cfg.xid_overrides),
-        unknown_xid_state=cfg.unknown_xid_state,
-        xid_window_seconds=cfg.xid_window_seconds,
-        temperature_degraded_celsius=cfg.temperature_degraded_celsius,
-        temperature_unhealthy_celsius=cfg.temperature_unhealthy_celsius,
-    )
 
 
 def reopen_delay(failures: int) -> float:

@@ -40,7 +40,6 @@ from gpumon.exporter.sampler import (
     SelfMetrics,
     Watcher,
     WatchEvent,
-    health_policy,
 )
 from gpumon.exporter.sources import PodAttributor
 from gpumon.tasks import cancel_and_wait
@@ -249,7 +248,7 @@ def make_app(
         node=config.node_name,
         profile=config.metrics_profile,
         sampling=config.sampling,
-        policy=health_policy(config.health),
+        policy=config.health.policy(),
         executor=executor,
         metrics=metrics,
         attributor=attributor,

@@ -10,8 +10,8 @@ from typing import Any
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.node_plan import is_quarantined
 from gpumon.controller.core.objects import to_rfc3339
-from gpumon.controller.core.policy import Policy, recommended_action
-from gpumon.controller.core.signals import Signal
+from gpumon.controller.core.policy import Policy
+from gpumon.gpu_health import Signal, recommended_action
 from gpumon.status.fleet import blockers, breakers, moved_from, node_status
 from gpumon.status.metrics import controller_status
 from gpumon.status.model import (

@@ -12,7 +12,7 @@ from gpumon.controller.core.breaker import breakers_from_annotations
 from gpumon.controller.core.node_plan import is_excluded, is_quarantined, records_from_json
 from gpumon.controller.core.objects import pdbs_covering, to_rfc3339
 from gpumon.controller.core.pools import pool_of
-from gpumon.controller.core.verdicts import Severity
+from gpumon.gpu_health import Severity
 from gpumon.status.metrics import controller_status
 from gpumon.status.model import (
     Blocker,

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from gpumon.devices.backend import BackendError
-from gpumon.devices.health import HealthPolicy, judge
 from gpumon.devices.nvml import NvmlBackend
+from gpumon.gpu_health import HealthPolicy, judge
 
 
 def plain(value: Any) -> Any:

@@ -35,8 +35,8 @@ from conftest import (
     http_post_json,
 )
 
-from gpumon.devices.health import ACTION_XIDS
 from gpumon.devices.model import HealthState
+from gpumon.gpu_health import ACTION_XIDS
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "alerts" / "gpumon.rules.yml"
@@ -112,12 +112,12 @@ def test_every_alert_has_severity_summary_description_and_a_runbook_section() ->
 
 
 def test_fatal_xid_alert_matches_the_exporters_unhealthy_xids() -> None:
-    """The rule's Xid list and devices/health.py's table are two copies of one decision."""
+    """The rule's Xid list and gpu_health.py's catalog are two copies of one decision."""
     expr = next(a["expr"] for a in _alerts() if a["alert"] == "GpuFatalXid")
     lists = set(re.findall(r'xid=~"([0-9|]+)"', expr))
     assert len(lists) == 1
     in_rule = {int(x) for x in lists.pop().split("|")}
-    unhealthy = {xid for xid, (state, _) in ACTION_XIDS.items() if state.rank >= HealthState.UNHEALTHY.rank}
+    unhealthy = {xid for xid, k in ACTION_XIDS.items() if k.state.rank >= HealthState.UNHEALTHY.rank}
     assert in_rule == unhealthy
 
 

@@ -29,8 +29,9 @@ from gpumon.config import ControllerConfig
 from gpumon.controller.app import build_policy
 from gpumon.controller.core.policy import EMPTY_NODE_STATE, NodeState, Policy, evaluate_node
 from gpumon.controller.core.signals import FleetSignals
-from gpumon.controller.core.verdicts import NodeVerdict, Severity, SignalStatus
+from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
 from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource
+from gpumon.gpu_health import Severity
 
 JOB = "gpumon-exporter"
 BROKEN, HOT, KILLED = "prom-sig-broken", "prom-sig-hot", "prom-sig-killed"

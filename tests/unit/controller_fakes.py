@@ -11,8 +11,9 @@ import copy
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from gpumon.controller.core.verdicts import Finding, GpuVerdict, NodeVerdict, Severity, SignalStatus
+from gpumon.controller.core.verdicts import Finding, GpuVerdict, NodeVerdict, SignalStatus
 from gpumon.controller.kube import Conflict, KubeError, NotFound
+from gpumon.gpu_health import Severity
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

@@ -8,7 +8,8 @@ from typing import Any
 
 from gpumon.controller.core.node_plan import records_to_json
 from gpumon.controller.core.objects import GpuResources, to_rfc3339
-from gpumon.controller.core.verdicts import GpuRecord, Severity
+from gpumon.controller.core.verdicts import GpuRecord
+from gpumon.gpu_health import Severity
 from gpumon.status.state import ClusterState, EventInfo, event_info, node_info, pod_info
 
 NOW = 1_800_000_000.0

@@ -18,9 +18,9 @@ from gpumon.controller.core.objects import (
 )
 from gpumon.controller.core.plans import DrainTarget
 from gpumon.controller.core.signals import GpuReading, NodeReading
-from gpumon.controller.core.verdicts import Severity
 from gpumon.controller.kube import KubeError, TooManyRequests
 from gpumon.devices.model import PodRef
+from gpumon.gpu_health import Severity
 
 
 def pod(name: str, *, uses_gpu: bool = True, phase: str = "Running", **kw) -> PodView:

@@ -16,10 +16,10 @@ from gpumon.controller.core.policy import (
     restore_state,
 )
 from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading
-from gpumon.controller.core.verdicts import GpuRecord, Severity, SignalStatus
+from gpumon.controller.core.verdicts import GpuRecord, SignalStatus
 from gpumon.controller.rules import load_rules
-from gpumon.devices.health import HealthPolicy
 from gpumon.devices.model import HealthReason, HealthState, HealthVerdict
+from gpumon.gpu_health import HealthPolicy, Severity
 
 
 def gpu(index: int = 0, at: float = 0.0, **kw) -> GpuReading:

@@ -17,8 +17,9 @@ from gpumon.controller.core.node_plan import (
 )
 from gpumon.controller.core.objects import NodeView, node_from_json, to_rfc3339
 from gpumon.controller.core.plans import PlanKind
-from gpumon.controller.core.verdicts import GpuRecord, Severity, SignalStatus
+from gpumon.controller.core.verdicts import GpuRecord, SignalStatus
 from gpumon.controller.kube import Conflict
+from gpumon.gpu_health import Severity
 
 PATH = "/api/v1/nodes/n1"
 OTHER_TAINT = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}

@@ -6,10 +6,8 @@ import pytest
 
 from gpumon.config import ConfigError
 from gpumon.controller.core.policy import Op, Scope
-from gpumon.controller.core.signals import Signal
-from gpumon.controller.core.verdicts import Severity
 from gpumon.controller.rules import builtin_rules, load_rules, parse_duration
-from gpumon.devices.health import HealthPolicy
+from gpumon.gpu_health import HealthPolicy, Severity, Signal
 
 
 def by_name(rules):
@@ -28,7 +26,7 @@ def test_builtins_cover_xid_classes_lost_ecc_remap_and_thermal():
         "thermal-degraded",
     }
     assert rules["xid-unhealthy"].severity is Severity.UNHEALTHY
-    assert rules["xid-unhealthy"].xids is None  # classes come from devices.health
+    assert rules["xid-unhealthy"].xids is None  # classes come from gpu_health
     assert rules["thermal-unhealthy"].threshold == HealthPolicy().temperature_unhealthy_celsius
     assert rules["thermal-degraded"].threshold == HealthPolicy().temperature_degraded_celsius
     assert rules["thermal-degraded"].for_seconds == 300

@@ -17,8 +17,6 @@ from cancellation import assert_ends_cancelled
 
 from gpumon.config import ExporterConfig, SamplingConfig
 from gpumon.controller.core.policy import Op, Rule, Scope
-from gpumon.controller.core.signals import Signal
-from gpumon.controller.core.verdicts import Severity
 from gpumon.controller.rules import load_rules
 from gpumon.controller.shell.signal_sources.direct import (
     DirectSettings,
@@ -45,6 +43,7 @@ from gpumon.controller.shell.signal_sources.prometheus import (
 from gpumon.devices.model import GpuSample, HealthState, PodGpuUsage, PodRef
 from gpumon.devices.simulated import SimulatedBackend, parse_fault
 from gpumon.exporter.server import make_app
+from gpumon.gpu_health import Severity, Signal
 
 # --- direct: pure ------------------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpumon.config import SamplingConfig
-from gpumon.devices.health import HealthPolicy
 from gpumon.devices.model import (
     DriverInfo,
     GpuIdentity,
@@ -40,6 +39,7 @@ from gpumon.exporter.sampler import (
     watch_events,
     with_xid,
 )
+from gpumon.gpu_health import HealthPolicy
 
 T0 = 1_800_000_000.0
 POLICY = HealthPolicy()

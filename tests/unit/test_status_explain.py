@@ -12,7 +12,6 @@ from gpumon.config import ControllerConfig
 from gpumon.controller.app import build_policy
 from gpumon.controller.core.breaker import BreakerTrip, breaker_to_annotation
 from gpumon.controller.core.objects import pdb_from_json
-from gpumon.controller.core.verdicts import Severity
 from gpumon.devices.model import (
     FastFields,
     GpuIdentity,
@@ -24,6 +23,7 @@ from gpumon.devices.model import (
     Snapshot,
 )
 from gpumon.exporter.server import to_jsonable
+from gpumon.gpu_health import Severity
 from gpumon.status.explain import build_explanation
 from gpumon.status.model import Explanation
 

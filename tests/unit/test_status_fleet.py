@@ -19,8 +19,8 @@ from gpumon.controller.core.pools import (
     pool_from_config,
     record_to_annotation,
 )
-from gpumon.controller.core.verdicts import Severity
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
+from gpumon.gpu_health import Severity
 from gpumon.status.fleet import build_fleet, gpu_counts, problems_of
 from gpumon.status.metrics import controller_status
 from gpumon.status.model import GpuCounts

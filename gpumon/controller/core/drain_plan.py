@@ -18,7 +18,8 @@ from gpumon.controller.core.contract import NodeState
 from gpumon.controller.core.objects import PdbView, PodView, pdbs_covering
 from gpumon.controller.core.plans import DrainPlan, DrainTarget
 from gpumon.controller.core.signals import NodeReading
-from gpumon.controller.core.verdicts import NodeVerdict, Severity
+from gpumon.controller.core.verdicts import NodeVerdict
+from gpumon.gpu_health import Severity
 
 
 class Escalation(enum.StrEnum):

@@ -23,7 +23,8 @@ from gpumon.controller.core.objects import (
     to_rfc3339,
 )
 from gpumon.controller.core.plans import NO_PLAN, Event, NodePlan, NodeWrite, ObjectRef, PlanKind
-from gpumon.controller.core.verdicts import GpuRecord, NodeVerdict, Severity, SignalStatus, records_of
+from gpumon.controller.core.verdicts import GpuRecord, NodeVerdict, SignalStatus, records_of
+from gpumon.gpu_health import Severity
 
 _OUR_ANNOTATIONS = (
     c.ANNOTATION_UNHEALTHY_GPUS,

@@ -24,17 +24,17 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading, Signal
-from gpumon.controller.core.verdicts import (
-    Finding,
-    GpuRecord,
-    GpuVerdict,
-    NodeVerdict,
+from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading
+from gpumon.controller.core.verdicts import Finding, GpuRecord, GpuVerdict, NodeVerdict, SignalStatus
+from gpumon.gpu_health import (
+    HealthPolicy,
     Severity,
-    SignalStatus,
+    Signal,
+    actionable_xids,
+    classify_xid,
+    default_reason,
+    recommended_action,
 )
-from gpumon.devices.health import HealthPolicy, classify_xid
-from gpumon.devices.model import HealthState
 
 NODE_TARGET = ""
 """Key of the node itself among a node's targets (node-scoped rules)."""
@@ -65,37 +65,6 @@ _COMPARE: Mapping[Op, Callable[[float, float], bool]] = MappingProxyType(
     }
 )
 
-# Condition reasons when a rule names none (xid rules take the Xid's class reason).
-DEFAULT_REASONS: Mapping[Signal, str] = MappingProxyType(
-    {
-        Signal.TEMPERATURE: "Thermal",
-        Signal.ECC_UNCORRECTABLE: "EccUncorrectable",
-        Signal.ROW_REMAP_FAILURE: "RowRemapFailure",
-        Signal.GPU_LOST: "GpuLost",
-        Signal.MEMORY_UTILIZATION: "MemoryUtilization",
-        Signal.EXPORTER_HEALTH: "ExporterVerdict",
-        Signal.XID: "XidFatal",
-    }
-)
-
-RECOMMENDED_ACTIONS: Mapping[str, str] = MappingProxyType(
-    {
-        "XidFatal": "drain the node, reset the GPU (nvidia-smi -r) or reboot; replace it if the Xid recurs",
-        "EccUncorrectable": "reset the GPU to retire the bad pages; replace it if uncorrectable errors recur",
-        "EccContained": "reset the GPU when idle; replace it if errors recur",
-        "EccHighSingleBitRate": "schedule a GPU reset; watch for uncorrectable errors",
-        "RowRemapFailure": "replace the GPU: row remapping has failed",
-        "RowRemapPending": "reset the GPU to apply the pending row remap",
-        "GpuLost": "reboot the node; replace the GPU if it is lost again",
-        "Thermal": "check cooling, airflow and fans; the GPU is at or near its thermal limit",
-    }
-)
-_DEFAULT_ACTION = "investigate the GPU"
-
-
-def recommended_action(reason: str) -> str:
-    return RECOMMENDED_ACTIONS.get(reason, _DEFAULT_ACTION)
-
 
 @dataclass(frozen=True, slots=True)
 class Rule:
@@ -109,7 +78,7 @@ class Rule:
     scope: Scope = Scope.GPU
     reason: str | None = None  # None: from the signal (or the Xid's class)
     action: str | None = None  # None: from the reason
-    # xid rules: these codes; None: every code whose class (health.classify_xid) is this severity.
+    # xid rules: these codes; None: every code whose class (gpu_health.classify_xid) is this severity.
     xids: frozenset[int] | None = None
     query: str | None = None  # promql rules
     node_selector: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
@@ -218,16 +187,13 @@ _UNKNOWN = _Obs(None)
 def _xid_matches(rule: Rule, code: int, classes: HealthPolicy) -> bool:
     if rule.xids is not None:
         return code in rule.xids
-    state, _ = classify_xid(code, classes)
-    if state is HealthState.HEALTHY:
-        return False
-    severity = Severity.DEGRADED if state is HealthState.DEGRADED else Severity.UNHEALTHY
-    return severity is rule.severity
+    return classify_xid(code, classes).severity is rule.severity
 
 
 def _xid_reason(codes: list[int], classes: HealthPolicy) -> str:
-    ranked = sorted((classify_xid(c, classes) for c in codes), key=lambda sc: -sc[0].rank)
-    return ranked[0][1]
+    # The reason the exporter's verdict names first for these codes (gpu_health's one order).
+    ranked = actionable_xids(codes, classes)
+    return ranked[0][1].reason if ranked else default_reason(Signal.XID)
 
 
 def _numeric(rule: Rule, value: float | None, label: str, unit: str, at: float) -> _Obs:
@@ -315,7 +281,7 @@ def _step(rule: Rule, st: RuleState, obs: _Obs, now: float, hold_recovery: bool)
         return replace(st, clear_since=None)
     if obs.holds:
         first = st.first_bad_at if st.first_bad_at is not None else obs.observed_at
-        reason = rule.reason or obs.reason or DEFAULT_REASONS.get(rule.signal, "Custom")
+        reason = rule.reason or obs.reason or default_reason(rule.signal)
         if st.firing:
             assert st.finding is not None
             finding = replace(st.finding, evidence=obs.evidence, reason=reason)

@@ -8,27 +8,12 @@ time it was observed, so its age is always known: a reading older than the polic
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
 from gpumon.devices.model import HealthVerdict, PodRef
-
-
-class Signal(enum.StrEnum):
-    """What a rule can read. ``promql`` rules carry their own query (Prometheus source only)."""
-
-    TEMPERATURE = "temperature"
-    XID = "xid"
-    ECC_UNCORRECTABLE = "ecc_uncorrectable"
-    ROW_REMAP_FAILURE = "row_remap_failure"
-    GPU_LOST = "gpu_lost"
-    MEMORY_UTILIZATION = "memory_utilization"
-    EXPORTER_HEALTH = "exporter_health"
-    PROMQL = "promql"
-
 
 _NO_VALUES: Mapping[str, float] = MappingProxyType({})
 

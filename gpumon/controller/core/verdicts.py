@@ -5,14 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-
-class Severity(enum.StrEnum):
-    DEGRADED = "degraded"
-    UNHEALTHY = "unhealthy"
-
-    @property
-    def rank(self) -> int:
-        return 1 if self is Severity.DEGRADED else 2
+from gpumon.gpu_health import Severity
 
 
 def worst(severities: tuple[Severity | None, ...] | list[Severity | None]) -> Severity | None:

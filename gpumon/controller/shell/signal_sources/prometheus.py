@@ -24,15 +24,9 @@ import aiohttp
 
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.policy import Rule, Scope
-from gpumon.controller.core.signals import (
-    EMPTY_FLEET,
-    ChangeCallback,
-    FleetSignals,
-    GpuReading,
-    NodeReading,
-    Signal,
-)
+from gpumon.controller.core.signals import EMPTY_FLEET, ChangeCallback, FleetSignals, GpuReading, NodeReading
 from gpumon.devices.model import HealthReason, HealthState, HealthVerdict, PodRef
+from gpumon.gpu_health import Signal
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,143 @@
+"""The one judgement of a GPU (gpumon/gpu_health.py): its tables, its one converter from config,
+and that the exporter's verdict and the controller's rules agree on every Xid of the catalog
+under the same configuration."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpumon.config import ControllerConfig, ExporterConfig, HealthConfig, PolicyConfig
+from gpumon.controller.app import build_policy
+from gpumon.controller.core.policy import EMPTY_NODE_STATE, evaluate_node
+from gpumon.controller.core.signals import GpuReading, NodeReading
+from gpumon.devices.model import HealthState, HealthVerdict, XidEvent
+from gpumon.gpu_health import (
+    ACTION_XIDS,
+    INFORMATIONAL_XIDS,
+    REASONS,
+    HealthPolicy,
+    Severity,
+    Signal,
+    XidClass,
+    classify_xid,
+    default_reason,
+    judge,
+    recommended_action,
+)
+
+PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# The catalog, plus codes it does not know (unknown_xid_state applies to them).
+CODES = sorted(INFORMATIONAL_XIDS | set(ACTION_XIDS) | {1, 8, 999})
+
+
+def test_every_reason_code_has_one_entry_and_every_signal_a_default():
+    for k in ACTION_XIDS.values():
+        assert k.reason in REASONS
+    for code in ("XidUnknown", "XidInformational", "Xid", "Thermal", "GpuLost"):
+        assert code in REASONS
+    assert {s: default_reason(s) for s in Signal} == {
+        Signal.TEMPERATURE: "Thermal",
+        Signal.XID: "XidFatal",
+        Signal.ECC_UNCORRECTABLE: "EccUncorrectable",
+        Signal.ROW_REMAP_FAILURE: "RowRemapFailure",
+        Signal.GPU_LOST: "GpuLost",
+        Signal.MEMORY_UTILIZATION: "MemoryUtilization",
+        Signal.EXPORTER_HEALTH: "ExporterVerdict",
+        Signal.PROMQL: "Custom",
+    }
+    assert "reset the GPU" in recommended_action("XidFatal")
+    assert recommended_action("SomethingOfMine") == "investigate the GPU"
+
+
+def test_severity_is_derived_from_the_health_state_in_one_place():
+    assert [Severity.of(s) for s in HealthState] == [
+        None,
+        Severity.DEGRADED,
+        Severity.UNHEALTHY,
+        Severity.UNHEALTHY,
+    ]
+
+
+def test_overrides_change_the_class_and_keep_the_catalog_reason():
+    p = HealthPolicy(
+        xid_overrides={13: HealthState.UNHEALTHY, 79: HealthState.HEALTHY, 63: HealthState.UNHEALTHY},
+        unknown_xid_state=HealthState.HEALTHY,
+    )
+    assert classify_xid(13, p) == XidClass(HealthState.UNHEALTHY, "XidFatal")
+    assert classify_xid(79, p).state is HealthState.HEALTHY
+    assert classify_xid(63, p) == XidClass(HealthState.UNHEALTHY, "RowRemapPending")
+    assert classify_xid(999, p).severity is None
+    assert classify_xid(999, HealthPolicy()) == XidClass(HealthState.DEGRADED, "XidUnknown")
+
+
+def test_one_converter_for_both_programs():
+    section = {
+        "xid_overrides": {13: "unhealthy", 79: "healthy"},
+        "unknown_xid_state": "unhealthy",
+        "xid_window_seconds": 30,
+        "temperature_degraded_celsius": 80,
+        "temperature_unhealthy_celsius": 90,
+    }
+    expected = HealthPolicy(
+        xid_overrides={13: HealthState.UNHEALTHY, 79: HealthState.HEALTHY},
+        unknown_xid_state=HealthState.UNHEALTHY,
+        xid_window_seconds=30.0,
+        temperature_degraded_celsius=80.0,
+        temperature_unhealthy_celsius=90.0,
+    )
+    exporter = ExporterConfig.model_validate({"health": section})
+    controller = ControllerConfig.model_validate({"policy": {"health": section}})
+    assert exporter.health.policy() == expected
+    # The controller judges Xids with the very value the exporter's sampler gets.
+    assert build_policy(controller).xid_classes == exporter.health.policy()
+
+
+def _reading(codes: frozenset[int]) -> NodeReading:
+    g = GpuReading(
+        uuid="GPU-0",
+        index=0,
+        observed_at=10.0,
+        temperature_celsius=40.0,
+        memory_utilization_ratio=0.1,
+        ecc_uncorrectable=0,
+        row_remap_failure=False,
+        lost=False,
+        health=HealthVerdict(HealthState.HEALTHY),
+        recent_xids=codes,
+    )
+    return NodeReading(node="n1", observed_at=10.0, gpus=(g,))
+
+
+states = st.sampled_from(list(HealthState))
+
+
+@PROPERTY
+@given(
+    codes=st.frozensets(st.sampled_from(CODES), max_size=4),
+    overrides=st.dictionaries(st.sampled_from(CODES), states, max_size=4),
+    unknown=states,
+)
+def test_exporter_verdict_and_controller_rules_agree_on_every_catalog_xid(
+    codes: frozenset[int], overrides: dict[int, HealthState], unknown: HealthState
+):
+    health = HealthConfig(xid_overrides=overrides, unknown_xid_state=unknown)
+    config = ControllerConfig(policy=PolicyConfig(health=health))
+    exporter = judge(
+        fast=None,
+        slow=None,
+        recent_xids=[XidEvent("GPU-0", c, 10.0) for c in codes],
+        lost=False,
+        now=10.0,
+        policy=health.policy(),
+    )
+    pol = build_policy(config)
+    controller = evaluate_node("n1", {}, _reading(codes), EMPTY_NODE_STATE, 10.0, pol).verdict
+
+    assert controller.severity is Severity.of(exporter.state)
+    if controller.severity is None:
+        return
+    findings = controller.findings
+    assert findings[0].reason == exporter.reason
+    named = {int(c) for f in findings for c in f.evidence.removeprefix("Xid ").split(", ")}
+    assert named == {int(r.detail.removeprefix("Xid ")) for r in exporter.reasons}
