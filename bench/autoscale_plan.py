@@ -22,20 +22,20 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from bench.report import Row, Table, table_markdown
+from gpumon.config.pools import PoolConfig
 from gpumon.controller.act.events import EventRecorder
 from gpumon.controller.act.evict import Evictor
 from gpumon.controller.act.retry import RetryPolicy
+from gpumon.controller.configure import pool_from_config
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.demand import PodDemand
 from gpumon.controller.core.objects import GpuResources, PdbView, PodView
 from gpumon.controller.core.pools import (
     RECORD_ANNOTATION,
     Pool,
-    PoolConfig,
     PoolNode,
     Record,
     ScaleState,
-    pool_from_config,
     record_to_annotation,
 )
 from gpumon.controller.core.scale_plan import Action, plan_pools

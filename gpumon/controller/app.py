@@ -26,6 +26,7 @@ from gpumon.configfile import read_config_text
 from gpumon.controller.act.events import EventRecorder
 from gpumon.controller.act.evict import Evictor
 from gpumon.controller.act.retry import RetryPolicy
+from gpumon.controller.configure import build_policy, pool_from_config
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.breaker import SafetyPolicy
 from gpumon.controller.core.drain_plan import DrainPolicy, Escalation
@@ -40,10 +41,8 @@ from gpumon.controller.core.objects import (
     pod_from_json,
 )
 from gpumon.controller.core.policy import Policy
-from gpumon.controller.core.pools import pool_from_config
 from gpumon.controller.core.signals import SignalSource
 from gpumon.controller.kube import KubeApi
-from gpumon.controller.rules import load_rules
 from gpumon.controller.shell.autoscaler_loop import AutoscaleMetrics, Autoscaler, gpu_resources
 from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.leader import LeaderElector, LeaderSettings
@@ -54,28 +53,6 @@ from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings
 from gpumon.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
-
-
-def build_policy(config: ControllerConfig) -> Policy:
-    """Rules and policy from config; a bad rule raises ConfigError naming rule and field."""
-    p = config.policy
-    health = p.health.policy()
-    rules = load_rules(
-        inline=p.rules,
-        rules_file=p.rules_file,
-        builtin=p.builtin_rules,
-        health=health,
-        default_recover_after_seconds=p.recover_after_seconds,
-    )
-    return Policy(
-        rules=rules,
-        xid_classes=health,
-        stale_after_seconds=config.signals.stale_after_seconds,
-        flap_window_seconds=p.flap_window_seconds,
-        flap_max_onsets=p.flap_max_onsets,
-        pool_label=config.breaker.pool_label,
-        default_recover_after_seconds=p.recover_after_seconds,
-    )
 
 
 def build_settings(config: ControllerConfig, policy: Policy) -> Settings:

@@ -61,10 +61,8 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from gpumon import logs
-    from gpumon.controller.app import build_policy
 
-    config = load_config(args)
-    build_policy(config)  # rule errors are configuration errors: report them before starting
+    config = load_config(args)  # reads and validates the rules too: a bad rule stops it here
     logs.configure(config.log.format, config.log.level)
     return asyncio.run(_serve(config))
 

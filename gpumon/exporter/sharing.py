@@ -23,12 +23,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from gpumon.resources import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
+
 GPUSHARE_INDEX = "ALIYUN_COM_GPU_MEM_IDX"
 GPUSHARE_POD_MEMORY = "ALIYUN_COM_GPU_MEM_POD"
 GPUSHARE_ASSIGNED = "ALIYUN_COM_GPU_MEM_ASSIGNED"
 HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
-GPUSHARE_MEMORY_RESOURCE = "aliyun.com/gpu-mem"
-CGPU_CORE_RESOURCE = "aliyun.com/gpu-core.percentage"
 
 ANNOTATIONS = frozenset({GPUSHARE_INDEX, GPUSHARE_POD_MEMORY, GPUSHARE_ASSIGNED, HAMI_ALLOCATED})
 """The pod annotations this module reads: all the pod projection needs to keep."""

@@ -95,8 +95,8 @@ def load_config(args: argparse.Namespace) -> ControllerConfig:
 
 
 def sources(config: ControllerConfig, args: argparse.Namespace) -> Sources:
+    from gpumon.controller.configure import pool_from_config
     from gpumon.controller.core.objects import GpuResources
-    from gpumon.controller.core.pools import pool_from_config
     from gpumon.status.read import Sources
 
     d = config.signals.direct
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from gpumon.config import ConfigError
-    from gpumon.controller.app import build_policy
+    from gpumon.controller.configure import build_policy
 
     try:
         node = node_argument(args.target)

@@ -26,7 +26,7 @@ import pytest
 from conftest import ExporterProcess, PrometheusProcess, http_get
 
 from gpumon.config import ControllerConfig
-from gpumon.controller.app import build_policy
+from gpumon.controller.configure import build_policy
 from gpumon.controller.core.policy import EMPTY_NODE_STATE, NodeState, Policy, evaluate_node
 from gpumon.controller.core.signals import FleetSignals
 from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus

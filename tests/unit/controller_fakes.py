@@ -8,9 +8,13 @@ patch carries a stale one, which is all the controller relies on.
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from gpumon.config import ControllerConfig, HealthConfig, PolicyConfig
+from gpumon.controller.configure import build_policy
+from gpumon.controller.core.policy import Rule
 from gpumon.controller.core.verdicts import Finding, GpuVerdict, NodeVerdict, SignalStatus
 from gpumon.controller.kube import Conflict, KubeError, NotFound
 from gpumon.gpu_health import Severity
@@ -157,3 +161,22 @@ def verdict(
 
 def healthy(node: str = "n1") -> NodeVerdict:
     return NodeVerdict(node, SignalStatus.FRESH, 1.0)
+
+
+def load_rules(
+    *,
+    inline: Sequence[Mapping[str, Any]] = (),
+    rules_file: Path | None = None,
+    builtin: bool = True,
+    health: HealthConfig | None = None,
+    default_recover_after_seconds: float = 900.0,
+) -> tuple[Rule, ...]:
+    """Rules the way the controller gets them: loaded with its config, then converted."""
+    policy = PolicyConfig(
+        rules=list(inline),
+        rules_file=rules_file,
+        builtin_rules=builtin,
+        health=health or HealthConfig(),
+        recover_after_seconds=default_recover_after_seconds,
+    )
+    return build_policy(ControllerConfig(policy=policy)).rules

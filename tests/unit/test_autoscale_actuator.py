@@ -15,9 +15,11 @@ from controller_fakes import FakeKube
 from prometheus_client import CollectorRegistry
 from test_autoscale_demand import containers, unschedulable
 
+from gpumon.config.pools import PoolConfig
 from gpumon.controller.act.events import EventRecorder
 from gpumon.controller.act.evict import Evictor
 from gpumon.controller.act.retry import RetryPolicy
+from gpumon.controller.configure import pool_from_config
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.demand import GPU_RESOURCES, PodDemand
 from gpumon.controller.core.objects import GpuResources, PdbView, PodView, from_rfc3339
@@ -27,11 +29,9 @@ from gpumon.controller.core.pools import (
     RECORD_ANNOTATION,
     REMOVING_ANNOTATION,
     Pool,
-    PoolConfig,
     PoolNode,
     Record,
     Removal,
-    pool_from_config,
     record_from_annotation,
     record_to_annotation,
 )

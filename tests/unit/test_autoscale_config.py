@@ -9,15 +9,11 @@ import pytest
 import yaml
 
 from gpumon.config import ConfigError, ControllerConfig, load
-from gpumon.controller.core.objects import Requirement, Taint, from_rfc3339
-from gpumon.controller.core.pools import (
-    PoolConfig,
-    ScaleTarget,
-    parse_selector,
-    pool_from_config,
-    pool_node_from_json,
-    scale_state,
-)
+from gpumon.config.pools import PoolConfig
+from gpumon.controller.configure import pool_from_config
+from gpumon.controller.core.objects import Taint, from_rfc3339
+from gpumon.controller.core.pools import ScaleTarget, pool_node_from_json, scale_state
+from gpumon.selectors import Requirement, parse_selector
 
 GPU = "nvidia.com/gpu"
 

@@ -16,15 +16,15 @@ from gpumon.controller.core.demand import (
     Template,
     Toleration,
     is_unschedulable,
-    milli,
     nodes_needed,
     pending_gpu_pod,
     pod_requests,
     size,
-    units,
     why_not_hosted,
 )
-from gpumon.controller.core.objects import Requirement, Taint, from_rfc3339
+from gpumon.controller.core.objects import Taint, from_rfc3339
+from gpumon.resources import milli, units
+from gpumon.selectors import Requirement
 
 GPU = "nvidia.com/gpu"
 MEM = "aliyun.com/gpu-mem"

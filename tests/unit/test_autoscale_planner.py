@@ -8,18 +8,18 @@ from typing import Any
 
 import pytest
 
+from gpumon.config.pools import PoolConfig
+from gpumon.controller.configure import pool_from_config
 from gpumon.controller.core.demand import PodDemand, Toleration
 from gpumon.controller.core.pools import (
     CA_MAX_ANNOTATION,
     CA_MIN_ANNOTATION,
     RECORD_ANNOTATION,
     Pool,
-    PoolConfig,
     PoolNode,
     Record,
     Removal,
     ScaleState,
-    pool_from_config,
     record_from_annotation,
     record_to_annotation,
 )

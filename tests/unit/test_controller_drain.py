@@ -8,19 +8,13 @@ from gpumon.controller.act.retry import RetryPolicy
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.contract import NodeState
 from gpumon.controller.core.drain_plan import DrainPolicy, needs_drain, plan_drain
-from gpumon.controller.core.objects import (
-    GpuResources,
-    LabelSelector,
-    PdbView,
-    PodView,
-    pdb_from_json,
-    pod_from_json,
-)
+from gpumon.controller.core.objects import GpuResources, PdbView, PodView, pdb_from_json, pod_from_json
 from gpumon.controller.core.plans import DrainTarget
 from gpumon.controller.core.signals import GpuReading, NodeReading
 from gpumon.controller.kube import KubeError, TooManyRequests
 from gpumon.devices.model import PodRef
 from gpumon.gpu_health import Severity
+from gpumon.selectors import LabelSelector
 
 
 def pod(name: str, *, uses_gpu: bool = True, phase: str = "Running", **kw) -> PodView:

@@ -4,6 +4,7 @@ from dataclasses import replace
 from types import MappingProxyType
 
 import pytest
+from controller_fakes import load_rules
 
 from gpumon.controller.core.policy import (
     EMPTY_NODE_STATE,
@@ -17,7 +18,6 @@ from gpumon.controller.core.policy import (
 )
 from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading
 from gpumon.controller.core.verdicts import GpuRecord, SignalStatus
-from gpumon.controller.rules import load_rules
 from gpumon.devices.model import HealthReason, HealthState, HealthVerdict
 from gpumon.gpu_health import HealthPolicy, Severity
 

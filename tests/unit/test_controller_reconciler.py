@@ -8,7 +8,7 @@ from types import MappingProxyType
 from typing import Any
 
 from cancellation import assert_ends_cancelled
-from controller_fakes import FakeKube
+from controller_fakes import FakeKube, load_rules
 from prometheus_client import CollectorRegistry
 
 from gpumon.controller.act.events import EventRecorder
@@ -22,7 +22,6 @@ from gpumon.controller.core.objects import PodView, node_from_json, to_rfc3339
 from gpumon.controller.core.policy import Policy
 from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading
 from gpumon.controller.kube import TooManyRequests
-from gpumon.controller.rules import load_rules
 from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
 from gpumon.controller.shell.remediation_loop import Reconciler, Settings

@@ -14,10 +14,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from cancellation import assert_ends_cancelled
+from controller_fakes import load_rules
 
 from gpumon.config import ExporterConfig, SamplingConfig
-from gpumon.controller.core.policy import Op, Rule, Scope
-from gpumon.controller.rules import load_rules
+from gpumon.config.rules import Op, Scope
+from gpumon.controller.core.policy import Rule
 from gpumon.controller.shell.signal_sources.direct import (
     DirectSettings,
     DirectSource,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpumon.config import ControllerConfig, ExporterConfig
-from gpumon.controller.core.pools import pool_from_config
+from gpumon.controller.configure import pool_from_config
 from gpumon.demo import fleet, scenario
 
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpumon.config import ControllerConfig, ExporterConfig, HealthConfig, PolicyConfig
-from gpumon.controller.app import build_policy
+from gpumon.controller.configure import build_policy
 from gpumon.controller.core.policy import EMPTY_NODE_STATE, evaluate_node
 from gpumon.controller.core.signals import GpuReading, NodeReading
 from gpumon.devices.model import HealthState, HealthVerdict, XidEvent

@@ -8,16 +8,15 @@ from dataclasses import dataclass, field
 import pytest
 
 from gpumon.exporter.sharing import (
-    CGPU_CORE_RESOURCE,
     GPUSHARE_ASSIGNED,
     GPUSHARE_INDEX,
-    GPUSHARE_MEMORY_RESOURCE,
     GPUSHARE_POD_MEMORY,
     HAMI_ALLOCATED,
     SharedAllocation,
     parse_quantity,
     shared_allocations,
 )
+from gpumon.resources import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
 
 GIB = 1 << 30
 MIB = 1 << 20

@@ -15,7 +15,7 @@ from status_builders import event, node, pod, record, state
 
 from gpumon.cli import main
 from gpumon.config import ControllerConfig
-from gpumon.controller.app import build_policy
+from gpumon.controller.configure import build_policy
 from gpumon.status import render
 from gpumon.status.command import Failed, node_argument, rounds
 from gpumon.status.explain import build_explanation

@@ -9,7 +9,7 @@ from typing import Any
 from status_builders import at, event, node, pod, record, state
 
 from gpumon.config import ControllerConfig
-from gpumon.controller.app import build_policy
+from gpumon.controller.configure import build_policy
 from gpumon.controller.core.breaker import BreakerTrip, breaker_to_annotation
 from gpumon.controller.core.objects import pdb_from_json
 from gpumon.devices.model import (

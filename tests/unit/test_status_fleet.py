@@ -7,18 +7,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from status_builders import NOW, RESOURCES, at, event, node, pod, record, state
 
+from gpumon.config.pools import PoolConfig, TargetConfig, TemplateConfig
+from gpumon.controller.configure import pool_from_config
 from gpumon.controller.core.breaker import BreakerTrip, breaker_to_annotation
 from gpumon.controller.core.objects import pdb_from_json
-from gpumon.controller.core.pools import (
-    RECORD_ANNOTATION,
-    PoolConfig,
-    Record,
-    ScaleState,
-    TargetConfig,
-    TemplateConfig,
-    pool_from_config,
-    record_to_annotation,
-)
+from gpumon.controller.core.pools import RECORD_ANNOTATION, Record, ScaleState, record_to_annotation
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
 from gpumon.gpu_health import Severity
 from gpumon.status.fleet import build_fleet, gpu_counts, problems_of

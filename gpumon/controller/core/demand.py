@@ -15,69 +15,34 @@ counts.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
 from typing import Any
 
-from gpumon.controller.core.objects import GpuResources, Requirement, Taint
-from gpumon.exporter.sharing import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
+from gpumon.controller.core.objects import GpuResources, Taint
+from gpumon.resources import (
+    CGPU_CORE_RESOURCE,
+    GPUSHARE_MEMORY_RESOURCE,
+    NODE_BASICS,
+    NVIDIA_GPU_RESOURCE,
+    NVIDIA_MIG_PREFIX,
+    PODS,
+    gpu_only,
+    milli,
+    units,
+)
+from gpumon.selectors import Requirement
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 GPU_RESOURCES = GpuResources(
-    names=frozenset({"nvidia.com/gpu", GPUSHARE_MEMORY_RESOURCE, CGPU_CORE_RESOURCE}),
-    prefixes=("nvidia.com/mig-",),
+    names=frozenset({NVIDIA_GPU_RESOURCE, GPUSHARE_MEMORY_RESOURCE, CGPU_CORE_RESOURCE}),
+    prefixes=(NVIDIA_MIG_PREFIX,),
 )
 """Resources that make a pending pod GPU demand, beyond those a pool's template declares."""
 
-PODS = "pods"
-# Resources every node has: never what makes a pod a GPU pod.
-_NODE_BASICS = frozenset({"cpu", "memory", PODS, "ephemeral-storage"})
 _SCHEDULING_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
-
-# ---------------------------------------------------------------------------------------------
-# Quantities
-
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
-_SCALE: Mapping[str, Decimal] = {
-    "": Decimal(1),
-    "m": Decimal("0.001"),
-    "k": Decimal(10) ** 3,
-    "M": Decimal(10) ** 6,
-    "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15,
-    "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10,
-    "Mi": Decimal(2) ** 20,
-    "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50,
-    "Ei": Decimal(2) ** 60,
-}
-
-
-def milli(value: object) -> int | None:
-    """A Kubernetes quantity (``"500m"``, ``"16Gi"``, ``2``) in thousandths, rounded up as the
-    API server rounds requests; None when it is not one."""
-    m = _QUANTITY.match(str(value).strip())
-    if m is None or m.group(2) not in _SCALE:
-        return None
-    try:
-        amount = Decimal(m.group(1)) * _SCALE[m.group(2)] * 1000
-    except InvalidOperation:
-        return None
-    whole = int(amount)
-    return whole + (1 if amount > whole else 0)
-
-
-def units(amount: int) -> str:
-    """Thousandths back to a short number for people (``2``, ``0.5``)."""
-    return str(amount // 1000) if amount % 1000 == 0 else f"{amount / 1000:g}"
-
 
 # ---------------------------------------------------------------------------------------------
 # Scheduling constraints
@@ -162,9 +127,7 @@ class Template:
     def gpu_resources(self) -> frozenset[str]:
         """Resources of the template that only GPU nodes have: their absence from a joined
         node's allocatable means its device plugin has not registered yet."""
-        return frozenset(
-            r for r in self.resources if r not in _NODE_BASICS and not r.startswith("hugepages-")
-        )
+        return gpu_only(self.resources)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +166,7 @@ def why_not_hosted(template: Template, pod: PodDemand) -> str | None:
     if pod.affinity and not any(term.matches(template.labels) for term in pod.affinity):
         return "required node affinity"
     for resource, amount in pod.requests.items():
-        if resource in _NODE_BASICS and resource not in template.resources:
+        if resource in NODE_BASICS and resource not in template.resources:
             continue  # the template does not say: not what limits a GPU node
         if amount > template.resources.get(resource, 0):
             return f"asks {units(amount)} {resource}, a node has {units(template.resources.get(resource, 0))}"
@@ -381,7 +344,7 @@ class _Node:
 
     def take(self, pod: PodDemand) -> bool:
         free = self.free
-        wanted = [(r, a) for r, a in pod.requests.items() if r in free or r not in _NODE_BASICS]
+        wanted = [(r, a) for r, a in pod.requests.items() if r in free or r not in NODE_BASICS]
         if any(free.get(r, 0) < amount for r, amount in wanted):
             return False
         card = None

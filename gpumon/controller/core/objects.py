@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpumon.controller.core.contract import CONDITION_TYPE, MIRROR_POD_ANNOTATION
+from gpumon.selectors import LabelSelector
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 _KEPT_ANNOTATION_PREFIXES = ("gpumon.io/", "breaker.gpumon.io/")
@@ -168,50 +169,6 @@ def pod_from_json(obj: Mapping[str, Any], resources: GpuResources) -> PodView:
         terminating=meta.get("deletionTimestamp") is not None,
         uses_gpu=_requests_gpu(spec, resources),
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Requirement:
-    key: str
-    operator: str  # In, NotIn, Exists, DoesNotExist
-    values: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True, slots=True)
-class LabelSelector:
-    match_labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
-    expressions: tuple[Requirement, ...] = ()
-    # A PDB with a null selector selects nothing; an empty one selects every pod.
-    null: bool = False
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        if self.null:
-            return False
-        if any(labels.get(k) != v for k, v in self.match_labels.items()):
-            return False
-        for r in self.expressions:
-            present = r.key in labels
-            ok = {
-                "In": present and labels.get(r.key) in r.values,
-                "NotIn": not present or labels.get(r.key) not in r.values,
-                "Exists": present,
-                "DoesNotExist": not present,
-            }.get(r.operator, False)
-            if not ok:
-                return False
-        return True
-
-    @staticmethod
-    def from_json(obj: Mapping[str, Any] | None) -> LabelSelector:
-        if obj is None:
-            return LabelSelector(null=True)
-        return LabelSelector(
-            match_labels=MappingProxyType(dict(obj.get("matchLabels") or {})),
-            expressions=tuple(
-                Requirement(str(e.get("key")), str(e.get("operator")), frozenset(e.get("values") or ()))
-                for e in obj.get("matchExpressions") or ()
-            ),
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,13 +17,13 @@ firing rule: unknown data holds the last verdict and never causes remediation.
 
 from __future__ import annotations
 
-import enum
 import functools
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from gpumon.config.rules import Op, Scope
 from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading
 from gpumon.controller.core.verdicts import Finding, GpuRecord, GpuVerdict, NodeVerdict, SignalStatus
 from gpumon.gpu_health import (
@@ -38,20 +38,6 @@ from gpumon.gpu_health import (
 
 NODE_TARGET = ""
 """Key of the node itself among a node's targets (node-scoped rules)."""
-
-
-class Scope(enum.StrEnum):
-    GPU = "gpu"
-    NODE = "node"
-
-
-class Op(enum.StrEnum):
-    GT = ">"
-    GE = ">="
-    LT = "<"
-    LE = "<="
-    EQ = "=="
-    NE = "!="
 
 
 _COMPARE: Mapping[Op, Callable[[float, float], bool]] = MappingProxyType(

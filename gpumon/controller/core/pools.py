@@ -1,5 +1,6 @@
-"""GPU node pools: their declarations in config (pydantic, at the edge), the frozen values the
-planner works with, and the views of cluster objects it reads. Pure: no I/O.
+"""GPU node pools: the frozen values the planner works with, the views of cluster objects it
+reads, and the codec of what it remembers on each target. Pure: no I/O. Their declarations in
+config are gpumon.config.pools; gpumon.controller.configure turns those into these values.
 
 A pool is a ``/scale`` target (a Cluster API MachineDeployment, MachineSet or MachinePool, or
 any object with a scale subresource), the label selector of its nodes, and the template of a
@@ -13,19 +14,15 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
-from gpumon.configtypes import Float, Int, NoBool
 from gpumon.controller.core import contract as c
-from gpumon.controller.core.demand import SharedCards, Template, milli
-from gpumon.controller.core.objects import LabelSelector, Requirement, Taint, from_rfc3339
-from gpumon.exporter.sharing import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
+from gpumon.controller.core.demand import Template
+from gpumon.controller.core.objects import from_rfc3339
+from gpumon.resources import milli
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
@@ -39,148 +36,6 @@ CA_MAX_ANNOTATION = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size
 RECORD_ANNOTATION = "gpumon.io/autoscaler"
 # On a Node being scaled down: when gpumon cordoned it to drain it.
 REMOVING_ANNOTATION = "gpumon.io/scale-down-started-at"
-GPUSHARE_COUNT_RESOURCE = "aliyun.com/gpu-count"
-
-_KNOWN_PLURALS = {
-    "MachineDeployment": "machinedeployments",
-    "MachineSet": "machinesets",
-    "MachinePool": "machinepools",
-}
-
-
-# ---------------------------------------------------------------------------------------------
-# Config (the edge): ControllerConfig.pools
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TargetConfig(_Model):
-    group: str = "cluster.x-k8s.io"
-    version: str = Field("v1beta2", min_length=1)
-    kind: str = Field("MachineDeployment", min_length=1)
-    # The plural resource name in the URL; derived from kind when left out.
-    resource: str | None = None
-    namespace: str = Field(..., min_length=1)
-    name: str = Field(..., min_length=1)
-
-
-class TaintConfig(_Model):
-    key: str = Field(..., min_length=1)
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
-
-
-class SharedGpusConfig(_Model):
-    """gpushare/cGPU: the node's GPUs are split by memory (``aliyun.com/gpu-mem`` units per
-    card, GiB by default) and core percentage (100 per card)."""
-
-    cards: Int = Field(..., ge=1, le=64)
-    memory_per_card: Int = Field(..., ge=1)
-
-
-class TemplateConfig(_Model):
-    # Allocatable resources of one node, as quantities: {"nvidia.com/gpu": 8, "cpu": "96", ...}.
-    resources: dict[str, Annotated[str | int, NoBool]] = Field(default_factory=dict)
-    shared_gpus: SharedGpusConfig | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    taints: list[TaintConfig] = Field(default_factory=list)
-
-    @field_validator("resources")
-    @classmethod
-    def _quantities(cls, v: dict[str, str | int]) -> dict[str, str | int]:
-        bad = [k for k, q in v.items() if milli(q) is None or (milli(q) or 0) < 0]
-        if bad:
-            raise ValueError("not a quantity: " + ", ".join(f"{k}={v[k]!r}" for k in sorted(bad)))
-        return v
-
-    @model_validator(mode="after")
-    def _has_gpus(self) -> TemplateConfig:
-        if not Template(resources=_resources(self)).gpu_resources:
-            raise ValueError("a GPU pool's template needs a GPU resource (resources or shared_gpus)")
-        return self
-
-
-class PoolConfig(_Model):
-    name: str = Field(..., min_length=1, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-    target: TargetConfig
-    # Label selector of the pool's nodes, e.g. "cluster.x-k8s.io/deployment-name=gpu-a".
-    node_selector: str = Field(..., min_length=1)
-    template: TemplateConfig
-    # None: taken from cluster-autoscaler's annotations when allow_cluster_autoscaler is set.
-    min_replicas: Int | None = Field(None, ge=0)
-    max_replicas: Int | None = Field(None, ge=0)
-    max_step: Int = Field(10, ge=1)
-    scale_up_cooldown_seconds: Float = Field(0.0, ge=0)
-    scale_down_cooldown_seconds: Float = Field(300.0, ge=0)
-    scale_down_unneeded_seconds: Float = Field(600.0, ge=0)
-    scale_down_drain_timeout_seconds: Float = Field(600.0, gt=0)
-    arriving_timeout_seconds: Float = Field(900.0, gt=0)
-    headroom_nodes: Int = Field(0, ge=0)
-    replace_quarantined: bool = True
-    allow_cluster_autoscaler: bool = False
-
-    @field_validator("node_selector")
-    @classmethod
-    def _selector(cls, v: str) -> str:
-        parse_selector(v)
-        return v
-
-    @model_validator(mode="after")
-    def _bounds(self) -> PoolConfig:
-        if self.max_replicas is None and not self.allow_cluster_autoscaler:
-            raise ValueError(
-                "max_replicas is required (or allow_cluster_autoscaler to read it from the target)"
-            )
-        if (
-            self.min_replicas is not None
-            and self.max_replicas is not None
-            and self.min_replicas > self.max_replicas
-        ):
-            raise ValueError("min_replicas must be <= max_replicas")
-        return self
-
-
-def unique_pool_names(pools: list[PoolConfig]) -> list[PoolConfig]:
-    """For ControllerConfig: pool names and targets are unique (one writer per target)."""
-    names = [p.name for p in pools]
-    targets = [(p.target.group, p.target.kind, p.target.namespace, p.target.name) for p in pools]
-    if len(set(names)) != len(names):
-        raise ValueError("pool names must be unique")
-    if len(set(targets)) != len(targets):
-        raise ValueError("two pools name the same target")
-    return pools
-
-
-_SET_TERM = re.compile(r"^([^\s!=(),]+)\s+(in|notin)\s+\(([^()]*)\)$")
-_KEY = re.compile(r"^[^\s!=(),]+$")
-_EQUALITY_TERM = re.compile(r"^([^\s!=(),]+)\s*(==|!=|=)\s*([^\s!=(),]*)$")
-
-
-def parse_selector(text: str) -> LabelSelector:
-    """A label selector string (``a=b,c!=d,e in (f,g),f notin (h),!i,j``) as a
-    :class:`LabelSelector`; raises ValueError naming the bad term."""
-    labels: dict[str, str] = {}
-    expressions: list[Requirement] = []
-    for raw in re.split(r",(?![^(]*\))", text):
-        term = raw.strip()
-        if m := _SET_TERM.match(term):
-            values = frozenset(v.strip() for v in m.group(3).split(",") if v.strip())
-            expressions.append(Requirement(m.group(1), "In" if m.group(2) == "in" else "NotIn", values))
-            continue
-        m = _EQUALITY_TERM.match(term)
-        if m and m.group(2) == "!=":
-            expressions.append(Requirement(m.group(1), "NotIn", frozenset({m.group(3)})))
-        elif m:
-            labels[m.group(1)] = m.group(3)
-        elif term.startswith("!") and _KEY.match(term[1:].strip()):
-            expressions.append(Requirement(term[1:].strip(), "DoesNotExist"))
-        elif _KEY.match(term):
-            expressions.append(Requirement(term, "Exists"))
-        else:
-            raise ValueError(f"bad selector term {term!r}")
-    return LabelSelector(MappingProxyType(labels), tuple(expressions))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,55 +89,6 @@ class Pool:
     headroom_nodes: int = 0
     replace_quarantined: bool = True
     allow_cluster_autoscaler: bool = False
-
-
-def _resources(t: TemplateConfig) -> dict[str, int]:
-    out = {name: milli(q) or 0 for name, q in t.resources.items()}
-    if t.shared_gpus is not None:
-        s = t.shared_gpus
-        out.setdefault(GPUSHARE_MEMORY_RESOURCE, s.cards * s.memory_per_card * 1000)
-        out.setdefault(GPUSHARE_COUNT_RESOURCE, s.cards * 1000)
-        out.setdefault(CGPU_CORE_RESOURCE, s.cards * 100 * 1000)
-    return out
-
-
-def pool_from_config(p: PoolConfig) -> Pool:
-    t = p.target
-    selector = parse_selector(p.node_selector)
-    tc = p.template
-    # A pool's nodes carry its selector's labels, so a pod selecting them can land on a new one.
-    labels = {**selector.match_labels, **tc.labels}
-    return Pool(
-        name=p.name,
-        target=ScaleTarget(
-            t.group,
-            t.version,
-            t.kind,
-            t.resource or _KNOWN_PLURALS.get(t.kind, t.kind.lower() + "s"),
-            t.namespace,
-            t.name,
-        ),
-        node_selector=p.node_selector,
-        template=Template(
-            resources=MappingProxyType(_resources(tc)),
-            labels=MappingProxyType(labels),
-            taints=tuple(Taint(x.key, x.effect, x.value) for x in tc.taints),
-            shared=SharedCards(tc.shared_gpus.cards, tc.shared_gpus.memory_per_card * 1000)
-            if tc.shared_gpus
-            else None,
-        ),
-        min_replicas=p.min_replicas,
-        max_replicas=p.max_replicas,
-        max_step=p.max_step,
-        scale_up_cooldown_seconds=p.scale_up_cooldown_seconds,
-        scale_down_cooldown_seconds=p.scale_down_cooldown_seconds,
-        scale_down_unneeded_seconds=p.scale_down_unneeded_seconds,
-        scale_down_drain_timeout_seconds=p.scale_down_drain_timeout_seconds,
-        arriving_timeout_seconds=p.arriving_timeout_seconds,
-        headroom_nodes=p.headroom_nodes,
-        replace_quarantined=p.replace_quarantined,
-        allow_cluster_autoscaler=p.allow_cluster_autoscaler,
-    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,9 +18,8 @@ from types import MappingProxyType
 from typing import Any, Literal, TypeVar, cast
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -29,10 +28,12 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gpumon.config.pools import PoolConfig, unique_pool_names
+from gpumon.config.rules import RuleConfig, resolve_rules
+from gpumon.config.section import Section
 from gpumon.configfile import ConfigError as ConfigError
 from gpumon.configfile import read_yaml_mapping
 from gpumon.configtypes import Float, Int
-from gpumon.controller.core.pools import PoolConfig, unique_pool_names
 from gpumon.devices.model import HealthState
 from gpumon.gpu_health import HealthPolicy
 
@@ -40,16 +41,12 @@ DEFAULT_EXPORTER_PORT = 9842
 """Neither nvidia_gpu_exporter's 9835 nor dcgm-exporter's 9400 (docs/configuration.md)."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LogConfig(_Section):
+class LogConfig(Section):
     format: Literal["text", "json"] = "text"
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 
-class SamplingConfig(_Section):
+class SamplingConfig(Section):
     fast_interval_seconds: Float = Field(1.0, gt=0, le=3600)
     slow_interval_seconds: Float = Field(10.0, gt=0, le=86400)
     call_timeout_seconds: Float = Field(2.0, gt=0, le=60)
@@ -61,7 +58,7 @@ class SamplingConfig(_Section):
         return self
 
 
-class HealthConfig(_Section):
+class HealthConfig(Section):
     """How a GPU is judged (gpumon.gpu_health): the same section in the exporter's config and
     under the controller's ``policy:``, turned into the frozen policy by :meth:`policy` alone."""
 
@@ -88,14 +85,14 @@ class HealthConfig(_Section):
         )
 
 
-class SimulationConfig(_Section):
+class SimulationConfig(Section):
     gpus: Int = Field(8, ge=1, le=64)
     model: str = "A100-SXM4-80GB"
     seed: Int = 0
     scenario: Path | None = None
 
 
-class TlsConfig(_Section):
+class TlsConfig(Section):
     cert_file: Path | None = None
     key_file: Path | None = None
 
@@ -106,7 +103,7 @@ class TlsConfig(_Section):
         return self
 
 
-class AuthConfig(_Section):
+class AuthConfig(Section):
     basic_username: str | None = None
     basic_password: SecretStr | None = None
     bearer_token_file: Path | None = None
@@ -118,7 +115,7 @@ class AuthConfig(_Section):
         return self
 
 
-class PodsConfig(_Section):
+class PodsConfig(Section):
     """Per-pod attribution (kubelet pod-resources, /proc cgroups, pod annotations)."""
 
     enabled: bool = True
@@ -286,7 +283,7 @@ def _default_identity() -> str:
     return os.environ.get("POD_NAME") or socket.gethostname()
 
 
-class PrometheusSignalsConfig(_Section):
+class PrometheusSignalsConfig(Section):
     url: str = "http://prometheus-operated.monitoring.svc:9090"
     timeout_seconds: Float = Field(5.0, gt=0, le=120)
     retries: Int = Field(2, ge=0, le=10)
@@ -294,7 +291,7 @@ class PrometheusSignalsConfig(_Section):
     bearer_token_file: Path | None = None
 
 
-class DirectSignalsConfig(_Section):
+class DirectSignalsConfig(Section):
     # Exporter pods are found by namespace and label selector...
     namespace: str = "gpumon-system"
     label_selector: str = "app.kubernetes.io/name=gpumon-exporter"
@@ -309,7 +306,7 @@ class DirectSignalsConfig(_Section):
     bearer_token_file: Path | None = None
 
 
-class SignalsConfig(_Section):
+class SignalsConfig(Section):
     source: Literal["prometheus", "direct"] = "prometheus"
     # Prometheus query cadence; with direct signals, transitions are pushed as they happen.
     interval_seconds: Float = Field(10.0, gt=0, le=3600)
@@ -318,9 +315,9 @@ class SignalsConfig(_Section):
     direct: DirectSignalsConfig = Field(default_factory=DirectSignalsConfig)
 
 
-class PolicyConfig(_Section):
+class PolicyConfig(Section):
     rules_file: Path | None = None
-    # Inline rules, validated (with the rules file's) by gpumon.controller.rules.
+    # Inline rules, merged over the built-ins and the rules file's (gpumon.config.rules).
     rules: list[dict[str, Any]] = Field(default_factory=list)
     builtin_rules: bool = True
     recover_after_seconds: Float = Field(900.0, ge=0)
@@ -328,13 +325,32 @@ class PolicyConfig(_Section):
     flap_max_onsets: Int = Field(3, ge=2)
     # Xid classes and overrides, Xid window and thermal limits: the exporter's knobs, reused.
     health: HealthConfig = Field(default_factory=HealthConfig)
+    _effective_rules: tuple[RuleConfig, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="after")
+    def _read_rules(self) -> PolicyConfig:
+        # The rules file is read and every rule validated here, as config loads. A bad rule is
+        # a ConfigError, not a ValueError: pydantic lets it through unchanged, so its message
+        # keeps naming the rule, its file and entry, which pydantic's own would not.
+        self._effective_rules = resolve_rules(
+            inline=self.rules,
+            rules_file=self.rules_file,
+            builtin=self.builtin_rules,
+            health=self.health.policy(),
+        )
+        return self
+
+    @property
+    def effective_rules(self) -> tuple[RuleConfig, ...]:
+        """Built-ins, the rules file's and inline rules, merged by name; disabled ones left out."""
+        return self._effective_rules
 
 
-class QuarantineConfig(_Section):
+class QuarantineConfig(Section):
     cordon: bool = False
 
 
-class DrainConfig(_Section):
+class DrainConfig(Section):
     enabled: bool = True
     on_degraded: bool = False
     deadline_seconds: Float = Field(600.0, gt=0)
@@ -345,7 +361,7 @@ class DrainConfig(_Section):
     gpu_resource_prefixes: tuple[str, ...] = ("nvidia.com/mig-",)
 
 
-class BreakerConfig(_Section):
+class BreakerConfig(Section):
     enabled: bool = True
     min_nodes: Int = Field(2, ge=1)
     max_fraction: Float = Field(0.2, gt=0, le=1)
@@ -353,12 +369,12 @@ class BreakerConfig(_Section):
     pool_label: str = Field("gpumon.io/pool", min_length=1)
 
 
-class RateLimitConfig(_Section):
+class RateLimitConfig(Section):
     max_quarantines: Int = Field(5, ge=1)
     window_seconds: Float = Field(600.0, gt=0)
 
 
-class LeaderConfig(_Section):
+class LeaderConfig(Section):
     enabled: bool = True
     lease_name: str = Field("gpumon-controller", min_length=1)
     lease_duration_seconds: Float = Field(15.0, ge=1)

@@ -1,4 +1,6 @@
-"""Rules at the edge: YAML validated by pydantic, turned into :class:`policy.Rule` values.
+"""Rule declarations: YAML validated by pydantic when config loads (``policy.rules_file`` and
+inline ``policy.rules``); the controller turns them into its frozen ``Rule`` values
+(gpumon.controller.configure).
 
 A rules file holds ``rules:``, a list of rules::
 
@@ -22,17 +24,16 @@ false}``). Any error names the rule and the field and becomes a :class:`ConfigEr
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from types import MappingProxyType
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from gpumon.configfile import ConfigError, read_yaml_mapping
 from gpumon.configtypes import Float, Int, NoBool
-from gpumon.controller.core.policy import Op, Rule, Scope
 from gpumon.devices.model import HealthState
 from gpumon.gpu_health import HealthPolicy, Severity, Signal
 
@@ -56,12 +57,26 @@ def parse_duration(value: Any) -> Any:
 
 Duration = Annotated[Float, BeforeValidator(parse_duration), Field(ge=0)]
 
-_BOOLEAN_SIGNALS = frozenset({Signal.ROW_REMAP_FAILURE, Signal.GPU_LOST})
+
+class Scope(enum.StrEnum):
+    GPU = "gpu"
+    NODE = "node"
+
+
+class Op(enum.StrEnum):
+    GT = ">"
+    GE = ">="
+    LT = "<"
+    LE = "<="
+    EQ = "=="
+    NE = "!="
+
+
 _THRESHOLD_REQUIRED = frozenset({Signal.TEMPERATURE, Signal.MEMORY_UTILIZATION, Signal.PROMQL})
 _STATE_RANKS = {s.value: float(s.rank) for s in HealthState}
 
 
-class RuleModel(BaseModel):
+class RuleConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True)
 
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
@@ -83,7 +98,7 @@ class RuleModel(BaseModel):
     enabled: bool = True
 
     @model_validator(mode="after")
-    def _fits_signal(self) -> RuleModel:
+    def _fits_signal(self) -> RuleConfig:
         sig = self.signal
         if sig is Signal.PROMQL and self.query is None:
             raise ValueError("query: required for signal promql")
@@ -107,29 +122,13 @@ class RuleModel(BaseModel):
                 raise ValueError(f"threshold: must be a number for signal {sig}") from None
         return self
 
-    def to_rule(self, default_recover_after: float) -> Rule:
+    @property
+    def numeric_threshold(self) -> float:
+        """The threshold as a number: a state name as its rank; "at least one" when left out
+        (boolean signals and counts)."""
         if isinstance(self.threshold, str) and self.threshold in _STATE_RANKS:
-            threshold = _STATE_RANKS[self.threshold]
-        elif self.threshold is not None:
-            threshold = float(self.threshold)
-        else:
-            threshold = 1.0  # boolean signals and counts: "at least one"
-        return Rule(
-            name=self.name,
-            signal=self.signal,
-            severity=self.severity,
-            op=self.op,
-            threshold=threshold,
-            for_seconds=self.for_,
-            recover_after_seconds=default_recover_after if self.recover_after is None else self.recover_after,
-            scope=self.scope,
-            reason=self.reason,
-            action=self.action,
-            xids=frozenset(self.xids) if self.xids is not None else None,
-            query=self.query,
-            node_selector=MappingProxyType(dict(self.node_selector)),
-            pools=frozenset(self.pools) if self.pools is not None else None,
-        )
+            return _STATE_RANKS[self.threshold]
+        return 1.0 if self.threshold is None else float(self.threshold)
 
 
 def builtin_rules(health: HealthPolicy) -> list[dict[str, Any]]:
@@ -205,17 +204,15 @@ def read_rules_file(path: Path) -> list[tuple[dict[str, Any], str]]:
     return _entries(data.get("rules", []), f"{path}: rules")
 
 
-def load_rules(
+def resolve_rules(
     *,
     inline: Sequence[Mapping[str, Any]] = (),
     rules_file: Path | None = None,
     builtin: bool = True,
-    health: HealthPolicy | None = None,
-    default_recover_after_seconds: float = 900.0,
-) -> tuple[Rule, ...]:
+    health: HealthPolicy,
+) -> tuple[RuleConfig, ...]:
     """Built-ins, then the rules file, then inline rules from config; later entries with the
-    same name are merged over earlier ones key by key."""
-    health = health or HealthPolicy()
+    same name are merged over earlier ones key by key. Disabled rules are left out."""
     merged: dict[str, tuple[dict[str, Any], str]] = {}
     sources: list[Iterable[tuple[dict[str, Any], str]]] = []
     if builtin:
@@ -228,12 +225,12 @@ def load_rules(
         for entry, where in source:
             base, _ = merged.get(entry["name"], ({}, where))
             merged[entry["name"]] = ({**base, **entry}, where)
-    rules: list[Rule] = []
+    rules: list[RuleConfig] = []
     for entry, where in merged.values():
         try:
-            model = RuleModel.model_validate(entry)
+            rule = RuleConfig.model_validate(entry)
         except ValidationError as e:
             raise ConfigError(_validation_message(e, _describe(entry, where))) from None
-        if model.enabled:
-            rules.append(model.to_rule(default_recover_after_seconds))
+        if rule.enabled:
+            rules.append(rule)
     return tuple(rules)

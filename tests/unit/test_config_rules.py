@@ -3,10 +3,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from controller_fakes import load_rules
 
-from gpumon.config import ConfigError
-from gpumon.controller.core.policy import Op, Scope
-from gpumon.controller.rules import builtin_rules, load_rules, parse_duration
+from gpumon.config import ConfigError, ControllerConfig, HealthConfig, load
+from gpumon.config.rules import Op, Scope, builtin_rules, parse_duration
 from gpumon.gpu_health import HealthPolicy, Severity, Signal
 
 
@@ -33,7 +33,7 @@ def test_builtins_cover_xid_classes_lost_ecc_remap_and_thermal():
 
 
 def test_thermal_builtins_follow_health_config():
-    rules = by_name(load_rules(health=HealthPolicy(temperature_unhealthy_celsius=90.0)))
+    rules = by_name(load_rules(health=HealthConfig(temperature_unhealthy_celsius=90.0)))
     assert rules["thermal-unhealthy"].threshold == 90.0
 
 
@@ -201,3 +201,15 @@ def test_builtins_are_fresh_dicts():
     a = builtin_rules(HealthPolicy())
     a[0]["severity"] = "degraded"
     assert builtin_rules(HealthPolicy())[0]["severity"] == "unhealthy"
+
+
+def test_rules_file_is_read_and_validated_when_config_loads(tmp_path: Path):
+    f = tmp_path / "rules.yaml"
+    f.write_text("rules:\n  - {name: gpu-hot, signal: temperature, severity: degraded}\n")
+    with pytest.raises(
+        ConfigError, match=r"invalid rule 'gpu-hot' \(.*rules.yaml: rules\[0\]\):\n  threshold: required"
+    ):
+        load(ControllerConfig, flags={"policy.rules_file": str(f)})
+    f.write_text("rules:\n  - {name: gpu-hot, signal: temperature, severity: degraded, threshold: 90}\n")
+    config = load(ControllerConfig, flags={"policy.rules_file": str(f)})
+    assert "gpu-hot" in {r.name for r in config.policy.effective_rules}

@@ -1,0 +1,129 @@
+"""GPU node pools as declared in config (``ControllerConfig.pools``; docs/autoscaling.md).
+
+Declarations only, validated when config loads; the controller turns them into its frozen
+``Pool`` values (gpumon.controller.configure).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from gpumon.config.section import Section
+from gpumon.configtypes import Float, Int, NoBool
+from gpumon.resources import (
+    CGPU_CORE_RESOURCE,
+    GPUSHARE_COUNT_RESOURCE,
+    GPUSHARE_MEMORY_RESOURCE,
+    gpu_only,
+    milli,
+)
+from gpumon.selectors import parse_selector
+
+
+class TargetConfig(Section):
+    group: str = "cluster.x-k8s.io"
+    version: str = Field("v1beta2", min_length=1)
+    kind: str = Field("MachineDeployment", min_length=1)
+    # The plural resource name in the URL; derived from kind when left out.
+    resource: str | None = None
+    namespace: str = Field(..., min_length=1)
+    name: str = Field(..., min_length=1)
+
+
+class TaintConfig(Section):
+    key: str = Field(..., min_length=1)
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+class SharedGpusConfig(Section):
+    """gpushare/cGPU: the node's GPUs are split by memory (``aliyun.com/gpu-mem`` units per
+    card, GiB by default) and core percentage (100 per card)."""
+
+    cards: Int = Field(..., ge=1, le=64)
+    memory_per_card: Int = Field(..., ge=1)
+
+
+class TemplateConfig(Section):
+    # Allocatable resources of one node, as quantities: {"nvidia.com/gpu": 8, "cpu": "96", ...}.
+    resources: dict[str, Annotated[str | int, NoBool]] = Field(default_factory=dict)
+    shared_gpus: SharedGpusConfig | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: list[TaintConfig] = Field(default_factory=list)
+
+    @field_validator("resources")
+    @classmethod
+    def _quantities(cls, v: dict[str, str | int]) -> dict[str, str | int]:
+        bad = [k for k, q in v.items() if milli(q) is None or (milli(q) or 0) < 0]
+        if bad:
+            raise ValueError("not a quantity: " + ", ".join(f"{k}={v[k]!r}" for k in sorted(bad)))
+        return v
+
+    @model_validator(mode="after")
+    def _has_gpus(self) -> TemplateConfig:
+        if not gpu_only(self.allocatable()):
+            raise ValueError("a GPU pool's template needs a GPU resource (resources or shared_gpus)")
+        return self
+
+    def allocatable(self) -> dict[str, int]:
+        """What one node offers, in thousandths, the shared GPUs' resources included."""
+        out = {name: milli(q) or 0 for name, q in self.resources.items()}
+        if self.shared_gpus is not None:
+            s = self.shared_gpus
+            out.setdefault(GPUSHARE_MEMORY_RESOURCE, s.cards * s.memory_per_card * 1000)
+            out.setdefault(GPUSHARE_COUNT_RESOURCE, s.cards * 1000)
+            out.setdefault(CGPU_CORE_RESOURCE, s.cards * 100 * 1000)
+        return out
+
+
+class PoolConfig(Section):
+    name: str = Field(..., min_length=1, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    target: TargetConfig
+    # Label selector of the pool's nodes, e.g. "cluster.x-k8s.io/deployment-name=gpu-a".
+    node_selector: str = Field(..., min_length=1)
+    template: TemplateConfig
+    # None: taken from cluster-autoscaler's annotations when allow_cluster_autoscaler is set.
+    min_replicas: Int | None = Field(None, ge=0)
+    max_replicas: Int | None = Field(None, ge=0)
+    max_step: Int = Field(10, ge=1)
+    scale_up_cooldown_seconds: Float = Field(0.0, ge=0)
+    scale_down_cooldown_seconds: Float = Field(300.0, ge=0)
+    scale_down_unneeded_seconds: Float = Field(600.0, ge=0)
+    scale_down_drain_timeout_seconds: Float = Field(600.0, gt=0)
+    arriving_timeout_seconds: Float = Field(900.0, gt=0)
+    headroom_nodes: Int = Field(0, ge=0)
+    replace_quarantined: bool = True
+    allow_cluster_autoscaler: bool = False
+
+    @field_validator("node_selector")
+    @classmethod
+    def _selector(cls, v: str) -> str:
+        parse_selector(v)
+        return v
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PoolConfig:
+        if self.max_replicas is None and not self.allow_cluster_autoscaler:
+            raise ValueError(
+                "max_replicas is required (or allow_cluster_autoscaler to read it from the target)"
+            )
+        if (
+            self.min_replicas is not None
+            and self.max_replicas is not None
+            and self.min_replicas > self.max_replicas
+        ):
+            raise ValueError("min_replicas must be <= max_replicas")
+        return self
+
+
+def unique_pool_names(pools: list[PoolConfig]) -> list[PoolConfig]:
+    """For ControllerConfig: pool names and targets are unique (one writer per target)."""
+    names = [p.name for p in pools]
+    targets = [(p.target.group, p.target.kind, p.target.namespace, p.target.name) for p in pools]
+    if len(set(names)) != len(names):
+        raise ValueError("pool names must be unique")
+    if len(set(targets)) != len(targets):
+        raise ValueError("two pools name the same target")
+    return pools

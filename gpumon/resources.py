@@ -1,0 +1,67 @@
+"""Kubernetes resources that GPUs are requested by, and resource quantities. Pure: no I/O.
+
+Below both programs and the config layer: the exporter reads these names off pods (shared-GPU
+allocations), pool templates in config declare them, and the controller's demand planner
+counts them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from decimal import Decimal, InvalidOperation
+
+NVIDIA_GPU_RESOURCE = "nvidia.com/gpu"
+NVIDIA_MIG_PREFIX = "nvidia.com/mig-"
+# Alibaba gpushare / cGPU: memory units summed over the node's cards (GiB by default), card
+# count, and core percentage at 100 per card.
+GPUSHARE_MEMORY_RESOURCE = "aliyun.com/gpu-mem"
+GPUSHARE_COUNT_RESOURCE = "aliyun.com/gpu-count"
+CGPU_CORE_RESOURCE = "aliyun.com/gpu-core.percentage"
+
+PODS = "pods"
+# Resources every node has: never what makes a node (or a pod) a GPU one.
+NODE_BASICS = frozenset({"cpu", "memory", PODS, "ephemeral-storage"})
+
+
+def gpu_only(resources: Iterable[str]) -> frozenset[str]:
+    """The resources among ``resources`` that only GPU nodes have."""
+    return frozenset(r for r in resources if r not in NODE_BASICS and not r.startswith("hugepages-"))
+
+
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
+_SCALE: Mapping[str, Decimal] = {
+    "": Decimal(1),
+    "m": Decimal("0.001"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+
+
+def milli(value: object) -> int | None:
+    """A Kubernetes quantity (``"500m"``, ``"16Gi"``, ``2``) in thousandths, rounded up as the
+    API server rounds requests; None when it is not one."""
+    m = _QUANTITY.match(str(value).strip())
+    if m is None or m.group(2) not in _SCALE:
+        return None
+    try:
+        amount = Decimal(m.group(1)) * _SCALE[m.group(2)] * 1000
+    except InvalidOperation:
+        return None
+    whole = int(amount)
+    return whole + (1 if amount > whole else 0)
+
+
+def units(amount: int) -> str:
+    """Thousandths back to a short number for people (``2``, ``0.5``)."""
+    return str(amount // 1000) if amount % 1000 == 0 else f"{amount / 1000:g}"
