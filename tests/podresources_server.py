@@ -17,7 +17,7 @@ from gpumon.devcluster.podresources_server import Devices, pod_resources  # noqa
 from gpumon.exporter.podresources import api_pb2
 
 
-class FakeKubelet(podresources_server.PodResourcesLister):
+class FakeKubelet(podresources_server.PodResourcesFixture):
     def __init__(self) -> None:
         super().__init__()
         self.fail_with: grpc.StatusCode | None = None

@@ -19,9 +19,9 @@ from pathlib import Path
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpumon.demo.views import ClusterView, PodView
+from gpumon.demo.views import ClusterView, PodRow
 from gpumon.devcluster import nodes, podresources_server
-from gpumon.devcluster.podresources_server import PodResourcesLister
+from gpumon.devcluster.podresources_server import PodResourcesFixture
 from gpumon.exporter.podresources import api_pb2
 from gpumon.exporter.sharing import GPUSHARE_ASSIGNED, GPUSHARE_INDEX, GPUSHARE_POD_MEMORY
 
@@ -30,7 +30,7 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 def assign_gpus(
-    pods: Sequence[PodView], held: Mapping[str, tuple[int, ...]], gpu_count: int
+    pods: Sequence[PodRow], held: Mapping[str, tuple[int, ...]], gpu_count: int
 ) -> dict[str, tuple[int, ...]]:
     """GPU indexes per pod key: kept where already held, the lowest free ones for a new pod.
     A pod that does not fit (the scheduler would not have bound it) gets nothing yet."""
@@ -47,7 +47,7 @@ def assign_gpus(
     return out
 
 
-def assign_shared(pods: Sequence[PodView], gpu_count: int, gib_per_gpu: int) -> dict[str, int]:
+def assign_shared(pods: Sequence[PodRow], gpu_count: int, gib_per_gpu: int) -> dict[str, int]:
     """GPU index per shared pod not yet placed (``gpushare_index`` unset): the fullest GPU that
     still has room, as gpushare's binpack policy does."""
     alive = [p for p in pods if p.holds_node and p.gpu_memory > 0]
@@ -65,7 +65,7 @@ def assign_shared(pods: Sequence[PodView], gpu_count: int, gib_per_gpu: int) -> 
     return out
 
 
-def listing(pods: Sequence[PodView], assigned: Mapping[str, tuple[int, ...]]) -> list[api_pb2.PodResources]:
+def listing(pods: Sequence[PodRow], assigned: Mapping[str, tuple[int, ...]]) -> list[api_pb2.PodResources]:
     """What the node's kubelet says over pod-resources: each pod with its GPUs (index IDs, the
     device plugin's ``DEVICE_ID_STRATEGY=index``)."""
     return [
@@ -87,19 +87,19 @@ class NodeAgents:
         self._core = client.CoreV1Api(api)
         self._dir = Path(tempfile.mkdtemp(prefix="gpumon-demo-"))
         self._stack = contextlib.ExitStack()
-        self._listers: dict[str, tuple[PodResourcesLister, int]] = {}  # node -> (lister, GPUs)
+        self._listers: dict[str, tuple[PodResourcesFixture, int]] = {}  # node -> (lister, GPUs)
         self._held: dict[str, dict[str, tuple[int, ...]]] = {}
 
     def socket(self, node: str, gpu_count: int) -> Path:
         """The node's pod-resources socket, served from now on."""
         path = self._dir / f"{node}.sock"
         if node not in self._listers:
-            lister = self._stack.enter_context(podresources_server.serve(path, PodResourcesLister()))
+            lister = self._stack.enter_context(podresources_server.serve(path, PodResourcesFixture()))
             self._listers[node] = (lister, gpu_count)
         return path
 
     async def sync(self, view: ClusterView, shared_gib_per_gpu: Mapping[str, int]) -> None:
-        by_node: dict[str, list[PodView]] = {}
+        by_node: dict[str, list[PodRow]] = {}
         for p in view.pods:
             if p.node is not None:
                 by_node.setdefault(p.node, []).append(p)
@@ -111,7 +111,7 @@ class NodeAgents:
             if node in shared_gib_per_gpu:
                 await self._place_shared(pods, gpu_count, shared_gib_per_gpu[node])
 
-    async def _place_shared(self, pods: Sequence[PodView], gpu_count: int, gib_per_gpu: int) -> None:
+    async def _place_shared(self, pods: Sequence[PodRow], gpu_count: int, gib_per_gpu: int) -> None:
         memory = {p.key: p.gpu_memory for p in pods}
         for key, index in assign_shared(pods, gpu_count, gib_per_gpu).items():
             namespace, name = key.split("/", 1)

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from gpumon.demo.orchestrate import Report
-    from gpumon.demo.render import Status
+    from gpumon.demo.render import HeaderStatus
     from gpumon.demo.views import ClusterView
 
 HELP = "play a scenario on a local cluster: simulated GPU nodes, exporters, Prometheus, the controller"
@@ -71,7 +71,7 @@ class LogDisplay:
             f"[{time.monotonic() - self._start:6.1f}s] {text}", markup=False, highlight=False, soft_wrap=True
         )
 
-    def status(self, status: Status) -> None:
+    def status(self, status: HeaderStatus) -> None:
         if status.title != self._title:
             self._title = status.title
             self._line(status.title)
@@ -93,10 +93,10 @@ class LiveDisplay:
     def __init__(self, console: Console) -> None:
         from rich.live import Live
 
-        from gpumon.demo.render import Status
+        from gpumon.demo.render import HeaderStatus
 
         self._live = Live(console=console, refresh_per_second=2, screen=False, transient=False)
-        self._status = Status("starting")
+        self._status = HeaderStatus("starting")
         self._view: ClusterView | None = None
         self._milestones: list[str] = []
 
@@ -113,7 +113,7 @@ class LiveDisplay:
 
         self._live.update(table(self._view, self._status, self._milestones[-8:]))
 
-    def status(self, status: Status) -> None:
+    def status(self, status: HeaderStatus) -> None:
         self._status = status
         self._redraw()
 
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     console = Console()
-    options = orchestrate.Options(plan, paths, step_timeout_seconds=args.step_timeout, keep=args.keep)
+    options = orchestrate.RunOptions(plan, paths, step_timeout_seconds=args.step_timeout, keep=args.keep)
     try:
         if args.tui and console.is_terminal:
             with LiveDisplay(console) as live:

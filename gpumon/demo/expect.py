@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpumon.demo.scenario import Expect
-from gpumon.demo.views import ClusterView, NodeView
+from gpumon.demo.views import ClusterView, NodeRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +29,7 @@ class StepContext:
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class ExpectOutcome:
     met: bool
     detail: str
 
@@ -63,7 +63,7 @@ def _unattributed(view: ClusterView, app: str) -> list[str]:
     return out
 
 
-def steady(view: ClusterView, ctx: StepContext) -> Outcome:
+def steady(view: ClusterView, ctx: StepContext) -> ExpectOutcome:
     apps_ok, apps = _apps(view, ctx.apps)
     desired, joined, available = _pool(view)
     problems = [f"{n.name} NotReady" for n in view.nodes if not n.ready]
@@ -73,7 +73,7 @@ def steady(view: ClusterView, ctx: StepContext) -> Outcome:
     if not (desired == joined == available):
         problems.append(f"pool {available}/{desired} nodes with GPUs")
     met = apps_ok and not problems
-    return Outcome(
+    return ExpectOutcome(
         met,
         f"{len(view.nodes)} nodes Ready, pool {available}/{desired}, {apps}"
         + ("" if met else "; " + "; ".join(problems)),
@@ -81,7 +81,7 @@ def steady(view: ClusterView, ctx: StepContext) -> Outcome:
 
 
 def _each_broken(
-    view: ClusterView, ctx: StepContext, judge: Callable[[Broken, NodeView], tuple[bool, str]]
+    view: ClusterView, ctx: StepContext, judge: Callable[[Broken, NodeRow], tuple[bool, str]]
 ) -> tuple[bool, list[str]]:
     """``judge`` applied to every broken GPU's node; a node that is gone fails."""
     ok, parts = True, []
@@ -93,10 +93,10 @@ def _each_broken(
     return ok, parts
 
 
-def quarantined(view: ClusterView, ctx: StepContext) -> Outcome:
+def quarantined(view: ClusterView, ctx: StepContext) -> ExpectOutcome:
     alive = {p.key for p in view.pods if p.running}
 
-    def judge(b: Broken, node: NodeView) -> tuple[bool, str]:
+    def judge(b: Broken, node: NodeRow) -> tuple[bool, str]:
         condition = f"True ({node.condition_reason})" if node.condition else "not set"
         still = [v for v in b.victims if v in alive]
         evicted = ", ".join(v.split("/", 1)[1] for v in b.victims) or "no pod held it"
@@ -108,22 +108,22 @@ def quarantined(view: ClusterView, ctx: StepContext) -> Outcome:
 
     apps_ok, apps = _apps(view, ctx.apps)
     ok, parts = _each_broken(view, ctx, judge)
-    return Outcome(ok and apps_ok, "; ".join([*parts, apps]))
+    return ExpectOutcome(ok and apps_ok, "; ".join([*parts, apps]))
 
 
-def scaled_up(view: ClusterView, ctx: StepContext) -> Outcome:
+def scaled_up(view: ClusterView, ctx: StepContext) -> ExpectOutcome:
     apps_ok, apps = _apps(view, ctx.apps)
     desired, joined, available = _pool(view)
     met = apps_ok and desired > ctx.pool_desired_before and available == desired
-    return Outcome(
+    return ExpectOutcome(
         met,
         f"pool {ctx.pool_desired_before} -> {desired} replicas "
         f"({joined} joined, {available} with GPUs), {apps}",
     )
 
 
-def recovered(view: ClusterView, ctx: StepContext) -> Outcome:
-    def judge(b: Broken, node: NodeView) -> tuple[bool, str]:
+def recovered(view: ClusterView, ctx: StepContext) -> ExpectOutcome:
+    def judge(b: Broken, node: NodeRow) -> tuple[bool, str]:
         gpu_state = next((g.state for g in view.gpus.get(b.node, ()) if g.index == b.gpu), "unknown")
         return (
             node.taint is None and not node.condition,
@@ -132,14 +132,16 @@ def recovered(view: ClusterView, ctx: StepContext) -> Outcome:
         )
 
     ok, parts = _each_broken(view, ctx, judge)
-    return Outcome(ok, "; ".join(parts))
+    return ExpectOutcome(ok, "; ".join(parts))
 
 
-def scaled_down(view: ClusterView, ctx: StepContext) -> Outcome:
+def scaled_down(view: ClusterView, ctx: StepContext) -> ExpectOutcome:
     apps_ok, apps = _apps(view, ctx.apps)
     desired, joined, _ = _pool(view)
     met = apps_ok and desired < ctx.pool_desired_before and joined == desired
-    return Outcome(met, f"pool {ctx.pool_desired_before} -> {desired} replicas ({joined} nodes left), {apps}")
+    return ExpectOutcome(
+        met, f"pool {ctx.pool_desired_before} -> {desired} replicas ({joined} nodes left), {apps}"
+    )
 
 
 CHECKS = {
@@ -151,5 +153,5 @@ CHECKS = {
 }
 
 
-def check(expect: Expect, view: ClusterView, ctx: StepContext) -> Outcome:
+def check(expect: Expect, view: ClusterView, ctx: StepContext) -> ExpectOutcome:
     return CHECKS[expect](view, ctx)

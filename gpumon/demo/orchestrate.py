@@ -35,8 +35,8 @@ from gpumon.demo import expect, fleet
 from gpumon.demo.agents import NodeAgents
 from gpumon.demo.exporters import ExporterFleet
 from gpumon.demo.observe import Observer
-from gpumon.demo.render import Status
-from gpumon.demo.scenario import Expect, Scenario, Step
+from gpumon.demo.render import HeaderStatus
+from gpumon.demo.scenario import Expect, Scenario, ScenarioStep
 from gpumon.demo.views import ClusterView
 from gpumon.devcluster import nodes, processes
 from gpumon.devcluster.binaries import ToolsMissing
@@ -97,7 +97,7 @@ class Paths:
 
 
 @dataclass(frozen=True, slots=True)
-class Options:
+class RunOptions:
     scenario: Scenario
     paths: Paths
     step_timeout_seconds: float = 120.0
@@ -128,7 +128,7 @@ class Report:
 class Display(Protocol):
     """Where the demo shows itself: a live table or log lines (:mod:`gpumon.demo.render`)."""
 
-    def status(self, status: Status) -> None:
+    def status(self, status: HeaderStatus) -> None:
         """What the demo is doing now."""
 
     def view(self, view: ClusterView) -> None:
@@ -167,7 +167,7 @@ class _Live:
         return self.view
 
 
-def run(options: Options, display: Display, clock: Callable[[], float] = time.monotonic) -> Report:
+def run(options: RunOptions, display: Display, clock: Callable[[], float] = time.monotonic) -> Report:
     """Start everything, play the scenario, stop everything; ``options.paths`` must have been
     claimed (:func:`claim`). A failed start or step is in the report; Ctrl-C stops everything, then
     raises KeyboardInterrupt."""
@@ -176,7 +176,7 @@ def run(options: Options, display: Display, clock: Callable[[], float] = time.mo
     report = Report()
     try:
         with contextlib.ExitStack() as stack:
-            display.status(Status("starting the local control plane"))
+            display.status(HeaderStatus("starting the local control plane"))
             cluster = DevCluster.start(paths.cluster)
             stack.callback(cluster.stop)
             shutil.copyfile(cluster.kubeconfig, paths.kubeconfig)
@@ -185,7 +185,7 @@ def run(options: Options, display: Display, clock: Callable[[], float] = time.mo
             the_fleet = fleet.build(scenario, ports[:-1])
             prometheus = None
             if PrometheusProcess.binary() is not None:
-                display.status(Status("starting Prometheus"))
+                display.status(HeaderStatus("starting Prometheus"))
                 prometheus = PrometheusProcess(paths.prometheus, scrape_interval="2s")
                 stack.callback(prometheus.stop)
                 paths.targets.write_text("[]")
@@ -230,7 +230,7 @@ def run(options: Options, display: Display, clock: Callable[[], float] = time.mo
 class _Play:
     def __init__(
         self,
-        options: Options,
+        options: RunOptions,
         display: Display,
         the_fleet: fleet.Fleet,
         controller: ControllerProcess,
@@ -252,7 +252,7 @@ class _Play:
         self.report = Report()
 
     def status(self, title: str, detail: str = "") -> None:
-        self.display.status(Status(title, detail, self.clock() - self.started, tuple(self.links)))
+        self.display.status(HeaderStatus(title, detail, self.clock() - self.started, tuple(self.links)))
 
     async def run(self) -> Report:
         main = asyncio.current_task()
@@ -439,7 +439,7 @@ class _Play:
             broken=self.broken,
         )
 
-    async def _step(self, number: int, step: Step) -> StepResult:
+    async def _step(self, number: int, step: ScenarioStep) -> StepResult:
         title = f"step {number}/{len(self.s.steps)}: {step.name}"
         self.display.say(f"{title}: {step.say}" if step.say else title)
         t0 = self.clock()
@@ -452,7 +452,7 @@ class _Play:
         ctx = replace(ctx, apps=fleet.expected_apps(self.s, self.replicas), broken=self.broken)
         timeout = step.timeout_seconds or self.o.step_timeout_seconds
         deadline = time.monotonic() + timeout
-        outcome = expect.Outcome(False, "no view of the cluster since the step began")
+        outcome = expect.ExpectOutcome(False, "no view of the cluster since the step began")
         while not outcome.met:
             if time.monotonic() > deadline:
                 detail = f"not {step.expect.value} in {timeout:.0f} s: {outcome.detail}"
@@ -471,7 +471,7 @@ class _Play:
             await asyncio.sleep(step.hold_seconds)
         return StepResult(step.name, step.expect.value, True, seconds, outcome.detail)
 
-    async def _act(self, step: Step, view: ClusterView) -> None:
+    async def _act(self, step: ScenarioStep, view: ClusterView) -> None:
         if step.inject is not None:
             node, gpu = self._target(step, view)
             victims = next((g.pods for g in view.gpus.get(node, ()) if g.index == gpu), ())
@@ -500,7 +500,7 @@ class _Play:
         except RuntimeError as e:
             raise DemoError(str(e)) from None
 
-    def _target(self, step: Step, view: ClusterView) -> tuple[str, int]:
+    def _target(self, step: ScenarioStep, view: ClusterView) -> tuple[str, int]:
         """The node and GPU a fault goes to: as given, else a pool GPU holding a workload pod."""
         assert step.inject is not None
         node, gpu = step.inject.node, step.inject.gpu

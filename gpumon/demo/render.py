@@ -12,14 +12,14 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from gpumon.demo.views import ClusterView, GpuView, NodeView
+from gpumon.demo.views import ClusterView, GpuView, NodeRow
 
 _STATE_STYLE = {"healthy": "green", "degraded": "yellow", "unhealthy": "red", "lost": "bold red"}
 _EVENTS_SHOWN = 8
 
 
 @dataclass(frozen=True, slots=True)
-class Status:
+class HeaderStatus:
     """What the scenario runner is doing, for the header."""
 
     title: str
@@ -40,7 +40,7 @@ def _gpu_line(g: GpuView) -> Text:
     return line
 
 
-def _node_state(n: NodeView) -> Text:
+def _node_state(n: NodeRow) -> Text:
     out = Text()
     out.append("Ready" if n.ready else "NotReady", style="green" if n.ready else "red")
     if n.unschedulable:
@@ -54,7 +54,7 @@ def _node_state(n: NodeView) -> Text:
     return out
 
 
-def _kind(n: NodeView) -> str:
+def _kind(n: NodeRow) -> str:
     if n.pool:
         return f"pool {n.pool}"
     if n.os == "windows":
@@ -62,7 +62,7 @@ def _kind(n: NodeView) -> str:
     return "shared" if any(k.startswith("aliyun.com/") for k in n.gpu_resources) else "static"
 
 
-def table(view: ClusterView | None, status: Status, milestones: Sequence[str] = ()) -> RenderableType:
+def table(view: ClusterView | None, status: HeaderStatus, milestones: Sequence[str] = ()) -> RenderableType:
     """The whole screen: what the demo is doing, its milestones so far, then the cluster."""
     header = Text(status.title, style="bold")
     header.append(f"   {status.elapsed:5.0f} s")
@@ -113,7 +113,7 @@ def _cluster(view: ClusterView) -> list[RenderableType]:
     return [nodes, summary, Panel(events, title="controller actions (Events)")]
 
 
-def _node_facts(n: NodeView, gpus: Sequence[GpuView] | None) -> dict[str, str]:
+def _node_facts(n: NodeRow, gpus: Sequence[GpuView] | None) -> dict[str, str]:
     facts = {
         "ready": "Ready" if n.ready else "NotReady",
         "taint": f"taint {n.taint}" if n.taint else "no taint",

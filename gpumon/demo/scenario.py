@@ -25,7 +25,7 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Fleet(_Model):
+class FleetSpec(_Model):
     pool_nodes: int = Field(3, ge=1, le=20)
     max_extra_nodes: int = Field(3, ge=1, le=20)
     gpus_per_node: int = Field(4, ge=1, le=8)
@@ -82,7 +82,7 @@ class Inject(_Model):
         return self
 
 
-class Step(_Model):
+class ScenarioStep(_Model):
     name: str = Field(..., pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=40)
     say: str = ""
     inject: Inject | None = None
@@ -93,7 +93,7 @@ class Step(_Model):
     timeout_seconds: float | None = Field(None, gt=0, le=3600)  # default: --step-timeout
 
     @model_validator(mode="after")
-    def _one_action(self) -> Step:
+    def _one_action(self) -> ScenarioStep:
         actions = [
             a
             for a, on in (("inject", self.inject), ("clear", self.clear), ("scale", self.scale is not None))
@@ -105,10 +105,10 @@ class Step(_Model):
 
 
 class Scenario(_Model):
-    fleet: Fleet = Field(default_factory=Fleet)
+    fleet: FleetSpec = Field(default_factory=FleetSpec)
     workload: Workload = Field(default_factory=Workload)
     controller: ControllerTiming = Field(default_factory=ControllerTiming)
-    steps: list[Step] = Field(..., min_length=1)
+    steps: list[ScenarioStep] = Field(..., min_length=1)
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:

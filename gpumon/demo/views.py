@@ -25,7 +25,7 @@ def _time(stamp: str | None) -> float:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeView:
+class NodeRow:
     name: str
     ready: bool
     unschedulable: bool
@@ -39,7 +39,7 @@ class NodeView:
 
 
 @dataclass(frozen=True, slots=True)
-class PodView:
+class PodRow:
     namespace: str
     name: str
     app: str
@@ -67,7 +67,7 @@ class PodView:
 
 
 @dataclass(frozen=True, slots=True)
-class PoolView:
+class PoolRow:
     name: str
     desired: int  # spec.replicas: what the controller asked for
     replicas: int  # status.replicas: booting + joined
@@ -95,31 +95,31 @@ class GpuView:
 @dataclass(frozen=True, slots=True)
 class ClusterView:
     at: float
-    nodes: tuple[NodeView, ...] = ()
-    pods: tuple[PodView, ...] = ()
-    pool: PoolView | None = None
+    nodes: tuple[NodeRow, ...] = ()
+    pods: tuple[PodRow, ...] = ()
+    pool: PoolRow | None = None
     events: tuple[ActionEvent, ...] = ()  # the controller's, oldest first
     # node -> its GPUs as its exporter reports them; a node whose exporter did not answer is absent.
     gpus: Mapping[str, tuple[GpuView, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
-    def node(self, name: str) -> NodeView | None:
+    def node(self, name: str) -> NodeRow | None:
         return next((n for n in self.nodes if n.name == name), None)
 
-    def pods_of(self, app: str) -> tuple[PodView, ...]:
+    def pods_of(self, app: str) -> tuple[PodRow, ...]:
         return tuple(p for p in self.pods if p.app == app)
 
-    def pool_nodes(self) -> tuple[NodeView, ...]:
+    def pool_nodes(self) -> tuple[NodeRow, ...]:
         return tuple(n for n in self.nodes if self.pool is not None and n.pool == self.pool.name)
 
 
-def node_view(obj: Mapping[str, Any]) -> NodeView:
+def node_view(obj: Mapping[str, Any]) -> NodeRow:
     meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
     labels = meta.get("labels") or {}
     conditions = {c["type"]: c for c in status.get("conditions") or ()}
     ours = conditions.get(CONDITION_TYPE) or {}
     taint = next((t for t in spec.get("taints") or () if t.get("key") == TAINT_KEY), None)
     gpu_keys = (nodes.GPU, nodes.SHARED_GPU_MEMORY, nodes.SHARED_GPU_COUNT)
-    return NodeView(
+    return NodeRow(
         name=meta["name"],
         ready=(conditions.get("Ready") or {}).get("status") == "True",
         unschedulable=bool(spec.get("unschedulable")),
@@ -143,11 +143,11 @@ def _limit(containers: Sequence[Mapping[str, Any]], resource: str) -> int:
     return total
 
 
-def pod_view(obj: Mapping[str, Any]) -> PodView:
+def pod_view(obj: Mapping[str, Any]) -> PodRow:
     meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
     containers = spec.get("containers") or ()
     index = (meta.get("annotations") or {}).get(GPUSHARE_INDEX)
-    return PodView(
+    return PodRow(
         namespace=meta["namespace"],
         name=meta["name"],
         app=(meta.get("labels") or {}).get(APP_LABEL, ""),
@@ -162,9 +162,9 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
     )
 
 
-def pool_view(md: Mapping[str, Any]) -> PoolView:
+def pool_view(md: Mapping[str, Any]) -> PoolRow:
     spec, status = md.get("spec") or {}, md.get("status") or {}
-    return PoolView(
+    return PoolRow(
         name=md["metadata"]["name"],
         desired=int(spec.get("replicas", 0)),
         replicas=int(status.get("replicas", 0)),

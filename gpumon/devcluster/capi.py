@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpumon.devcluster.nodes import KUBELET_VERSION
-from gpumon.devcluster.poolplan import PoolStatus
+from gpumon.devcluster.poolplan import SimulatedPoolStatus
 
 GROUP = "cluster.x-k8s.io"
 VERSION = "v1beta2"
@@ -61,7 +61,7 @@ def selector_string(match_labels: Mapping[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
 
 
-def status(pool: PoolStatus, *, desired: int, generation: int, selector: str) -> dict[str, Any]:
+def status(pool: SimulatedPoolStatus, *, desired: int, generation: int, selector: str) -> dict[str, Any]:
     """The ``status`` a MachineDeployment controller would report for this pool."""
     return {
         "replicas": pool.replicas,

@@ -22,7 +22,7 @@ import yaml
 from gpumon.devcluster import components, kubeconfig, pki, processes
 from gpumon.devcluster.binaries import Tools, locate
 from gpumon.devcluster.components import Component, Layout, Options, Ports
-from gpumon.devcluster.health import Probe, Prober
+from gpumon.devcluster.health import Prober, ProbeResult
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class DevCluster:
     def _wait_healthy(self, started: Sequence[tuple[Component, processes.Child]], deadline: float) -> None:
         prober = self.prober
         pending = list(started)
-        last: dict[str, Probe] = {}
+        last: dict[str, ProbeResult] = {}
         while pending:
             for c, child in list(pending):
                 code = child.exited()
@@ -225,7 +225,7 @@ class DevCluster:
         members = [self._member(n) for n in names]
         self._wait_healthy([(c, self.children[i]) for i, c in members], time.monotonic() + timeout_seconds)
 
-    def health(self) -> dict[str, Probe]:
+    def health(self) -> dict[str, ProbeResult]:
         prober = self.prober
         return {c.name: prober.probe(c.health) for c in self.components}
 

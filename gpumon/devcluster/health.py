@@ -12,7 +12,7 @@ from gpumon.devcluster.components import HealthCheck
 
 
 @dataclass(frozen=True)
-class Probe:
+class ProbeResult:
     ok: bool
     detail: str
 
@@ -30,7 +30,7 @@ class Prober:
             ctx.load_cert_chain(str(self.client_cert), str(self.client_key))
         return ctx
 
-    def probe(self, check: HealthCheck) -> Probe:
+    def probe(self, check: HealthCheck) -> ProbeResult:
         url = urllib.parse.urlsplit(check.url)
         conn: http.client.HTTPConnection
         if url.scheme == "https":
@@ -44,11 +44,11 @@ class Prober:
             resp = conn.getresponse()
             body = resp.read(2048).decode("utf-8", "replace").strip()
         except (OSError, http.client.HTTPException) as e:
-            return Probe(False, f"{type(e).__name__}: {e}")
+            return ProbeResult(False, f"{type(e).__name__}: {e}")
         finally:
             conn.close()
         if resp.status == 200 and (check.expect is None or check.expect in body):
-            return Probe(True, body or "ok")
+            return ProbeResult(True, body or "ok")
         if resp.status == 200:
-            return Probe(False, f"not {check.expect!r} yet: {body[-200:]}")
-        return Probe(False, f"HTTP {resp.status}: {body[-500:]}")
+            return ProbeResult(False, f"not {check.expect!r} yet: {body[-200:]}")
+        return ProbeResult(False, f"HTTP {resp.status}: {body[-500:]}")

@@ -35,7 +35,7 @@ def pod_resources(namespace: str, name: str, containers: Mapping[str, Devices]) 
     )
 
 
-class PodResourcesLister(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+class PodResourcesFixture(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]
     """Answers from ``pods``; replace the whole sequence to change what the kubelet says (the
     server's threads read it without a lock)."""
 
@@ -58,7 +58,7 @@ class PodResourcesLister(api_pb2_grpc.PodResourcesListerServicer):  # type: igno
 
 
 @contextlib.contextmanager
-def serve(socket: Path, lister: PodResourcesLister) -> Iterator[PodResourcesLister]:
+def serve(socket: Path, lister: PodResourcesFixture) -> Iterator[PodResourcesFixture]:
     """Serve ``lister`` on ``socket`` until the block exits; the socket is removed after."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     api_pb2_grpc.add_PodResourcesListerServicer_to_server(lister, server)

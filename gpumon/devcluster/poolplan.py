@@ -21,7 +21,7 @@ JOINED_AT_ANNOTATION = "devcluster.gpumon.io/joined-at"  # on a pool's Nodes: un
 
 
 @dataclass(frozen=True)
-class PoolNode:
+class SimulatedNode:
     name: str
     joined_at: float  # unix seconds
     gpus_allocatable: bool
@@ -41,7 +41,7 @@ class Timing:
 
 
 @dataclass(frozen=True)
-class PoolStatus:
+class SimulatedPoolStatus:
     replicas: int  # booting + joined
     ready_replicas: int  # joined (kwok makes them Ready)
     available_replicas: int  # joined with their GPUs allocatable
@@ -54,7 +54,7 @@ class Plan:
     join_with_gpus: bool
     delete: tuple[str, ...]  # delete these Nodes
     enable_gpus: tuple[str, ...]  # make these Nodes' GPUs allocatable
-    status: PoolStatus
+    status: SimulatedPoolStatus
     wake_in: float | None  # seconds until the next timed event, None when nothing is pending
 
 
@@ -64,14 +64,14 @@ def _next_index(pool: str, names: Sequence[str]) -> int:
     return max(indices, default=-1) + 1
 
 
-def _removal_order(node: PoolNode) -> tuple[bool, bool, float]:
+def _removal_order(node: SimulatedNode) -> tuple[bool, bool, float]:
     # Marked nodes first (what the autoscaler chose), then nodes whose GPUs never came up,
     # then the newest.
     return (not node.marked_for_deletion, node.gpus_allocatable, -node.joined_at)
 
 
 def plan(
-    pool: str, desired: int, nodes: Sequence[PoolNode], boots: Sequence[Boot], timing: Timing, now: float
+    pool: str, desired: int, nodes: Sequence[SimulatedNode], boots: Sequence[Boot], timing: Timing, now: float
 ) -> Plan:
     if desired < 0:
         raise ValueError(f"desired replicas must be >= 0, got {desired}")
@@ -112,7 +112,7 @@ def plan(
         join_with_gpus=join_with_gpus,
         delete=tuple(delete),
         enable_gpus=tuple(enable),
-        status=PoolStatus(
+        status=SimulatedPoolStatus(
             replicas=joined + len(still_booting), ready_replicas=joined, available_replicas=available
         ),
         wake_in=max(0.0, min(deadlines) - now) if deadlines else None,

@@ -25,7 +25,7 @@ from gpumon.devcluster.poolplan import (
     JOINED_AT_ANNOTATION,
     POOL_LABEL,
     Plan,
-    PoolNode,
+    SimulatedNode,
     Timing,
     decode_boots,
     encode_boots,
@@ -50,13 +50,13 @@ def _ignore(status: int, e: ApiException) -> None:
         raise e
 
 
-def _pool_node(node: Any, template: nodes.NodeTemplate) -> PoolNode:
+def _pool_node(node: Any, template: nodes.NodeTemplate) -> SimulatedNode:
     annotations = node.metadata.annotations or {}
     try:
         joined_at = float(annotations[JOINED_AT_ANNOTATION])
     except (KeyError, ValueError):
         joined_at = node.metadata.creation_timestamp.timestamp()
-    return PoolNode(
+    return SimulatedNode(
         name=node.metadata.name,
         joined_at=joined_at,
         gpus_allocatable=nodes.has_gpus_allocatable(node.status and node.status.allocatable, template),

@@ -347,7 +347,7 @@ class ScenarioMig(BaseModel):
     profiles: tuple[str, ...] = Field(min_length=1)
 
 
-class Scenario(BaseModel):
+class FaultScenario(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     faults: tuple[TimedFault, ...] = ()
@@ -361,11 +361,11 @@ class Scenario(BaseModel):
         return {gpu: tuple(procs) for gpu, procs in out.items()}
 
 
-def load_scenario(path: Path) -> Scenario:
+def load_scenario(path: Path) -> FaultScenario:
     """Read and validate a scenario file; :class:`ConfigError` naming the bad entry otherwise."""
     data = read_yaml_mapping(path, "scenario file", field="simulation.scenario")
     try:
-        return Scenario.model_validate(data)
+        return FaultScenario.model_validate(data)
     except ValidationError as e:
         entries = format_validation_error(e).removeprefix("invalid configuration:\n")
         raise ConfigError(
@@ -417,7 +417,7 @@ class SimulatedBackend:
         *,
         seed: int = 0,
         clock: Callable[[], float] = time.time,
-        scenario: Scenario | None = None,
+        scenario: FaultScenario | None = None,
         processes: Mapping[int, Sequence[SimProcess]] | None = None,
     ) -> None:
         if gpus < 1:
@@ -426,7 +426,7 @@ class SimulatedBackend:
         self._seed = seed
         self._clock = clock
         self._identities = tuple(self._identity(i) for i in range(gpus))
-        self._scenario = scenario or Scenario()
+        self._scenario = scenario or FaultScenario()
         self._cond = threading.Condition()
         self._faults = [_GpuFaults() for _ in range(gpus)]
         self._stated: dict[int, tuple[SimProcess, ...]] = {}

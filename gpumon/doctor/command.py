@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gpumon.config import ExporterConfig
     from gpumon.doctor.result import CheckResult
-    from gpumon.doctor.runner import Outcome
+    from gpumon.doctor.runner import ProbeOutcome
 
 HELP = "check why GPU monitoring does not work on this node (devices, NVML, kubelet, /proc, API, exporter)"
 
@@ -125,7 +125,7 @@ def diagnose(
     return results, any(o.timed_out for o in outcomes)
 
 
-def _gpu_pids(outcomes: tuple[Outcome, ...]) -> tuple[int, ...] | None:
+def _gpu_pids(outcomes: tuple[ProbeOutcome, ...]) -> tuple[int, ...] | None:
     """The GPU processes NVML lists, when it answered; the /proc checks start from them."""
     from gpumon.doctor.nvml import NvmlFacts
 

@@ -30,7 +30,7 @@ class Probe(Generic[F]):
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class ProbeOutcome:
     family: str
     facts: Any  # None when the gather timed out or raised
     results: tuple[CheckResult, ...]
@@ -62,7 +62,7 @@ def run(
     *,
     timeout_seconds: float,
     clock: Callable[[], float] = time.monotonic,
-) -> tuple[Outcome, ...]:
+) -> tuple[ProbeOutcome, ...]:
     """Gather every probe at once; judge each one that answered within ``timeout_seconds``."""
     started = clock()
     jobs = []
@@ -78,21 +78,21 @@ def run(
     return tuple(outcomes)
 
 
-def _outcome(probe: Probe[Any], job: _Job, started: float, timeout_seconds: float) -> Outcome:
+def _outcome(probe: Probe[Any], job: _Job, started: float, timeout_seconds: float) -> ProbeOutcome:
     if not job.done.is_set():
         found = f"{probe.name}: no answer within {timeout_seconds:g}s"
         failed = _failed(probe, found, timeout_seconds)
-        return Outcome(probe.family, None, (failed,), timeout_seconds, timed_out=True)
+        return ProbeOutcome(probe.family, None, (failed,), timeout_seconds, timed_out=True)
     seconds = (job.finished_at or started) - started
     if job.error is not None:
         found = f"{probe.name}: {type(job.error).__name__}: {job.error}"
-        return Outcome(probe.family, None, (_failed(probe, found, seconds),), seconds)
+        return ProbeOutcome(probe.family, None, (_failed(probe, found, seconds),), seconds)
     try:
         results = tuple(probe.judge(job.value))
     except Exception as e:  # a bug in a judge must not hide the other families
         found = f"{probe.name}: cannot judge what was found ({type(e).__name__}: {e})"
         results = (_failed(probe, found, seconds),)
-    return Outcome(probe.family, job.value, tuple(replace(r, seconds=seconds) for r in results), seconds)
+    return ProbeOutcome(probe.family, job.value, tuple(replace(r, seconds=seconds) for r in results), seconds)
 
 
 def _failed(probe: Probe[Any], found: str, seconds: float) -> CheckResult:

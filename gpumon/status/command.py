@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from gpumon.config import ControllerConfig
     from gpumon.controller.core.policy import Policy
-    from gpumon.status.model import Explanation, Fleet
+    from gpumon.status.model import Explanation, FleetStatus
     from gpumon.status.read import Sources
 
 HELP = "show the fleet's GPU health and what the controller did; `status node NAME` explains one node"
@@ -119,8 +119,8 @@ def sources(config: ControllerConfig, args: argparse.Namespace) -> Sources:
 
 
 async def rounds(
-    build: Callable[[], Awaitable[Fleet | Explanation]],
-    show: Callable[[Fleet | Explanation | Failed], None],
+    build: Callable[[], Awaitable[FleetStatus | Explanation]],
+    show: Callable[[FleetStatus | Explanation | Failed], None],
     *,
     watch: bool,
     interval_seconds: float,
@@ -132,7 +132,7 @@ async def rounds(
     for Ctrl-C) when a watch was stopped."""
     while True:
         try:
-            view: Fleet | Explanation | Failed = await build()
+            view: FleetStatus | Explanation | Failed = await build()
         except Failed as e:
             view = e
         show(view)
@@ -192,7 +192,7 @@ async def _main(args: argparse.Namespace, config: ControllerConfig, node: str | 
     try:
         async with aiohttp.ClientSession() as session:
 
-            async def build() -> Fleet | Explanation:
+            async def build() -> FleetStatus | Explanation:
                 try:
                     state = await read_cluster(api, src, node=node, session=session)
                 except Unreachable as e:
@@ -244,7 +244,7 @@ class Shower:
         self._console = Console()
         self._live: Live | None = None
 
-    def __call__(self, view: Fleet | Explanation | Failed) -> None:
+    def __call__(self, view: FleetStatus | Explanation | Failed) -> None:
         import sys
 
         from rich.text import Text

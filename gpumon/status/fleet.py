@@ -18,14 +18,14 @@ from gpumon.status.model import (
     Blocker,
     Breaker,
     Drain,
-    Fleet,
+    FleetStatus,
     GpuCounts,
     GpuProblem,
     NodeStatus,
     PendingPod,
-    PoolPlan,
     PoolStatus,
     Refusal,
+    ScaleTargetStatus,
 )
 from gpumon.status.state import ClusterState, EventInfo, NodeInfo, PodInfo, PoolTarget, is_gpu_node
 from gpumon.status.times import age
@@ -170,11 +170,11 @@ def not_carried_out(events: Sequence[EventInfo], skip_nodes: set[str]) -> tuple[
     return tuple(Refusal(about, reason, e.message, e.at) for (about, reason), e in sorted(latest.items()))
 
 
-def pool_plan(t: PoolTarget, events: Sequence[EventInfo]) -> PoolPlan:
+def pool_plan(t: PoolTarget, events: Sequence[EventInfo]) -> ScaleTargetStatus:
     said = [e for e in events if (e.kind, e.namespace, e.name) == (t.kind, t.namespace, t.name)]
     last = said[-1] if said else None
     record = t.record
-    return PoolPlan(
+    return ScaleTargetStatus(
         pool=t.pool,
         target=f"{t.kind} {t.namespace}/{t.name}",
         desired=t.desired,
@@ -196,7 +196,7 @@ def _stamp(ts: float | None) -> str | None:
     return None if ts is None else to_rfc3339(ts)
 
 
-def build_fleet(state: ClusterState, *, pool_label: str) -> Fleet:
+def build_fleet(state: ClusterState, *, pool_label: str) -> FleetStatus:
     now = state.now
     gpu_nodes = [n for n in state.nodes if is_gpu_node(n)]
     statuses = {n.view.name: node_status(n, state.events, now, pool_label) for n in gpu_nodes}
@@ -222,13 +222,13 @@ def build_fleet(state: ClusterState, *, pool_label: str) -> Fleet:
         (p for p in state.pods if p.view.phase == "Pending" and not p.view.node_name),
         key=lambda p: p.created_at or "",
     )
-    return Fleet(
+    return FleetStatus(
         taken_at=to_rfc3339(now),
         controller=controller_status(state.metrics, state.metrics_source, state.metrics_error, state.events),
         pools=tuple(pool_rows),
         quarantined=tuple(statuses[n.view.name] for n in quarantined),
         drains=tuple(
-            drain(n, state) for n in quarantined if n.view.labels.get(c.LABEL_STATE) == c.NodeState.DRAINING
+            drain(n, state) for n in quarantined if n.view.labels.get(c.LABEL_STATE) == c.NodePhase.DRAINING
         ),
         refusals=not_carried_out(state.events, {n.view.name for n in quarantined}),
         pending=tuple(

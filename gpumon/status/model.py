@@ -98,7 +98,7 @@ class PendingPod:
 
 
 @dataclass(frozen=True, slots=True)
-class PoolPlan:
+class ScaleTargetStatus:
     """A node pool's /scale target: what was asked, what is there, and the autoscaler's record."""
 
     pool: str  # the controller's pool name; "" for a target it is not configured to size
@@ -132,7 +132,7 @@ class ControllerStatus:
 
 
 @dataclass(frozen=True, slots=True)
-class Fleet:
+class FleetStatus:
     taken_at: str
     controller: ControllerStatus
     pools: tuple[PoolStatus, ...]
@@ -140,7 +140,7 @@ class Fleet:
     drains: tuple[Drain, ...]
     refusals: tuple[Refusal, ...]  # recent refusals about nodes that are not quarantined
     pending: tuple[PendingPod, ...]
-    scaling: tuple[PoolPlan, ...]
+    scaling: tuple[ScaleTargetStatus, ...]
     problems: tuple[str, ...]  # what could not be read
 
 

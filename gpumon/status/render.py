@@ -13,18 +13,18 @@ from gpumon.exporter.server import to_jsonable
 from gpumon.status.model import (
     ControllerStatus,
     Explanation,
-    Fleet,
+    FleetStatus,
     GpuCounts,
     GpuProblem,
     NodeStatus,
-    PoolPlan,
+    ScaleTargetStatus,
 )
 from gpumon.status.times import duration
 
 _SEVERITY_STYLE = {"unhealthy": "bold red", "degraded": "yellow", "lost": "bold red"}
 
 
-def dumps(view: Fleet | Explanation, output: str, *, stream: bool = False) -> str:
+def dumps(view: FleetStatus | Explanation, output: str, *, stream: bool = False) -> str:
     """One JSON or YAML document, ending in a newline. In a ``stream`` (``--watch``), JSON takes
     one line per document and YAML documents start with ``---``."""
     doc = to_jsonable(view)
@@ -95,7 +95,7 @@ def _notes(n: NodeStatus) -> str:
     return ", ".join(notes)
 
 
-def _replicas(plan: PoolPlan) -> str:
+def _replicas(plan: ScaleTargetStatus) -> str:
     def n(v: int | None) -> str:
         return "?" if v is None else str(v)
 
@@ -105,7 +105,7 @@ def _replicas(plan: PoolPlan) -> str:
     return text
 
 
-def _plan(plan: PoolPlan) -> Text:
+def _plan(plan: ScaleTargetStatus) -> Text:
     if plan.error is not None:
         return Text(f"cannot read: {plan.error}", style="yellow")
     lines = []
@@ -122,7 +122,7 @@ def _plan(plan: PoolPlan) -> Text:
     return Text("\n".join(lines) or "-")
 
 
-def fleet(view: Fleet) -> RenderableType:
+def fleet(view: FleetStatus) -> RenderableType:
     parts: list[RenderableType] = [
         Text(f"gpumon status at {view.taken_at}", style="bold"),
         controller_line(view.controller),

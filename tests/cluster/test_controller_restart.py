@@ -96,7 +96,7 @@ async def _leading(ctl: Running, leading: bool = True) -> bool | None:
     return True if ctl.controller.is_leader() == leading else None
 
 
-async def _in_state(core: client.CoreV1Api, node: str, state: c.NodeState) -> dict[str, Any] | None:
+async def _in_state(core: client.CoreV1Api, node: str, state: c.NodePhase) -> dict[str, Any] | None:
     n = await node_obj(core, node)
     return n if n["metadata"].get("labels", {}).get(c.LABEL_STATE) == state else None
 
@@ -202,7 +202,7 @@ async def test_api_server_restart_mid_quarantine_loses_and_repeats_nothing(
             ex[bad].fault(gpu=0, fault="xid", code=79)
             blocked = await wait_for_event(core, "default", bad, "GpuEvictionBlocked")
             assert victim.metadata.name in blocked.message
-            before = await eventually(lambda: _in_state(core, bad, c.NodeState.DRAINING), what="draining")
+            before = await eventually(lambda: _in_state(core, bad, c.NodePhase.DRAINING), what="draining")
             annotations = before["metadata"]["annotations"]
 
             latency = ctl.controller.metrics.fault_to_taint
@@ -234,7 +234,7 @@ async def test_api_server_restart_mid_quarantine_loses_and_repeats_nothing(
             )
             # The controller's own fault-to-taint latency for `late` dates the taint's write.
             resumed = late_fault_at + (latency._sum.get() - latency_before) - outage.started_at
-            still_draining = await _in_state(core, bad, c.NodeState.DRAINING)
+            still_draining = await _in_state(core, bad, c.NodePhase.DRAINING)
             assert still_draining is not None
             for key in (c.ANNOTATION_QUARANTINED_AT, c.ANNOTATION_DRAIN_STARTED_AT):
                 was, now = annotations[key], still_draining["metadata"]["annotations"][key]
@@ -244,10 +244,10 @@ async def test_api_server_restart_mid_quarantine_loses_and_repeats_nothing(
                 "keep-serve", namespace, {"spec": {"minAvailable": 1}}
             )
             bad_node = await eventually(
-                lambda: _in_state(core, bad, c.NodeState.DRAINED), what="bad drained", timeout_seconds=90
+                lambda: _in_state(core, bad, c.NodePhase.DRAINED), what="bad drained", timeout_seconds=90
             )
             late_node = await eventually(
-                lambda: _in_state(core, late, c.NodeState.DRAINED), what="late drained", timeout_seconds=90
+                lambda: _in_state(core, late, c.NodePhase.DRAINED), what="late drained", timeout_seconds=90
             )
             healthy = set(good)
             serve_now = await eventually(
@@ -300,7 +300,7 @@ async def test_a_standby_finishes_the_drain_of_a_killed_leader_without_evicting_
             ex[bad].fault(gpu=0, fault="xid", code=79)
             await wait_for_event(core, "default", bad, "GpuEvictionBlocked")
             assert (_evicted(a), _evicted(b)) == (1, 0)
-            draining = await eventually(lambda: _in_state(core, bad, c.NodeState.DRAINING), what="draining")
+            draining = await eventually(lambda: _in_state(core, bad, c.NodePhase.DRAINING), what="draining")
 
             await a.crash()  # mid-drain, no hand-over
             crashed = time.monotonic()
@@ -311,7 +311,7 @@ async def test_a_standby_finishes_the_drain_of_a_killed_leader_without_evicting_
                 return True if b.controller.metrics.evictions.labels("blocked")._value.get() >= 1 else None
 
             await eventually(b_tried, what="b retries the blocked eviction")
-            now = await _in_state(core, bad, c.NodeState.DRAINING)
+            now = await _in_state(core, bad, c.NodePhase.DRAINING)
             assert now is not None
             key = c.ANNOTATION_DRAIN_STARTED_AT
             assert now["metadata"]["annotations"][key] == draining["metadata"]["annotations"][key], (
@@ -319,7 +319,7 @@ async def test_a_standby_finishes_the_drain_of_a_killed_leader_without_evicting_
             )
             good = await scene.nodes(1, gpus=2)  # room for the replacements: the PDB lets go
             done = await eventually(
-                lambda: _in_state(core, bad, c.NodeState.DRAINED), what="drained by b", timeout_seconds=90
+                lambda: _in_state(core, bad, c.NodePhase.DRAINED), what="drained by b", timeout_seconds=90
             )
             await eventually(
                 lambda: _replaced(core, namespace, "serve", serve, set(good)),

@@ -43,7 +43,7 @@ from prometheus_client import CollectorRegistry
 from gpumon.config import ExporterConfig, PodsConfig, SamplingConfig, SimulationConfig
 from gpumon.devcluster import podresources_server
 from gpumon.devcluster.nodes import GPU
-from gpumon.devcluster.podresources_server import PodResourcesLister, pod_resources
+from gpumon.devcluster.podresources_server import PodResourcesFixture, pod_resources
 from gpumon.devices.simulated import SimProcess, SimulatedBackend
 from gpumon.exporter.attribution import build_attribution
 from gpumon.exporter.sampler import SelfMetrics
@@ -79,7 +79,7 @@ async def _finish(aw: Any, what: str, seconds: float = STOP_SECONDS) -> None:
 class NodeExporter:
     node: str
     backend: SimulatedBackend
-    kubelet: PodResourcesLister
+    kubelet: PodResourcesFixture
     host_proc: Path
     runner: web.AppRunner
     port: int
@@ -121,7 +121,7 @@ class PoolExporters:
         self._seed += 1
         stack = contextlib.ExitStack()
         socket = self._sockets / f"{self._seed}.sock"
-        kubelet = stack.enter_context(podresources_server.serve(socket, PodResourcesLister()))
+        kubelet = stack.enter_context(podresources_server.serve(socket, PodResourcesFixture()))
         config = ExporterConfig(
             node_name=node,
             listen_address="127.0.0.1",

@@ -27,7 +27,7 @@ from conftest import ExporterProcess, PrometheusProcess, http_get
 
 from gpumon.config import ControllerConfig
 from gpumon.controller.configure import build_policy
-from gpumon.controller.core.policy import EMPTY_NODE_STATE, NodeState, Policy, evaluate_node
+from gpumon.controller.core.policy import EMPTY_NODE_STATE, NodeRuleState, Policy, evaluate_node
 from gpumon.controller.core.signals import FleetSignals
 from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
 from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource
@@ -104,7 +104,7 @@ class Judge:
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.states: dict[str, NodeState] = {}
+        self.states: dict[str, NodeRuleState] = {}
 
     def __call__(self, fleet: FleetSignals, node: str, now: float | None = None) -> NodeVerdict:
         ev = evaluate_node(

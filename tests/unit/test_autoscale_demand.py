@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
 import pytest
+from test_autoscale_planner import NOW, make_pool, scale
 
 from gpumon.controller.core.demand import (
     GPU_RESOURCES,
@@ -16,13 +18,13 @@ from gpumon.controller.core.demand import (
     Template,
     Toleration,
     is_unschedulable,
-    nodes_needed,
     pending_gpu_pod,
     pod_requests,
     size,
     why_not_hosted,
 )
 from gpumon.controller.core.objects import Taint, from_rfc3339
+from gpumon.controller.core.scale_plan import PoolInput, plan_pools
 from gpumon.resources import milli, units
 from gpumon.selectors import Requirement
 
@@ -51,6 +53,13 @@ def unschedulable(spec: dict[str, Any], **meta: Any) -> dict[str, Any]:
 
 def containers(*limits: dict[str, str]) -> dict[str, Any]:
     return {"containers": [{"name": f"c{i}", "resources": {"limits": lim}} for i, lim in enumerate(limits)]}
+
+
+def nodes_needed(pods: list[PodDemand], template: Template) -> int:
+    """New nodes of ``template`` the scale planner asks for to place ``pods`` on an empty pool."""
+    pool = replace(make_pool(), template=template, max_replicas=1000, max_step=1000)
+    (plan,) = plan_pools([PoolInput(pool, scale(0))], pods, NOW)
+    return plan.demand_nodes
 
 
 def gpus(name: str, n: int) -> PodDemand:

@@ -6,7 +6,7 @@ from controller_fakes import FakeKube, finding, gpu_verdict, verdict
 from gpumon.controller.act.evict import EvictionResult, Evictor
 from gpumon.controller.act.retry import RetryPolicy
 from gpumon.controller.core.backoff import Backoff
-from gpumon.controller.core.contract import NodeState
+from gpumon.controller.core.contract import NodePhase
 from gpumon.controller.core.drain_plan import DrainPolicy, needs_drain, plan_drain
 from gpumon.controller.core.objects import GpuResources, PdbView, PodView, pdb_from_json, pod_from_json
 from gpumon.controller.core.plans import DrainTarget
@@ -46,7 +46,7 @@ def test_partial_drain_takes_only_the_pods_on_the_bad_gpu():
     p = plan(verdict(gpu_verdict(1)), reading(g0=["a"], g1=["b"], g2=["c"]), PODS)
     assert p.partial and names(p) == ["b"]
     assert p.targets[0].why == "uses GPU 1 (GPU-1)"
-    assert p.phase is NodeState.DRAINING and not p.overdue
+    assert p.phase is NodePhase.DRAINING and not p.overdue
 
 
 def test_pod_spanning_good_and_bad_gpus_goes_once():
@@ -97,7 +97,7 @@ def test_daemonset_mirror_terminating_and_finished_pods_are_left():
 
 def test_nothing_left_means_drained():
     p = plan(verdict(gpu_verdict(1)), reading(g0=["a"]), [pod("a")])
-    assert p.targets == () and p.phase is NodeState.DRAINED and not p.overdue
+    assert p.targets == () and p.phase is NodePhase.DRAINED and not p.overdue
 
 
 def test_deadline_and_overdue():
@@ -286,7 +286,7 @@ def test_backoff_is_capped_exponential_with_bounded_jitter():
 def test_drain_waits_while_pod_placement_is_being_fetched():
     pending = NodeReading("n1", 1.0, reading().gpus, pods_attributed=None)
     p = plan(verdict(gpu_verdict(1)), pending, PODS, now=700.0)
-    assert p.targets == () and p.phase is NodeState.DRAINING and not p.overdue
+    assert p.targets == () and p.phase is NodePhase.DRAINING and not p.overdue
     # A node-wide finding needs no placement: every GPU pod goes.
     whole = verdict(node_findings=(finding("nv", reason="Custom"),))
     assert names(plan(whole, pending, PODS)) == ["a", "b", "c"]

@@ -10,9 +10,8 @@ from gpumon.controller.core.policy import (
     EMPTY_NODE_STATE,
     NODE_TARGET,
     NodeEvaluation,
-    NodeState,
+    NodeRuleState,
     Policy,
-    evaluate,
     evaluate_node,
     restore_state,
 )
@@ -47,7 +46,7 @@ def policy(rules=None, **kw) -> Policy:
 class Run:
     """Feeds readings to evaluate_node one step at a time, threading the state."""
 
-    def __init__(self, pol: Policy, labels=None, state: NodeState = EMPTY_NODE_STATE):
+    def __init__(self, pol: Policy, labels=None, state: NodeRuleState = EMPTY_NODE_STATE):
         self.pol = pol
         self.labels = labels or {}
         self.state = state
@@ -389,17 +388,13 @@ def test_next_check_covers_staleness_of_active_nodes():
     assert ev.next_check_at == 34.0
 
 
-def test_fleet_evaluation_covers_known_nodes_only():
-    fleet = FleetSignals(
-        {
-            "a": replace(node(1.0, gpu(at=1.0, lost=True)), node="a"),
-            "ghost": replace(node(1.0), node="ghost"),
-        }
-    )
-    out = evaluate(fleet, {"a": {}, "b": {}}, {}, 1.0, policy())
-    assert set(out) == {"a", "b"}
-    assert out["a"].verdict.severity is Severity.UNHEALTHY and out["a"].verdict.node == "a"
-    assert out["b"].verdict.signals is SignalStatus.MISSING
+def test_each_node_is_judged_on_its_own_reading():
+    fleet = FleetSignals({"a": replace(node(1.0, gpu(at=1.0, lost=True)), node="a")})
+    pol = policy()
+    a = evaluate_node("a", {}, fleet.nodes.get("a"), EMPTY_NODE_STATE, 1.0, pol).verdict
+    b = evaluate_node("b", {}, fleet.nodes.get("b"), EMPTY_NODE_STATE, 1.0, pol).verdict
+    assert a.severity is Severity.UNHEALTHY and a.node == "a"
+    assert b.signals is SignalStatus.MISSING and b.severity is None
 
 
 def test_for_is_proven_by_data_time_not_by_the_clock():

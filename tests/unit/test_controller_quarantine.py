@@ -196,7 +196,7 @@ async def test_unknown_signals_plan_nothing(signals):
 
 async def test_recovery_undoes_exactly_what_gpumon_did():
     k = Cluster()
-    await k.step(verdict(gpu_verdict()), now=1.0, phase=c.NodeState.DRAINING)
+    await k.step(verdict(gpu_verdict()), now=1.0, phase=c.NodePhase.DRAINING)
     plan = await k.step(healthy(), now=2000.0)
     assert plan.kind is PlanKind.RECOVER
     assert plan.events[0].reason == "GpuRecovered" and "GPU 3 (GPU-3)" in plan.events[0].message
@@ -246,18 +246,18 @@ async def test_preexisting_gpumon_taint_is_recorded_and_restored():
 
 async def test_state_label_follows_drain_phase_and_recovery():
     k = Cluster()
-    await k.step(verdict(gpu_verdict()), now=10.0, phase=c.NodeState.DRAINING)
+    await k.step(verdict(gpu_verdict()), now=10.0, phase=c.NodePhase.DRAINING)
     ann = k.obj["metadata"]["annotations"]
     assert k.obj["metadata"]["labels"][c.LABEL_STATE] == "draining"
     assert ann[c.ANNOTATION_DRAIN_STARTED_AT] == to_rfc3339(10.0)
     assert drain_started_at(k.view, now=50.0) == 10.0
-    await k.step(verdict(gpu_verdict()), now=50.0, phase=c.NodeState.DRAINING)
+    await k.step(verdict(gpu_verdict()), now=50.0, phase=c.NodePhase.DRAINING)
     assert k.obj["metadata"]["annotations"][c.ANNOTATION_DRAIN_STARTED_AT] == to_rfc3339(10.0)
-    await k.step(verdict(gpu_verdict()), now=60.0, phase=c.NodeState.DRAINED)
+    await k.step(verdict(gpu_verdict()), now=60.0, phase=c.NodePhase.DRAINED)
     assert k.obj["metadata"]["labels"][c.LABEL_STATE] == "drained"
     assert c.ANNOTATION_DRAIN_STARTED_AT not in k.obj["metadata"]["annotations"]
     assert drain_started_at(k.view, now=70.0) == 70.0
-    await k.step(verdict(gpu_verdict(recovering=True)), now=80.0, phase=c.NodeState.DRAINED)
+    await k.step(verdict(gpu_verdict(recovering=True)), now=80.0, phase=c.NodePhase.DRAINED)
     assert k.obj["metadata"]["labels"][c.LABEL_STATE] == "recovering"
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from demo_builders import pod
 
 from gpumon.demo.agents import assign_gpus, assign_shared, listing
-from gpumon.demo.views import PodView, pod_view
+from gpumon.demo.views import PodRow, pod_view
 
 
-def _pods(*objs: dict[str, object]) -> list[PodView]:
+def _pods(*objs: dict[str, object]) -> list[PodRow]:
     return [pod_view(o) for o in objs]
 
 

@@ -7,7 +7,7 @@ import io
 from demo_builders import node, pod, pool, snapshot, view
 from rich.console import Console
 
-from gpumon.demo.render import Status, changes, table
+from gpumon.demo.render import HeaderStatus, changes, table
 
 EVENT = {
     "metadata": {"name": "e1", "creationTimestamp": "2026-01-01T00:00:05Z"},
@@ -28,7 +28,9 @@ def test_the_table_shows_nodes_gpus_pods_taints_pool_and_actions() -> None:
         [EVENT],
     )
     console = Console(record=True, width=200, file=io.StringIO())
-    console.print(table(v, Status("step 2/5: xid-79", "waiting", 12.0, (("kubeconfig", "/k"),)), ["ready"]))
+    console.print(
+        table(v, HeaderStatus("step 2/5: xid-79", "waiting", 12.0, (("kubeconfig", "/k"),)), ["ready"])
+    )
     text = console.export_text()
     for shown in (
         "step 2/5: xid-79",

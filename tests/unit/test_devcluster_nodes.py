@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpumon.devcluster import capi, nodes
-from gpumon.devcluster.poolplan import PoolStatus
+from gpumon.devcluster.poolplan import SimulatedPoolStatus
 
 
 def test_whole_gpu_node_has_resource_labels_and_kwok_annotation() -> None:
@@ -95,7 +95,7 @@ def test_machine_deployment_selector_matches_its_template() -> None:
 
 def test_machine_deployment_status_reports_the_pool() -> None:
     status = capi.status(
-        PoolStatus(replicas=3, ready_replicas=2, available_replicas=1),
+        SimulatedPoolStatus(replicas=3, ready_replicas=2, available_replicas=1),
         desired=3,
         generation=4,
         selector="a=b",
@@ -109,5 +109,5 @@ def test_machine_deployment_status_reports_the_pool() -> None:
         "observedGeneration": 4,
         "phase": "ScalingUp",
     }
-    done = capi.status(PoolStatus(2, 2, 2), desired=2, generation=0, selector="a=b")
+    done = capi.status(SimulatedPoolStatus(2, 2, 2), desired=2, generation=0, selector="a=b")
     assert done["phase"] == "Running" and done["observedGeneration"] == 1

@@ -7,8 +7,8 @@ import pytest
 
 from gpumon.devcluster.poolplan import (
     Boot,
-    PoolNode,
-    PoolStatus,
+    SimulatedNode,
+    SimulatedPoolStatus,
     Timing,
     decode_boots,
     encode_boots,
@@ -18,15 +18,15 @@ from gpumon.devcluster.poolplan import (
 T = Timing(boot_delay_seconds=10, gpu_delay_seconds=5)
 
 
-def node(name: str, joined_at: float = 0, gpus: bool = True, marked: bool = False) -> PoolNode:
-    return PoolNode(name, joined_at, gpus, marked)
+def node(name: str, joined_at: float = 0, gpus: bool = True, marked: bool = False) -> SimulatedNode:
+    return SimulatedNode(name, joined_at, gpus, marked)
 
 
 def test_scale_up_starts_boots_and_counts_them_as_replicas() -> None:
     p = plan("pool", 3, [node("pool-0")], [], T, now=100)
     assert p.boots == (Boot("pool-1", 100), Boot("pool-2", 100))
     assert (p.join, p.delete, p.enable_gpus) == ((), (), ())
-    assert p.status == PoolStatus(replicas=3, ready_replicas=1, available_replicas=1)
+    assert p.status == SimulatedPoolStatus(replicas=3, ready_replicas=1, available_replicas=1)
     assert p.wake_in == 10
 
 
@@ -37,7 +37,7 @@ def test_boot_joins_once_its_delay_has_passed() -> None:
     p = plan("pool", 2, [], boots, T, now=110)
     assert p.join == ("pool-0",) and not p.join_with_gpus
     assert p.boots == (Boot("pool-1", 105),)
-    assert p.status == PoolStatus(replicas=2, ready_replicas=1, available_replicas=0)
+    assert p.status == SimulatedPoolStatus(replicas=2, ready_replicas=1, available_replicas=0)
     assert p.wake_in == 5  # pool-1 boots at 115, pool-0's GPUs arrive at 115
 
 
@@ -46,14 +46,14 @@ def test_gpus_become_allocatable_after_their_delay() -> None:
     assert plan("pool", 1, nodes, [], T, now=104).enable_gpus == ()
     p = plan("pool", 1, nodes, [], T, now=105)
     assert p.enable_gpus == ("pool-0",)
-    assert p.status == PoolStatus(1, 1, 1)
+    assert p.status == SimulatedPoolStatus(1, 1, 1)
     assert p.wake_in is None
 
 
 def test_zero_gpu_delay_joins_nodes_with_gpus() -> None:
     p = plan("pool", 1, [], [Boot("pool-0", 0)], Timing(boot_delay_seconds=0, gpu_delay_seconds=0), now=0)
     assert p.join == ("pool-0",) and p.join_with_gpus
-    assert p.status == PoolStatus(1, 1, 1)
+    assert p.status == SimulatedPoolStatus(1, 1, 1)
     assert p.wake_in is None
 
 
@@ -77,13 +77,13 @@ def test_scale_down_removes_marked_then_gpu_less_then_newest_nodes() -> None:
     assert plan("pool", 1, nodes, [], T, now=100).delete == ("marked", "new", "no-gpus")
     p = plan("pool", 0, nodes, [Boot("pool-9", 99)], T, now=100)
     assert p.delete == ("marked", "new", "no-gpus", "old") and p.boots == ()
-    assert p.status == PoolStatus(0, 0, 0)
+    assert p.status == SimulatedPoolStatus(0, 0, 0)
 
 
 def test_steady_pool_does_nothing() -> None:
     p = plan("pool", 2, [node("pool-0"), node("pool-1")], [], T, now=100)
     assert (p.boots, p.join, p.delete, p.enable_gpus, p.wake_in) == ((), (), (), (), None)
-    assert p.status == PoolStatus(2, 2, 2)
+    assert p.status == SimulatedPoolStatus(2, 2, 2)
 
 
 def test_new_names_continue_after_the_highest_index() -> None:

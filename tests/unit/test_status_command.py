@@ -20,10 +20,10 @@ from gpumon.status import render
 from gpumon.status.command import Failed, node_argument, rounds
 from gpumon.status.explain import build_explanation
 from gpumon.status.fleet import build_fleet
-from gpumon.status.model import Explanation, Fleet
+from gpumon.status.model import Explanation, FleetStatus
 
 
-def fleet_view() -> Fleet:
+def fleet_view() -> FleetStatus:
     nodes = [node("gpu-a-1", records=(record(1),), quarantined_ago=90, state="drained"), node("gpu-a-2")]
     events = (
         event("Pod", "train-0", "GpuPodEvicted", "evicted from node gpu-a-1: uses GPU 1", namespace="ml"),
@@ -38,9 +38,9 @@ def explanation() -> Explanation:
     return build_explanation(st, pool_label="gpumon.io/pool", policy=build_policy(ControllerConfig()))
 
 
-def drawn(view: Fleet | Explanation) -> str:
+def drawn(view: FleetStatus | Explanation) -> str:
     console = Console(record=True, width=200)
-    console.print(render.fleet(view) if isinstance(view, Fleet) else render.explanation(view))
+    console.print(render.fleet(view) if isinstance(view, FleetStatus) else render.explanation(view))
     return console.export_text()
 
 
@@ -62,7 +62,7 @@ async def test_watch_shows_every_round_and_keeps_going_after_a_failed_one() -> N
     shown: list[object] = []
     slept: list[float] = []
 
-    async def build() -> Fleet:
+    async def build() -> FleetStatus:
         view = views.pop(0)
         if isinstance(view, Failed):
             raise view
@@ -75,7 +75,9 @@ async def test_watch_shows_every_round_and_keeps_going_after_a_failed_one() -> N
 
     with pytest.raises(KeyboardInterrupt):
         await rounds(build, shown.append, watch=True, interval_seconds=2.5, sleep=sleep)
-    assert [type(v).__name__ for v in shown] == ["Failed", "Fleet", "Fleet"] and slept == [2.5] * 3
+    assert [type(v).__name__ for v in shown] == ["Failed", "FleetStatus", "FleetStatus"] and slept == [
+        2.5
+    ] * 3
 
 
 async def test_a_watch_ends_when_stopped_even_if_a_round_ate_the_interrupt() -> None:
@@ -84,7 +86,7 @@ async def test_a_watch_ends_when_stopped_even_if_a_round_ate_the_interrupt() -> 
     stop = asyncio.Event()
     shown: list[object] = []
 
-    async def build() -> Fleet:
+    async def build() -> FleetStatus:
         if len(shown) == 1:
             stop.set()  # the signal arrives during the second round
         return fleet_view()
@@ -97,10 +99,10 @@ async def test_a_watch_ends_when_stopped_even_if_a_round_ate_the_interrupt() -> 
 
 
 async def test_one_round_exit_codes() -> None:
-    async def fails() -> Fleet:
+    async def fails() -> FleetStatus:
         raise Failed("no node named 'x'")
 
-    async def works() -> Fleet:
+    async def works() -> FleetStatus:
         return fleet_view()
 
     async def never(seconds: float) -> None:

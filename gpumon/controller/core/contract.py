@@ -32,7 +32,7 @@ MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 RECOVERED_REASON = "GpuHealthy"
 
 
-class NodeState(enum.StrEnum):
+class NodePhase(enum.StrEnum):
     """Values of the ``gpumon.io/state`` label."""
 
     QUARANTINED = "quarantined"

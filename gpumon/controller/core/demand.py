@@ -15,7 +15,7 @@ counts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -393,13 +393,3 @@ class Packer:
         """How many of the initial nodes [start, stop) nothing was placed on."""
         end = self.initial if stop is None else stop
         return sum(1 for node in self._nodes[start:end] if node.empty(self.template))
-
-
-def nodes_needed(pods: Sequence[PodDemand], template: Template) -> int:
-    """New nodes of ``template`` that ``pods`` fill, packed biggest first (pods a node cannot
-    host are left out)."""
-    packer = Packer(template, 0)
-    for pod in sorted(pods, key=lambda p: (-size(p, template), p.key)):
-        if why_not_hosted(template, pod) is None:
-            packer.place(pod, may_open=True)
-    return packer.new_nodes

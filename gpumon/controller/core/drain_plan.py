@@ -14,7 +14,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpumon.controller.core.contract import NodeState
+from gpumon.controller.core.contract import NodePhase
 from gpumon.controller.core.objects import PdbView, PodView, pdbs_covering
 from gpumon.controller.core.plans import DrainPlan, DrainTarget
 from gpumon.controller.core.signals import NodeReading
@@ -65,7 +65,7 @@ def plan_drain(
     deadline = started_at + policy.deadline_seconds
     if not verdict.whole_node and reading is not None and reading.pods_attributed is None:
         # Which pod holds the bad GPU is being fetched: wait for it rather than evict them all.
-        return DrainPlan(NodeState.DRAINING, (), partial=True, deadline_at=deadline, overdue=False)
+        return DrainPlan(NodePhase.DRAINING, (), partial=True, deadline_at=deadline, overdue=False)
     drain_severities = {Severity.UNHEALTHY} | ({Severity.DEGRADED} if policy.on_degraded else set())
     bad = {g.uuid: g for g in verdict.gpus if g.severity in drain_severities}
     partial = not verdict.whole_node and reading is not None and reading.pods_attributed is True
@@ -96,7 +96,7 @@ def plan_drain(
             continue
         targets.append(DrainTarget(pod, why, pdbs_covering(pod, pdbs)))
     return DrainPlan(
-        phase=NodeState.DRAINING if targets else NodeState.DRAINED,
+        phase=NodePhase.DRAINING if targets else NodePhase.DRAINED,
         targets=tuple(targets),
         partial=partial,
         deadline_at=deadline,

@@ -16,7 +16,7 @@ from typing import Any
 
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.objects import (
-    Condition,
+    NodeCondition,
     NodeView,
     Taint,
     from_rfc3339,
@@ -61,7 +61,7 @@ def quarantined_at(view: NodeView) -> float | None:
 
 def drain_started_at(view: NodeView, now: float) -> float:
     """When the current drain began: kept while the node stays ``draining``, else now."""
-    if view.labels.get(c.LABEL_STATE) == c.NodeState.DRAINING:
+    if view.labels.get(c.LABEL_STATE) == c.NodePhase.DRAINING:
         text = view.annotations.get(c.ANNOTATION_DRAIN_STARTED_AT)
         started = from_rfc3339(text) if text else None
         if started is not None:
@@ -147,7 +147,7 @@ class _Desired:
     unschedulable: bool
     label_state: str | None
     annotations: Mapping[str, str | None]
-    condition: Condition | None  # None: leave the condition alone
+    condition: NodeCondition | None  # None: leave the condition alone
 
 
 def _others(view: NodeView) -> tuple[Taint, ...]:
@@ -188,14 +188,14 @@ def _stable_records(view: NodeView, wanted: tuple[GpuRecord, ...]) -> tuple[GpuR
     return wanted
 
 
-def _with_transition(view: NodeView, status: str, reason: str, message: str, now: float) -> Condition:
+def _with_transition(view: NodeView, status: str, reason: str, message: str, now: float) -> NodeCondition:
     old = view.gpu_condition
     since = old.last_transition_time if old is not None and old.status == status else None
-    return Condition(status, reason, message, since or to_rfc3339(now))
+    return NodeCondition(status, reason, message, since or to_rfc3339(now))
 
 
 def _quarantine_desired(
-    view: NodeView, verdict: NodeVerdict, now: float, phase: c.NodeState, policy: QuarantinePolicy
+    view: NodeView, verdict: NodeVerdict, now: float, phase: c.NodePhase, policy: QuarantinePolicy
 ) -> _Desired:
     severity = verdict.severity
     assert severity is not None
@@ -220,11 +220,11 @@ def _quarantine_desired(
     }
     if first and current_ours:
         annotations[c.ANNOTATION_TAINT_PREEXISTING] = json.dumps([t.to_json() for t in current_ours])
-    if phase is c.NodeState.DRAINING:
+    if phase is c.NodePhase.DRAINING:
         annotations[c.ANNOTATION_DRAIN_STARTED_AT] = to_rfc3339(drain_started_at(view, now))
     else:
         annotations[c.ANNOTATION_DRAIN_STARTED_AT] = None
-    label = c.NodeState.RECOVERING if verdict.recovering else phase
+    label = c.NodePhase.RECOVERING if verdict.recovering else phase
     cordon = view.unschedulable or (policy.cordon and severity is Severity.UNHEALTHY)
     actions = tuple(f.action for f in verdict.findings)
     condition = _with_transition(view, "True", records[0].reason, condition_message(records, actions), now)
@@ -301,7 +301,7 @@ def plan_node(
     verdict: NodeVerdict,
     *,
     now: float,
-    phase: c.NodeState = c.NodeState.QUARANTINED,
+    phase: c.NodePhase = c.NodePhase.QUARANTINED,
     refusal: str | None = None,
     policy: QuarantinePolicy = QuarantinePolicy(),
 ) -> NodePlan:

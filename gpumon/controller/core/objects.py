@@ -57,7 +57,7 @@ class Taint:
 
 
 @dataclass(frozen=True, slots=True)
-class Condition:
+class NodeCondition:
     status: str
     reason: str
     message: str
@@ -74,7 +74,7 @@ class NodeView:
     annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     taints: tuple[Taint, ...] = ()
     unschedulable: bool = False
-    gpu_condition: Condition | None = None
+    gpu_condition: NodeCondition | None = None
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -90,7 +90,7 @@ def node_from_json(obj: Mapping[str, Any]) -> NodeView:
     condition = None
     for c in status.get("conditions") or ():
         if c.get("type") == CONDITION_TYPE:
-            condition = Condition(
+            condition = NodeCondition(
                 status=str(c.get("status", "")),
                 reason=str(c.get("reason", "")),
                 message=str(c.get("message", "")),

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon.controller.core.contract import NodeState
+from gpumon.controller.core.contract import NodePhase
 from gpumon.controller.core.objects import PdbView, PodView
 
 
@@ -70,7 +70,7 @@ class DrainTarget:
 
 @dataclass(frozen=True, slots=True)
 class DrainPlan:
-    phase: NodeState  # DRAINING while pods remain, else DRAINED
+    phase: NodePhase  # DRAINING while pods remain, else DRAINED
     targets: tuple[DrainTarget, ...]
     partial: bool  # only the pods on the bad GPUs
     deadline_at: float

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from gpumon.config.rules import Op, Scope
-from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading
+from gpumon.controller.core.signals import GpuReading, NodeReading
 from gpumon.controller.core.verdicts import Finding, GpuRecord, GpuVerdict, NodeVerdict, SignalStatus
 from gpumon.gpu_health import (
     HealthPolicy,
@@ -139,18 +139,18 @@ class TargetState:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeState:
+class NodeRuleState:
     targets: Mapping[str, TargetState] = field(default_factory=lambda: MappingProxyType({}))
     signals: SignalStatus = SignalStatus.MISSING
 
 
-EMPTY_NODE_STATE = NodeState()
+EMPTY_NODE_STATE = NodeRuleState()
 
 
 @dataclass(frozen=True, slots=True)
 class NodeEvaluation:
     verdict: NodeVerdict
-    state: NodeState
+    state: NodeRuleState
     # When to evaluate again even if no new reading arrives (a `for`, a recovery, staleness).
     next_check_at: float | None
 
@@ -373,7 +373,7 @@ def evaluate_node(
     node: str,
     labels: Mapping[str, str],
     reading: NodeReading | None,
-    previous: NodeState,
+    previous: NodeRuleState,
     now: float,
     policy: Policy,
 ) -> NodeEvaluation:
@@ -439,32 +439,16 @@ def evaluate_node(
     future = [w for w in wakeups if w > now]
     return NodeEvaluation(
         verdict=verdict,
-        state=NodeState(MappingProxyType(targets), status),
+        state=NodeRuleState(MappingProxyType(targets), status),
         next_check_at=min(future) if future else None,
     )
-
-
-def evaluate(
-    signals: FleetSignals,
-    labels: Mapping[str, Mapping[str, str]],
-    previous: Mapping[str, NodeState],
-    now: float,
-    policy: Policy,
-) -> dict[str, NodeEvaluation]:
-    """Every node in ``labels`` (the nodes the cluster has), judged on its latest reading."""
-    return {
-        node: evaluate_node(
-            node, node_labels, signals.nodes.get(node), previous.get(node, EMPTY_NODE_STATE), now, policy
-        )
-        for node, node_labels in labels.items()
-    }
 
 
 # ---------------------------------------------------------------------------------------------
 # Restoring state after a restart or a leader change
 
 
-def restore_state(records: Iterable[GpuRecord], policy: Policy) -> NodeState:
+def restore_state(records: Iterable[GpuRecord], policy: Policy) -> NodeRuleState:
     """A node's state rebuilt from what gpumon wrote on it: its rules keep firing (since their
     first-seen time), so recovery still waits out the full hysteresis after a restart."""
     targets: dict[str, TargetState] = {}
@@ -487,10 +471,10 @@ def restore_state(records: Iterable[GpuRecord], policy: Policy) -> NodeState:
         if rules:
             index = -1 if g.index is None else g.index
             targets[g.uuid or NODE_TARGET] = TargetState(index, MappingProxyType(rules))
-    return NodeState(MappingProxyType(targets), SignalStatus.MISSING)
+    return NodeRuleState(MappingProxyType(targets), SignalStatus.MISSING)
 
 
-def with_records(state: NodeState, records: Iterable[GpuRecord], policy: Policy) -> NodeState:
+def with_records(state: NodeRuleState, records: Iterable[GpuRecord], policy: Policy) -> NodeRuleState:
     """``state`` plus whatever gpumon recorded on the node that it does not already hold as
     firing (after a restart, or on a replica that just became leader), so that recovery always
     waits out its hysteresis from this replica's own observations."""
@@ -499,4 +483,4 @@ def with_records(state: NodeState, records: Iterable[GpuRecord], policy: Policy)
     missing = {k: t for k, t in restored.targets.items() if k not in held}
     if not missing:
         return state
-    return NodeState(MappingProxyType({**state.targets, **missing}), state.signals)
+    return NodeRuleState(MappingProxyType({**state.targets, **missing}), state.signals)

@@ -47,7 +47,7 @@ from gpumon.controller.core.node_plan import (
 )
 from gpumon.controller.core.objects import NodeView, PdbView, PodView
 from gpumon.controller.core.plans import DrainPlan, Event, NodePlan, NodeWrite, ObjectRef, PlanKind
-from gpumon.controller.core.policy import EMPTY_NODE_STATE, NodeState, Policy, evaluate_node, with_records
+from gpumon.controller.core.policy import EMPTY_NODE_STATE, NodeRuleState, Policy, evaluate_node, with_records
 from gpumon.controller.core.pools import pool_of
 from gpumon.controller.core.signals import NodeReading, SignalSource
 from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
@@ -103,7 +103,7 @@ class Reconciler:
         self._metrics = metrics
         self.settings = settings
         self._wall = wall_clock
-        self._states: dict[str, NodeState] = {}
+        self._states: dict[str, NodeRuleState] = {}
         self._status: dict[str, SignalStatus] = {}
         self._dirty: set[str] = set()
         self._timers: list[tuple[float, str]] = []
@@ -177,7 +177,7 @@ class Reconciler:
         now = self._wall()
         out = dict.fromkeys(self.pools(), 0)
         for view in self._nodes.items().values():
-            draining = view.labels.get(c.LABEL_STATE) == c.NodeState.DRAINING
+            draining = view.labels.get(c.LABEL_STATE) == c.NodePhase.DRAINING
             if draining and now - drain_started_at(view, now) >= self.settings.drain.deadline_seconds:
                 out[pool_of(view.labels, self.settings.policy.pool_label)] += 1
         return out
@@ -330,7 +330,7 @@ class Reconciler:
         if verdict.signals is not SignalStatus.FRESH:
             return  # unknown holds everything: no quarantine, no drain, no recovery
         drain_plan: DrainPlan | None = None
-        phase = c.NodeState.QUARANTINED
+        phase = c.NodePhase.QUARANTINED
         headed_for_quarantine = is_quarantined(view) or (refusal is None and not is_excluded(view))
         if (
             verdict.severity is not None
@@ -367,7 +367,7 @@ class Reconciler:
         view: NodeView,
         plan: NodePlan,
         verdict: NodeVerdict,
-        phase: c.NodeState,
+        phase: c.NodePhase,
         refusal: str | None,
         now: float,
     ) -> bool:

@@ -99,7 +99,7 @@ def parse_vector(doc: Mapping[str, Any]) -> list[Sample]:
 
 
 @dataclass
-class _Gpu:
+class _GpuSeries:
     uuid: str
     index: int
     at: float
@@ -114,16 +114,16 @@ def readings_from_results(
     now: float,
 ) -> dict[str, NodeReading]:
     """Fold one round's answers into a reading per node (pure)."""
-    gpus: dict[tuple[str, str], _Gpu] = {}
+    gpus: dict[tuple[str, str], _GpuSeries] = {}
     by_index: dict[tuple[str, int], str] = {}
     for s in results.get(FRESHNESS, ()):
         node, uuid, index = s.labels.get(node_label), s.labels.get("uuid"), s.labels.get("gpu", "")
         if not node or not uuid or not index.isdigit():
             continue
-        gpus[(node, uuid)] = _Gpu(uuid, int(index), min(s.value, now), {})
+        gpus[(node, uuid)] = _GpuSeries(uuid, int(index), min(s.value, now), {})
         by_index[(node, int(index))] = uuid
 
-    def target(labels: Mapping[str, str]) -> _Gpu | None:
+    def target(labels: Mapping[str, str]) -> _GpuSeries | None:
         node = labels.get(node_label, "")
         uuid = labels.get("uuid")
         if uuid is None and labels.get("gpu", "").isdigit():
