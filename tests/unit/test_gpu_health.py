@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_controller_policy import gpu, node
 
 from gpumon.config import ControllerConfig, ExporterConfig, HealthConfig, PolicyConfig
 from gpumon.controller.configure import build_policy
 from gpumon.controller.core.policy import EMPTY_NODE_STATE, evaluate_node
-from gpumon.controller.core.signals import GpuReading, NodeReading
-from gpumon.devices.model import HealthState, HealthVerdict, XidEvent
+from gpumon.devices.model import HealthState, XidEvent
 from gpumon.gpu_health import (
     ACTION_XIDS,
     INFORMATIONAL_XIDS,
@@ -93,22 +93,6 @@ def test_one_converter_for_both_programs():
     assert build_policy(controller).xid_classes == exporter.health.policy()
 
 
-def _reading(codes: frozenset[int]) -> NodeReading:
-    g = GpuReading(
-        uuid="GPU-0",
-        index=0,
-        observed_at=10.0,
-        temperature_celsius=40.0,
-        memory_utilization_ratio=0.1,
-        ecc_uncorrectable=0,
-        row_remap_failure=False,
-        lost=False,
-        health=HealthVerdict(HealthState.HEALTHY),
-        recent_xids=codes,
-    )
-    return NodeReading(node="n1", observed_at=10.0, gpus=(g,))
-
-
 states = st.sampled_from(list(HealthState))
 
 
@@ -132,7 +116,9 @@ def test_exporter_verdict_and_controller_rules_agree_on_every_catalog_xid(
         policy=health.policy(),
     )
     pol = build_policy(config)
-    controller = evaluate_node("n1", {}, _reading(codes), EMPTY_NODE_STATE, 10.0, pol).verdict
+    controller = evaluate_node(
+        "n1", {}, node(10.0, gpu(at=10.0, recent_xids=codes)), EMPTY_NODE_STATE, 10.0, pol
+    ).verdict
 
     assert controller.severity is Severity.of(exporter.state)
     if controller.severity is None:
