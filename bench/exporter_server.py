@@ -33,12 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = command.load_config(args)
         metrics = SelfMetrics(CollectorRegistry(auto_describe=True), backend=config.backend)
-        backend = command.build_backend(config, metrics)
+        backend, routes = command.build_backend(config, metrics)
         pods = BenchPods(args.bench_pods, args.bench_churn)
     except (ConfigError, ValueError) as e:
         print(f"bench exporter: {e}", file=sys.stderr)
         return 2
-    app = make_app(config, backend, metrics=metrics, attributor=pods)
+    app = make_app(config, backend, metrics=metrics, attributor=pods, routes=routes)
     logs.configure(config.log.format, config.log.level)
     web.run_app(
         app,

@@ -89,13 +89,16 @@ def load_config(args: argparse.Namespace) -> ExporterConfig:
     return load_from_args(ExporterConfig, args, _FLAGS)
 
 
-def build_backend(config: ExporterConfig, metrics: SelfMetrics) -> DeviceBackend:
+def build_backend(config: ExporterConfig, metrics: SelfMetrics) -> tuple[DeviceBackend, list[web.RouteDef]]:
+    """The configured device backend and the routes it adds to the exporter's app: the
+    simulator's fault injection (``/api/v1/faults``) on simulated GPUs, none on NVML."""
     if config.backend == "nvml":
         # Imported here: nvidia-ml-py is only needed on GPU nodes.
         from gpumon.devices.nvml import NvmlBackend
 
-        return NvmlBackend(config.nvml_library, errors=metrics.record_error)
+        return NvmlBackend(config.nvml_library, errors=metrics.record_error), []
     from gpumon.devices.simulated import SimulatedBackend, SimulationError, load_scenario, model_spec
+    from gpumon.devices.simulated_http import fault_routes
 
     sim = config.simulation
     try:
@@ -104,9 +107,10 @@ def build_backend(config: ExporterConfig, metrics: SelfMetrics) -> DeviceBackend
         raise ConfigError(f"invalid configuration:\n  simulation.model: {e}") from None
     scenario = load_scenario(sim.scenario) if sim.scenario is not None else None
     try:
-        return SimulatedBackend(sim.gpus, sim.model, seed=sim.seed, scenario=scenario)
+        backend = SimulatedBackend(sim.gpus, sim.model, seed=sim.seed, scenario=scenario)
     except SimulationError as e:
         raise ConfigError(f"invalid configuration:\n  simulation.scenario: {e}") from None
+    return backend, fault_routes(backend)
 
 
 def tls_context(config: ExporterConfig) -> ssl.SSLContext | None:
@@ -165,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
         timeout = config.sampling.call_timeout_seconds
         attributor = build_attribution(config.pods, config.node_name, call_timeout_seconds=timeout)
         metrics.registry.register(attributor.metrics)
-    app = make_app(config, build_backend(config, metrics), metrics=metrics, attributor=attributor)
+    backend, routes = build_backend(config, metrics)
+    app = make_app(config, backend, metrics=metrics, attributor=attributor, routes=routes)
     if attributor is not None:
         app.cleanup_ctx.insert(0, attributor.lifespan)  # stops after the sampler that calls it
     ssl_context = tls_context(config)

@@ -2,8 +2,10 @@
 
 Routes: ``/metrics`` (pre-rendered Prometheus text or OpenMetrics, pre-gzipped), ``/healthz``,
 ``/readyz``, ``/api/v1/snapshot`` (JSON), ``/api/v1/watch`` (health transitions as
-newline-delimited JSON) and, on simulated GPUs only, ``/api/v1/faults``. Authentication, when
-configured, guards everything but the two probes, which the kubelet calls without credentials.
+newline-delimited JSON), plus the routes the caller passes in (the simulator's ``/api/v1/faults``,
+added by the wiring that picks the simulated backend: this module knows no simulator).
+Authentication, when configured, guards everything but the two probes, which the kubelet calls
+without credentials.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +33,6 @@ from gpumon.config import AuthConfig, ConfigError, ExporterConfig
 from gpumon.configfile import read_config_bytes
 from gpumon.devices.backend import DeviceBackend
 from gpumon.devices.model import Snapshot
-from gpumon.devices.simulated import FAULT_KINDS, SimulatedBackend, SimulationError, parse_fault
 from gpumon.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from gpumon.exporter.sampler import (
     BackendChange,
@@ -218,7 +219,6 @@ class ExporterState:
     """Everything the handlers share, built by :func:`make_app` and owned by the app."""
 
     config: ExporterConfig
-    backend: DeviceBackend
     sampler: Sampler
     executor: ThreadPoolExecutor
     auth: Authenticator
@@ -238,8 +238,12 @@ def make_app(
     metrics: SelfMetrics | None = None,
     attributor: PodAttributor | None = None,
     wall_clock: Callable[[], float] = time.time,
+    routes: Iterable[web.AbstractRouteDef] = (),
 ) -> web.Application:
-    """The exporter app; the sampler starts with the app and stops with it (``cleanup_ctx``)."""
+    """The exporter app; the sampler starts with the app and stops with it (``cleanup_ctx``).
+
+    ``routes`` are what the backend adds beside the exporter's own (the simulator's fault
+    injection); the authentication middleware guards them like the rest."""
     metrics = metrics or SelfMetrics(CollectorRegistry(auto_describe=True), backend=backend.name)
     # Threads start on demand; one per GPU per cadence at most, plus open and close.
     executor = ThreadPoolExecutor(max_workers=2 * 64 + 2, thread_name_prefix="gpumon-device")
@@ -254,7 +258,7 @@ def make_app(
         attributor=attributor,
         wall_clock=wall_clock,
     )
-    state = ExporterState(config, backend, sampler, executor, authenticator(config.auth), wall_clock)
+    state = ExporterState(config, sampler, executor, authenticator(config.auth), wall_clock)
     app = web.Application(middlewares=[_auth_middleware])
     app[STATE] = state
     app.cleanup_ctx.append(_sampling)
@@ -266,10 +270,7 @@ def make_app(
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/api/v1/snapshot", _snapshot)
     app.router.add_get("/api/v1/watch", _watch)
-    if isinstance(backend, SimulatedBackend):
-        app.router.add_get("/api/v1/faults", _faults_list)
-        app.router.add_post("/api/v1/faults", _faults_inject)
-        app.router.add_delete("/api/v1/faults", _faults_clear)
+    app.router.add_routes(routes)
     return app
 
 
@@ -421,47 +422,3 @@ async def watch_stream(
     finally:
         unsubscribe(watcher)
         streams.discard(task)
-
-
-def _simulated(request: web.Request) -> SimulatedBackend:
-    backend = request.app[STATE].backend
-    assert isinstance(backend, SimulatedBackend)  # the routes exist only for this backend
-    return backend
-
-
-def _fault_status(backend: SimulatedBackend) -> dict[str, Any]:
-    status = backend.status()
-    return {
-        "gpus": backend.gpu_count,
-        "model": backend.spec.name,
-        "kinds": list(FAULT_KINDS),
-        "unavailable": status.unavailable,
-        "active": {str(gpu): list(active) for gpu, active in status.active.items()},
-        "injected": [{"at": f.at, **f.spec.model_dump(mode="json")} for f in status.injected],
-    }
-
-
-async def _faults_list(request: web.Request) -> web.Response:
-    return web.json_response(_fault_status(_simulated(request)))
-
-
-async def _faults_inject(request: web.Request) -> web.Response:
-    backend = _simulated(request)
-    try:
-        body = await request.json()
-    except ValueError:
-        return web.json_response({"error": "the body must be a JSON object"}, status=400)
-    try:
-        spec = parse_fault(body)
-        backend.inject(spec)
-    except SimulationError as e:
-        return web.json_response({"error": str(e)}, status=400)
-    log.warning("fault injected", extra={"fault": spec.model_dump(mode="json")})
-    return web.json_response({"injected": spec.model_dump(mode="json")})
-
-
-async def _faults_clear(request: web.Request) -> web.Response:
-    backend = _simulated(request)
-    backend.clear_all()
-    log.warning("all faults cleared")
-    return web.json_response(_fault_status(backend))

@@ -105,6 +105,8 @@ def test_profile_scraped_family_by_family(
 
     assert value(s, "gpumon_exporter_nvml_up") == 1
     assert nvml_errors(s) == {}  # not one field error on a healthy profile
+    # Fault injection is the simulator's: an exporter reading GPUs through NVML has no such route.
+    assert profile_exporters[name].get("/api/v1/faults")[0] == 404
     assert [dict(ls)["gpu"] for ls in select(s, "gpumon_gpu_info")] == [str(i) for i in range(len(configs))]
     for i, cfg in enumerate(configs):
         gpu, uuid = str(i), cfg["uuid"]

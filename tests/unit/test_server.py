@@ -1,4 +1,5 @@
-"""The exporter's HTTP app on real simulated GPUs: negotiation, gzip, auth, probes, watch, faults."""
+"""The exporter's HTTP app on real simulated GPUs: negotiation, gzip, auth, probes, watch, and
+the simulator's fault routes wired in as ``gpumon exporter --backend simulated`` wires them."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import ClientPayloadError, ClientResponse
 from aiohttp.test_utils import TestClient
+from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -21,6 +23,9 @@ from gpumon.config import AuthConfig, ConfigError, ExporterConfig, SamplingConfi
 from gpumon.devices.model import XidEvent
 from gpumon.devices.nvml import NvmlBackend
 from gpumon.devices.simulated import SimulatedBackend, parse_fault
+from gpumon.devices.simulated_http import fault_routes
+from gpumon.exporter.command import build_backend
+from gpumon.exporter.sampler import SelfMetrics
 from gpumon.exporter.server import STATE, accepts_gzip, choose_format, make_app
 
 Client = TestClient[Any, Any]
@@ -62,8 +67,9 @@ async def ready(client: Client) -> None:
     await until(check)
 
 
-async def started(aiohttp_client: MakeClient, backend: Any, **kw: Any) -> Client:
-    client = await aiohttp_client(make_app(config(**kw), backend), auto_decompress=False)
+async def started(aiohttp_client: MakeClient, backend: SimulatedBackend, **kw: Any) -> Client:
+    app = make_app(config(**kw), backend, routes=fault_routes(backend))
+    client = await aiohttp_client(app, auto_decompress=False)
     await ready(client)
     return client
 
@@ -175,8 +181,12 @@ async def test_not_ready_while_the_backend_is_down_then_recovers(
 
 
 async def test_nvml_unavailable_still_serves_and_has_no_fault_endpoint(aiohttp_client: MakeClient) -> None:
-    cfg = config().model_copy(update={"backend": "nvml"})
-    client = await aiohttp_client(make_app(cfg, NvmlBackend(Path("/nonexistent/libnvidia-ml.so.1"))))
+    missing = Path("/nonexistent/libnvidia-ml.so.1")
+    cfg = config().model_copy(update={"backend": "nvml", "nvml_library": missing})
+    metrics = SelfMetrics(CollectorRegistry(auto_describe=True), backend=cfg.backend)
+    backend, routes = build_backend(cfg, metrics)  # the command's wiring
+    assert isinstance(backend, NvmlBackend) and routes == []
+    client = await aiohttp_client(make_app(cfg, backend, metrics=metrics, routes=routes))
 
     async def rendered() -> bool:
         return (await client.get("/metrics")).status == 200

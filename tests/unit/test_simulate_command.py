@@ -10,11 +10,14 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
+from aiohttp.web import RouteDef
 
 from gpumon.cli import main
 from gpumon.config import ExporterConfig
+from gpumon.devices.backend import DeviceBackend
 from gpumon.devices.nvml import NvmlBackend
 from gpumon.devices.simulated import SimulatedBackend
+from gpumon.devices.simulated_http import fault_routes
 from gpumon.exporter.server import make_app
 
 MakeClient = Callable[..., Awaitable[TestClient[Any, Any]]]
@@ -27,14 +30,14 @@ async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str
     return code, out, err
 
 
-async def _exporter(aiohttp_client: MakeClient, backend: Any) -> str:
-    client = await aiohttp_client(make_app(ExporterConfig(node_name="n", backend="simulated"), backend))
+async def _exporter(aiohttp_client: MakeClient, backend: DeviceBackend, routes: list[RouteDef]) -> str:
+    client = await aiohttp_client(make_app(ExporterConfig(node_name="n"), backend, routes=routes))
     return str(client.make_url("")).rstrip("/")
 
 
 async def test_fault_then_list(aiohttp_client: MakeClient, capsys: pytest.CaptureFixture[str]) -> None:
     backend = SimulatedBackend(2)
-    url = await _exporter(aiohttp_client, backend)
+    url = await _exporter(aiohttp_client, backend, fault_routes(backend))
     code, out, _ = await _cli(capsys, "fault", "--exporter", url, "--gpu", "1", "--xid", "79")
     assert code == 0 and '"code": 79' in out
     code, out, _ = await _cli(
@@ -50,7 +53,8 @@ async def test_fault_then_list(aiohttp_client: MakeClient, capsys: pytest.Captur
 
 
 async def test_refusals_are_readable(aiohttp_client: MakeClient, capsys: pytest.CaptureFixture[str]) -> None:
-    url = await _exporter(aiohttp_client, SimulatedBackend(2))
+    backend = SimulatedBackend(2)
+    url = await _exporter(aiohttp_client, backend, fault_routes(backend))
     code, _, err = await _cli(capsys, "fault", "--exporter", url, "--gpu", "7", "--mode", "lost")
     assert code == 2 and "gpu 7 does not exist" in err
     code, _, err = await _cli(capsys, "fault", "--exporter", url, "--mode", "lost")
@@ -60,7 +64,7 @@ async def test_refusals_are_readable(aiohttp_client: MakeClient, capsys: pytest.
 async def test_an_exporter_without_simulated_gpus(
     aiohttp_client: MakeClient, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = await _exporter(aiohttp_client, NvmlBackend(Path("/nonexistent/libnvidia-ml.so.1")))
+    url = await _exporter(aiohttp_client, NvmlBackend(Path("/nonexistent/libnvidia-ml.so.1")), [])
     code, _, err = await _cli(capsys, "faults", "--exporter", url)
     assert code == 1 and "does not simulate GPUs" in err
 
