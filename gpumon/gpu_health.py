@@ -1,5 +1,8 @@
 """One judgement of a GPU, below both programs: the Xid catalog, the reason codes with their
-recommended actions, the classification of an Xid, and the exporter's verdict.
+recommended actions, the classification of an Xid, the exporter's verdict, and the terms the
+controller's rules are written in (:class:`Signal`, :class:`Scope`, :class:`Op`,
+:class:`Severity`), here so that the config layer and the controller's pure core share them
+without the core importing the config layer's file reading.
 
 Pure: no I/O, no clock (``now`` is a parameter). Both programs classify through here with the
 same :class:`HealthPolicy`, built from the ``health:`` config section by its one converter
@@ -43,6 +46,24 @@ class Signal(enum.StrEnum):
     MEMORY_UTILIZATION = "memory_utilization"
     EXPORTER_HEALTH = "exporter_health"
     PROMQL = "promql"
+
+
+class Scope(enum.StrEnum):
+    """What a controller rule judges: each GPU, or the node as a whole."""
+
+    GPU = "gpu"
+    NODE = "node"
+
+
+class Op(enum.StrEnum):
+    """How a controller rule compares its signal with its threshold."""
+
+    GT = ">"
+    GE = ">="
+    LT = "<"
+    LE = "<="
+    EQ = "=="
+    NE = "!="
 
 
 class Severity(enum.StrEnum):

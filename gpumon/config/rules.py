@@ -24,7 +24,6 @@ false}``). Any error names the rule and the field and becomes a :class:`ConfigEr
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -35,7 +34,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from gpumon.configfile import ConfigError, read_yaml_mapping
 from gpumon.configtypes import Float, Int, NoBool
 from gpumon.devices.model import HealthState
-from gpumon.gpu_health import HealthPolicy, Severity, Signal
+from gpumon.gpu_health import HealthPolicy, Op, Scope, Severity, Signal
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -56,20 +55,6 @@ def parse_duration(value: Any) -> Any:
 
 
 Duration = Annotated[Float, BeforeValidator(parse_duration), Field(ge=0)]
-
-
-class Scope(enum.StrEnum):
-    GPU = "gpu"
-    NODE = "node"
-
-
-class Op(enum.StrEnum):
-    GT = ">"
-    GE = ">="
-    LT = "<"
-    LE = "<="
-    EQ = "=="
-    NE = "!="
 
 
 _THRESHOLD_REQUIRED = frozenset({Signal.TEMPERATURE, Signal.MEMORY_UTILIZATION, Signal.PROMQL})

@@ -6,8 +6,8 @@ import pytest
 from controller_fakes import load_rules
 
 from gpumon.config import ConfigError, ControllerConfig, HealthConfig, load
-from gpumon.config.rules import Op, Scope, builtin_rules, parse_duration
-from gpumon.gpu_health import HealthPolicy, Severity, Signal
+from gpumon.config.rules import builtin_rules, parse_duration
+from gpumon.gpu_health import HealthPolicy, Op, Scope, Severity, Signal
 
 
 def by_name(rules):

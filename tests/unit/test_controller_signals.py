@@ -17,7 +17,6 @@ from cancellation import assert_ends_cancelled
 from controller_fakes import load_rules
 
 from gpumon.config import ExporterConfig, SamplingConfig
-from gpumon.config.rules import Op, Scope
 from gpumon.controller.core.policy import Rule
 from gpumon.controller.shell.signal_sources.direct import (
     DirectSettings,
@@ -44,7 +43,7 @@ from gpumon.controller.shell.signal_sources.prometheus import (
 from gpumon.devices.model import GpuSample, HealthState, PodGpuUsage, PodRef
 from gpumon.devices.simulated import SimulatedBackend, parse_fault
 from gpumon.exporter.server import make_app
-from gpumon.gpu_health import Severity, Signal
+from gpumon.gpu_health import Op, Scope, Severity, Signal
 
 # --- direct: pure ------------------------------------------------------------------------------
 

@@ -23,11 +23,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from gpumon.config.rules import Op, Scope
 from gpumon.controller.core.signals import GpuReading, NodeReading
 from gpumon.controller.core.verdicts import Finding, GpuRecord, GpuVerdict, NodeVerdict, SignalStatus
 from gpumon.gpu_health import (
     HealthPolicy,
+    Op,
+    Scope,
     Severity,
     Signal,
     actionable_xids,

@@ -22,12 +22,11 @@ from typing import Any
 
 import aiohttp
 
-from gpumon.config.rules import Scope
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.policy import Rule
 from gpumon.controller.core.signals import EMPTY_FLEET, ChangeCallback, FleetSignals, GpuReading, NodeReading
 from gpumon.devices.model import HealthReason, HealthState, HealthVerdict, PodRef
-from gpumon.gpu_health import Signal
+from gpumon.gpu_health import Scope, Signal
 
 log = logging.getLogger(__name__)
 
