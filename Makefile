@@ -44,6 +44,7 @@ lint: $(STAMP)
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check --output-format concise .
 	@$(VENV)/bin/mypy
+	@$(VENV)/bin/lint-imports --no-cache --no-logo
 
 # Regenerate dashboards/json/ from the Python in dashboards/ (the JSON is committed).
 dashboards: $(STAMP)
