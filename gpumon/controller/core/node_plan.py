@@ -1,4 +1,5 @@
-"""Quarantine and recovery of a Node: a pure planner, and a thin actuator that applies its plan.
+"""Quarantine and recovery of a Node: the pure planner (:mod:`gpumon.controller.act.node_write`
+applies its plans).
 
 :func:`plan_node` compares what the node carries with what the verdict asks for and returns
 the smallest writes that close the gap (none when they agree, so re-running it is harmless

@@ -1,6 +1,6 @@
 """What the controller knows about each GPU, and the one interface its two sources implement.
 
-Purely data: a source (``signals_prometheus``, ``signals_direct``) keeps the latest
+Purely data: a source (:mod:`gpumon.controller.shell.signal_sources`) keeps the latest
 :class:`FleetSignals` up to date in the background; policy reads it. Every reading carries the
 time it was observed, so its age is always known: a reading older than the policy's
 ``stale_after`` counts as unknown, and unknown never causes remediation.
