@@ -7,7 +7,7 @@ endpoint map points each node at its prefix (``http://127.0.0.1:8000/nodes/<node
 
 The documents are the exporter's own: :class:`~gpumon.devices.model.Snapshot` values built from
 simulated GPUs (identities, fast and slow fields, the exporter's health judgement, the node's
-pods on its GPUs), serialised by the exporter's ``to_jsonable``, streamed by its
+pods on its GPUs), serialised through the wire schema (:mod:`gpumon.wire.v1`), streamed by its
 ``watch_stream`` (the handler of ``/api/v1/watch``), health transitions found by the sampler's
 ``watch_events`` and queued per subscriber by its ``Watcher``. What the farm leaves out is the
 sampling: a node's GPUs keep the values they had at start, so nothing changes until a fault is
@@ -37,8 +37,9 @@ from bench.scale_fleet import NAMESPACE, gpu_pod_name, node_names
 from gpumon.devices.model import GpuSample, PodGpuUsage, PodRef, Snapshot, XidEvent
 from gpumon.devices.simulated import SimulatedBackend
 from gpumon.exporter.sampler import Watcher, watch_events
-from gpumon.exporter.server import to_jsonable, watch_stream
+from gpumon.exporter.server import watch_stream
 from gpumon.gpu_health import HealthPolicy, judge
+from gpumon.wire import v1 as wire
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def with_xid(snapshot: Snapshot, gpu: int, code: int, now: float) -> Snapshot:
                 health=health,
                 xid_counts=counts,
                 last_xid=code,
-                recent_xids=tuple(sorted({*g.recent_xids, code})),
+                xids=tuple(sorted((*(e for e in g.xids if e.xid != code), event), key=lambda e: e.xid)),
                 sampled_at=now,
             )
         out.append(g)
@@ -95,14 +96,15 @@ def with_xid(snapshot: Snapshot, gpu: int, code: int, now: float) -> Snapshot:
 class FarmNode:
     snapshot: Snapshot
     watchers: set[Watcher] = field(default_factory=set)
-    # to_jsonable(snapshot), and the bytes served with their timestamps set at ``served_at``.
+    # The snapshot's wire document as JSON values, and the bytes served with their timestamps
+    # set at ``served_at``.
     doc: dict[str, Any] | None = None
     body: bytes = b""
     served_at: float = float("-inf")
 
     def snapshot_body(self, now: float) -> bytes:
         if self.doc is None:
-            self.doc = to_jsonable(self.snapshot)
+            self.doc = wire.snapshot_document(self.snapshot).model_dump(mode="json")
         if now - self.served_at >= REFRESH_SECONDS:
             self.doc["taken_at"] = now
             for g in self.doc["gpus"]:
@@ -112,7 +114,7 @@ class FarmNode:
         return self.body
 
     def update(self, snapshot: Snapshot) -> None:
-        events = watch_events(self.snapshot, snapshot)
+        events = watch_events(self.snapshot, snapshot, hot_celsius=POLICY.temperature_degraded_celsius)
         self.snapshot, self.doc, self.served_at = snapshot, None, float("-inf")
         for w in self.watchers:
             w.push(events)

@@ -129,6 +129,7 @@ class SlowFields:
 class XidEvent:
     uuid: str
     xid: int
+    # Unix time the backend saw the event (its wall clock), kept from the event thread to the wire.
     timestamp: float
     index: int | None = None
 
@@ -176,8 +177,9 @@ class GpuSample:
     lost: bool = False
     # The most recent Xid code, what dcgm-exporter's DCGM_FI_DEV_XID_ERRORS reports.
     last_xid: int | None = None
-    # Every Xid code (informational ones too) seen within the health policy's Xid window, sorted.
-    recent_xids: tuple[int, ...] = ()
+    # The latest event of every Xid code seen (informational ones too), with the backend's
+    # timestamp, sorted by code. Readers judge recency with their own window.
+    xids: tuple[XidEvent, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -583,26 +583,28 @@ class SimulatedBackend:
             return FaultStatus(self._unavailable, active, tuple(self._injected))
 
     def _apply(self, spec: FaultSpec) -> None:
+        # One reading of the clock: the fault's record and its Xid event carry the same time.
+        now = self._clock()
         if isinstance(spec, UnavailableFault):
             self._unavailable = True
-            self._injected.append(InjectedFault(self._clock(), spec))
+            self._injected.append(InjectedFault(now, spec))
             self._cond.notify_all()
             return
         f = self._faults[self._check_gpu(spec.gpu)]
         match spec:
             case XidFault(code=code):
-                self._queue_xid(spec.gpu, code)
+                self._queue_xid(spec.gpu, code, now)
             case EccFault(count=count):
                 f.ecc_uncorrected += count
-                self._queue_xid(spec.gpu, 48)
+                self._queue_xid(spec.gpu, 48, now)
             case RemapFault():
                 if not self.spec.row_remapping:
                     raise SimulationError(f"{self.spec.name} has no row remapping (Ampere and later only)")
                 f.remap_failures += 1
-                self._queue_xid(spec.gpu, 64)
+                self._queue_xid(spec.gpu, 64, now)
             case LostFault():
                 f.lost = True
-                self._queue_xid(spec.gpu, 79)
+                self._queue_xid(spec.gpu, 79, now)
             case OverheatFault(celsius=celsius):
                 f.overheat_celsius = celsius
             case SlowFault(seconds=seconds):
@@ -611,10 +613,10 @@ class SimulatedBackend:
             case ClearFault():
                 f.release.set()
                 self._faults[spec.gpu] = _GpuFaults()
-        self._injected.append(InjectedFault(self._clock(), spec))
+        self._injected.append(InjectedFault(now, spec))
 
-    def _queue_xid(self, index: int, code: int) -> None:
-        self._pending_xids.append(XidEvent(self._identities[index].uuid, code, self._clock(), index))
+    def _queue_xid(self, index: int, code: int, now: float) -> None:
+        self._pending_xids.append(XidEvent(self._identities[index].uuid, code, now, index))
         self._cond.notify_all()
 
     def _apply_due(self) -> None:

@@ -42,6 +42,7 @@ from gpumon.devices.model import (
     GpuSample,
     HealthVerdict,
     PodGpuUsage,
+    PodRef,
     SlowFields,
     Snapshot,
     XidEvent,
@@ -49,6 +50,7 @@ from gpumon.devices.model import (
 from gpumon.exporter.exposition import Profile, RenderedMetrics, render
 from gpumon.exporter.sources import PodAttributor
 from gpumon.gpu_health import HealthPolicy, judge
+from gpumon.wire.v1 import MAX_XIDS_PER_GPU, placement
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,7 @@ WATCH_QUEUE_SIZE = 256
 _XID_WAIT_SECONDS = 1.0
 
 _NO_COUNTS: Mapping[int, int] = MappingProxyType({})
-_NO_TIMES: Mapping[int, float] = MappingProxyType({})
+_NO_XIDS: Mapping[int, XidEvent] = MappingProxyType({})
 
 
 def reopen_delay(failures: int) -> float:
@@ -82,9 +84,9 @@ class GpuState:
     sampled_at: float = 0.0  # wall time of the last good fast read; 0 = never
     lost: bool = False
     xid_counts: Mapping[int, int] = field(default_factory=lambda: _NO_COUNTS)
-    # Xid code -> when the sampler last received it (its wall clock, whatever the backend
-    # stamped), so the health window is measured on one clock for every backend.
-    xid_seen_at: Mapping[int, float] = field(default_factory=lambda: _NO_TIMES)
+    # Xid code -> its latest event, as the backend delivered it (timestamp included), oldest
+    # first; at most MAX_XIDS_PER_GPU codes, so a storm of new codes cannot grow it.
+    xids: Mapping[int, XidEvent] = field(default_factory=lambda: _NO_XIDS)
     last_xid: int | None = None
 
 
@@ -101,28 +103,29 @@ def with_lost(state: GpuState) -> GpuState:
     return replace(state, fast=None, slow=None, lost=True)
 
 
-def with_xid(state: GpuState, xid: int, now: float, window_seconds: float) -> GpuState:
+def with_xid(state: GpuState, event: XidEvent) -> GpuState:
     counts = dict(state.xid_counts)
-    counts[xid] = counts.get(xid, 0) + 1
-    seen = {code: at for code, at in state.xid_seen_at.items() if now - at <= window_seconds}
-    seen[xid] = now
+    counts[event.xid] = counts.get(event.xid, 0) + 1
+    latest = {code: ev for code, ev in state.xids.items() if code != event.xid}
+    latest[event.xid] = event
+    while len(latest) > MAX_XIDS_PER_GPU:
+        del latest[next(iter(latest))]
     return replace(
         state,
         xid_counts=MappingProxyType(counts),
-        xid_seen_at=MappingProxyType(seen),
-        last_xid=xid,
+        xids=MappingProxyType(latest),
+        last_xid=event.xid,
     )
 
 
 def to_sample(state: GpuState, *, now: float, policy: HealthPolicy) -> GpuSample:
-    uuid, index = state.identity.uuid, state.identity.index
-    recent = [
-        XidEvent(uuid, code, at, index)
-        for code, at in state.xid_seen_at.items()
-        if now - at <= policy.xid_window_seconds
-    ]
     verdict = judge(
-        fast=state.fast, slow=state.slow, recent_xids=recent, lost=state.lost, now=now, policy=policy
+        fast=state.fast,
+        slow=state.slow,
+        recent_xids=state.xids.values(),
+        lost=state.lost,
+        now=now,
+        policy=policy,
     )
     return GpuSample(
         identity=state.identity,
@@ -133,7 +136,7 @@ def to_sample(state: GpuState, *, now: float, policy: HealthPolicy) -> GpuSample
         xid_counts=state.xid_counts,
         lost=state.lost,
         last_xid=state.last_xid,
-        recent_xids=tuple(sorted(e.xid for e in recent)),
+        xids=tuple(sorted(state.xids.values(), key=lambda e: e.xid)),
     )
 
 
@@ -153,12 +156,12 @@ def carry_over(old: Mapping[int, GpuState], identities: Sequence[GpuIdentity]) -
 
 @dataclass(frozen=True, slots=True)
 class HealthChange:
-    index: int
-    uuid: str
-    previous: HealthVerdict | None
-    current: HealthVerdict
+    """A GPU changed in something its watch line carries (docs/exporter.md)."""
+
+    sample: GpuSample
+    pods: tuple[PodRef, ...]  # the pods attributed to the GPU
+    previous: HealthVerdict | None  # None: a GPU seen for the first time
     at: float
-    recent_xids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,32 +173,48 @@ class BackendChange:
 WatchEvent = HealthChange | BackendChange
 
 
-def _health_key(g: GpuSample) -> tuple[str, tuple[str, ...], tuple[int, ...]]:
-    # Recent Xid codes count even when they leave the verdict alone (informational ones): the
-    # controller classifies codes with its own Xid classes, which may act on them.
-    return g.health.state.value, tuple(r.code for r in g.health.reasons), g.recent_xids
+def _codes(v: HealthVerdict) -> tuple[str, ...]:
+    return (v.state.value, *(r.code for r in v.reasons))
 
 
-def watch_events(previous: Snapshot | None, current: Snapshot) -> tuple[WatchEvent, ...]:
-    """Health transitions (state, reasons or recent Xid codes changed) and backend up/down
-    between two snapshots."""
+def _line_key(g: GpuSample, pods: tuple[PodRef, ...], hot_celsius: float) -> tuple[object, ...]:
+    """What makes a GPU's watch line worth sending again. Discrete evidence counts on every
+    change; the temperature only at or above ``hot_celsius`` (the exporter's degraded
+    threshold), to the whole degree, so the cool majority of a fleet is quiet on the wire."""
+    temp = g.fast.temperature_gpu_celsius if g.fast is not None else None
+    # Unknown, cool (any value below the threshold), or hot to the degree.
+    heat = None if temp is None else round(temp) if temp >= hot_celsius else "cool"
+    slow = g.slow or SlowFields()
+    return (
+        _codes(g.health),
+        heat,
+        slow.ecc_uncorrected,
+        slow.row_remap_pending,
+        slow.row_remap_failure,
+        g.lost,
+        tuple((e.xid, e.timestamp) for e in g.xids),
+        pods,
+    )
+
+
+def watch_events(
+    previous: Snapshot | None, current: Snapshot, *, hot_celsius: float
+) -> tuple[WatchEvent, ...]:
+    """What changed between two snapshots: the backend going up or down, and every GPU whose
+    watch line would differ (see :func:`_line_key`)."""
     events: list[WatchEvent] = []
     if previous is None or previous.backend_up != current.backend_up:
         events.append(BackendChange(current.backend_up, current.taken_at))
     before = {g.identity.uuid: g for g in previous.gpus} if previous else {}
+    pods_before = placement(previous.pods) if previous else {}
+    pods_now = placement(current.pods)
     for g in current.gpus:
-        old = before.get(g.identity.uuid)
-        if old is None or _health_key(old) != _health_key(g):
-            events.append(
-                HealthChange(
-                    g.identity.index,
-                    g.identity.uuid,
-                    old.health if old else None,
-                    g.health,
-                    current.taken_at,
-                    g.recent_xids,
-                )
-            )
+        uuid = g.identity.uuid
+        old, pods = before.get(uuid), pods_now.get(uuid, ())
+        if old is None or _line_key(old, pods_before.get(uuid, ()), hot_celsius) != _line_key(
+            g, pods, hot_celsius
+        ):
+            events.append(HealthChange(g, pods, old.health if old else None, current.taken_at))
     return tuple(events)
 
 
@@ -579,14 +598,13 @@ class Sampler:
 
     def ingest_xids(self, events: Sequence[XidEvent]) -> None:
         """Count Xid events and publish at once (on the event loop)."""
-        now = self._wall()
         by_uuid = {s.identity.uuid: i for i, s in self._states.items()}
         for ev in events:
             index = by_uuid.get(ev.uuid, ev.index)
             if index is None or index not in self._states:
                 self._metrics.record_error(f"{self._backend.name}.wait_xids", "unknown_gpu")
                 continue
-            self._states[index] = with_xid(self._states[index], ev.xid, now, self._policy.xid_window_seconds)
+            self._states[index] = with_xid(self._states[index], ev)
             log.warning("Xid event", extra={"gpu": index, "uuid": ev.uuid, "xid": ev.xid})
         self._publish()
 
@@ -618,17 +636,20 @@ class Sampler:
             self._metrics.record_error("render", "unexpected")
             log.exception("rendering the snapshot failed; serving the previous payload")
         self.renders += 1
-        events = watch_events(previous, snapshot)
+        events = watch_events(previous, snapshot, hot_celsius=self._policy.temperature_degraded_celsius)
         for ev in events:
             if isinstance(ev, HealthChange) and ev.previous is not None:
+                health = ev.sample.health
+                if _codes(health) == _codes(ev.previous):
+                    continue  # a number, an Xid's time or the pods changed, not the verdict
                 log.warning(
                     "GPU health changed",
                     extra={
-                        "gpu": ev.index,
-                        "uuid": ev.uuid,
+                        "gpu": ev.sample.identity.index,
+                        "uuid": ev.sample.identity.uuid,
                         "from": ev.previous.state.value,
-                        "to": ev.current.state.value,
-                        "reason": ev.current.detail,
+                        "to": health.state.value,
+                        "reason": health.detail,
                     },
                 )
         for w in self._watchers:

@@ -13,13 +13,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import dataclasses
-import enum
 import hmac
-import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +33,6 @@ from gpumon.devices.model import Snapshot
 from gpumon.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from gpumon.exporter.sampler import (
     BackendChange,
-    HealthChange,
     Sampler,
     SelfMetrics,
     Watcher,
@@ -44,6 +40,7 @@ from gpumon.exporter.sampler import (
 )
 from gpumon.exporter.sources import PodAttributor
 from gpumon.tasks import cancel_and_wait
+from gpumon.wire import v1 as wire
 
 log = logging.getLogger(__name__)
 
@@ -147,67 +144,14 @@ def authenticator(cfg: AuthConfig) -> Authenticator:
 
 
 # ---------------------------------------------------------------------------------------------
-# JSON (pure)
+# Watch lines (pure): the schema is gpumon.wire.v1's
 
 
-def to_jsonable(value: Any) -> Any:
-    """Frozen dataclasses, enums, mappings and sets as plain JSON values."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, Mapping):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, frozenset | set):
-        return sorted(to_jsonable(v) for v in value)
-    if isinstance(value, tuple | list):
-        return [to_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
-def _verdict(v: Any) -> dict[str, Any]:
-    return {"state": v.state.value, "reasons": to_jsonable(v.reasons)}
-
-
-def state_message(snapshot: Snapshot | None, *, node: str, now: float) -> dict[str, Any]:
-    """The first line of a watch stream (and the line sent again after falling behind)."""
-    return {
-        "type": "state",
-        "node": node,
-        "time": now,
-        "backend_up": snapshot.backend_up if snapshot else False,
-        "gpus": [
-            {
-                "gpu": g.identity.index,
-                "uuid": g.identity.uuid,
-                **_verdict(g.health),
-                "recent_xids": list(g.recent_xids),
-            }
-            for g in (snapshot.gpus if snapshot else ())
-        ],
-    }
-
-
-def event_message(ev: WatchEvent, *, node: str) -> dict[str, Any]:
+def event_line(ev: WatchEvent, *, node: str) -> wire.WatchLine:
     if isinstance(ev, BackendChange):
-        return {"type": "backend", "node": node, "time": ev.at, "up": ev.up}
-    assert isinstance(ev, HealthChange)
-    return {
-        "type": "health",
-        "node": node,
-        "time": ev.at,
-        "gpu": ev.index,
-        "uuid": ev.uuid,
-        "from": ev.previous.state.value if ev.previous else None,
-        **_verdict(ev.current),
-        "recent_xids": list(ev.recent_xids),
-    }
-
-
-def _line(doc: Mapping[str, Any]) -> bytes:
-    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+        return wire.backend_line(ev.up, node=node, at=ev.at)
+    previous = ev.previous.state if ev.previous is not None else None
+    return wire.health_line(ev.sample, ev.pods, previous, node=node, at=ev.at)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,7 +300,7 @@ async def _snapshot(request: web.Request) -> web.Response:
         return web.json_response({"error": "no sample yet"}, status=503)
     cached_for, body = state.snapshot_json
     if cached_for is not snapshot:
-        body = json.dumps(to_jsonable(snapshot), separators=(",", ":")).encode()
+        body = wire.snapshot_document(snapshot).model_dump_json().encode()
         state.snapshot_json = (snapshot, body)
     return web.Response(body=body, content_type="application/json")
 
@@ -404,19 +348,19 @@ async def watch_stream(
     # into a gap between the two.
     watcher = subscribe()
     try:
-        await response.write(_line(state_message(current(), node=node, now=wall_clock())))
+        await response.write(wire.encode(wire.state_line(current(), node=node, now=wall_clock())))
         while True:
             try:
                 async with asyncio.timeout(heartbeat):
                     ev = await watcher.queue.get()
             except TimeoutError:
-                await response.write(_line({"type": "heartbeat", "node": node, "time": wall_clock()}))
+                await response.write(wire.encode(wire.heartbeat_line(node=node, at=wall_clock())))
                 continue
             if ev is None:  # this client fell behind and lost events: resend everything
-                doc = state_message(current(), node=node, now=wall_clock())
+                line: wire.WatchLine = wire.state_line(current(), node=node, now=wall_clock())
             else:
-                doc = event_message(ev, node=node)
-            await response.write(_line(doc))
+                line = event_line(ev, node=node)
+            await response.write(wire.encode(line))
     except ConnectionResetError:
         return response
     finally:

@@ -62,7 +62,7 @@ def signals(snapshot: Mapping[str, Any] | None) -> tuple[GpuSignals, ...]:
                 ),
                 temperature_celsius=fast.get("temperature_gpu_celsius"),
                 ecc_uncorrected=slow.get("ecc_uncorrected"),
-                xids={str(k): int(v) for k, v in (g.get("xid_counts") or {}).items()},
+                xids={str(x.get("code")): int(x.get("count", 1)) for x in g.get("xids") or ()},
                 lost=bool(g.get("lost", False)),
             )
         )
@@ -103,7 +103,7 @@ def lift(node: NodeStatus, policy: Policy) -> tuple[str, ...]:
     if node.quarantined_at is None:
         return ("not quarantined: nothing to lift",)
     out = []
-    window = policy.xid_classes.xid_window_seconds
+    window = policy.xid_window_seconds
     for p in node.problems:
         rules = [r for r in (policy.rule(name) for name in p.rules) if r is not None]
         hold = max((r.recover_after_seconds for r in rules), default=policy.default_recover_after_seconds)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import yaml
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gpumon.exporter.server import to_jsonable
 from gpumon.status.model import (
     ControllerStatus,
     Explanation,
@@ -20,6 +24,24 @@ from gpumon.status.model import (
     ScaleTargetStatus,
 )
 from gpumon.status.times import duration
+
+
+def to_jsonable(value: Any) -> Any:
+    """Frozen dataclasses, enums, mappings and sets as plain JSON values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, frozenset | set):
+        return sorted(to_jsonable(v) for v in value)
+    if isinstance(value, tuple | list):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
 
 _SEVERITY_STYLE = {"unhealthy": "bold red", "degraded": "yellow", "lost": "bold red"}
 

@@ -163,7 +163,7 @@ async def test_broken_gpus_get_the_right_verdicts_on_the_right_nodes(
 
     def xid_seen(f: FleetSignals) -> bool:
         r = f.nodes.get(BROKEN)
-        return r is not None and 79 in (r.gpus[1].recent_xids or ())
+        return r is not None and any(x.code == 79 for x in r.gpus[1].xids or ())
 
     fleet_now = await reader.poll_until(xid_seen, "Xid 79 read back")
     v = judge(fleet_now, BROKEN)
@@ -179,7 +179,7 @@ async def test_broken_gpus_get_the_right_verdicts_on_the_right_nodes(
         return (
             r is not None
             and (r.gpus[0].temperature_celsius or 0) >= 95
-            and 13 in (r.gpus[1].recent_xids or ())
+            and any(x.code == 13 for x in r.gpus[1].xids or ())
         )
 
     first_hot = await reader.poll_until(hot_seen, "97 C and Xid 13 read back")

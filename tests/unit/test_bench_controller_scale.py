@@ -41,7 +41,8 @@ def test_an_xid_makes_the_gpu_unhealthy_as_the_exporter_judges_it() -> None:
     after = with_xid(before, 2, 79, now + 1)
     bad = after.gpus[2]
     assert bad.health.state is HealthState.UNHEALTHY and bad.health.reason == "XidFatal"
-    assert (bad.recent_xids, bad.xid_counts[79], bad.last_xid) == ((79,), 1, 79)
+    assert ([e.xid for e in bad.xids], bad.xid_counts[79], bad.last_xid) == ([79], 1, 79)
+    assert bad.xids[0].timestamp == now + 1
     assert [g.health for i, g in enumerate(after.gpus) if i != 2] == [
         g.health for i, g in enumerate(before.gpus) if i != 2
     ]
@@ -97,14 +98,14 @@ async def test_the_controllers_direct_source_reads_the_farm_and_sees_a_fault() -
 
                 def placed() -> bool:
                     r = src.current().nodes.get(names[1])
-                    return r is not None and bool(r.pods_attributed) and 79 in (r.gpus[2].recent_xids or ())
+                    return r is not None and any(x.code == 79 for x in r.gpus[2].xids or ())
 
                 await wait_for(placed, "the Xid with the pods on the GPU")
                 r = src.current().nodes[names[1]]
                 assert r.gpus[2].health is not None and r.gpus[2].health.state is HealthState.UNHEALTHY
                 assert r.gpus[2].pods == (PodRef(NAMESPACE, gpu_pod_name(names[1], 2), "cuda"),)
-                assert r.gpus[2].temperature_celsius is not None  # raw fields, from the snapshot
-                assert farm.stats.snapshots >= 1
+                assert r.pods_attributed and r.gpus[2].temperature_celsius is not None  # on the stream
+                assert farm.stats.snapshots == 0, "a watched node is never polled, even when troubled"
                 assert src.current().nodes[names[0]].gpus[2].health.state is HealthState.HEALTHY
             finally:
                 task.cancel()

@@ -283,15 +283,6 @@ def test_backoff_is_capped_exponential_with_bounded_jitter():
     assert Backoff(jitter=0).delay(3) == 4.0
 
 
-def test_drain_waits_while_pod_placement_is_being_fetched():
-    pending = NodeReading("n1", 1.0, reading().gpus, pods_attributed=None)
-    p = plan(verdict(gpu_verdict(1)), pending, PODS, now=700.0)
-    assert p.targets == () and p.phase is NodePhase.DRAINING and not p.overdue
-    # A node-wide finding needs no placement: every GPU pod goes.
-    whole = verdict(node_findings=(finding("nv", reason="Custom"),))
-    assert names(plan(whole, pending, PODS)) == ["a", "b", "c"]
-
-
 async def test_a_pod_evicted_once_is_not_evicted_again_until_the_cache_sees_it_go():
     # After an API server restart the pod cache can lag: the pod still looks like it runs.
     api = FakeKube()

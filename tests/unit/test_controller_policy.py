@@ -15,7 +15,7 @@ from gpumon.controller.core.policy import (
     evaluate_node,
     restore_state,
 )
-from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading
+from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading, XidSeen
 from gpumon.controller.core.verdicts import GpuRecord, SignalStatus
 from gpumon.devices.model import HealthReason, HealthState, HealthVerdict
 from gpumon.gpu_health import HealthPolicy, Severity
@@ -28,9 +28,11 @@ def gpu(index: int = 0, at: float = 0.0, **kw) -> GpuReading:
         ecc_uncorrectable=0,
         row_remap_failure=False,
         lost=False,
-        recent_xids=frozenset(),
+        xids=(),
         health=HealthVerdict(HealthState.HEALTHY),
     )
+    # Codes seen at the reading's own time.
+    base["xids"] = tuple(XidSeen(c, at) for c in sorted(kw.pop("xid_codes", ())))
     base.update(kw)
     return GpuReading(uuid=f"GPU-{index}", index=index, observed_at=at, **base)
 
@@ -76,7 +78,7 @@ def test_healthy_node_has_no_verdict_and_no_state_but_is_checked_again_when_its_
 
 
 def test_fatal_xid_fires_at_once_with_reason_evidence_and_first_seen():
-    ev = Run(policy())(12.0, node(11.5, gpu(0, 11.5), gpu(3, 11.5, recent_xids=frozenset({79}))))
+    ev = Run(policy())(12.0, node(11.5, gpu(0, 11.5), gpu(3, 11.5, xid_codes=frozenset({79}))))
     v = ev.verdict
     assert v.severity is Severity.UNHEALTHY
     assert [g.uuid for g in v.gpus] == ["GPU-3"]
@@ -105,7 +107,7 @@ def test_fatal_xid_fires_at_once_with_reason_evidence_and_first_seen():
     ],
 )
 def test_xid_classes_follow_nvidia_catalog(xid, severity, reason):
-    v = Run(policy())(1.0, node(1.0, gpu(at=1.0, recent_xids=frozenset({xid})))).verdict
+    v = Run(policy())(1.0, node(1.0, gpu(at=1.0, xid_codes=frozenset({xid})))).verdict
     assert v.severity is severity
     if reason:
         assert v.findings[0].reason == reason
@@ -114,13 +116,13 @@ def test_xid_classes_follow_nvidia_catalog(xid, severity, reason):
 def test_xid_class_overrides():
     classes = HealthPolicy(xid_overrides={13: HealthState.UNHEALTHY, 79: HealthState.HEALTHY})
     pol = policy(xid_classes=classes)
-    assert Run(pol)(1.0, node(1.0, gpu(at=1.0, recent_xids=frozenset({79})))).verdict.severity is None
-    v = Run(pol)(1.0, node(1.0, gpu(at=1.0, recent_xids=frozenset({13})))).verdict
+    assert Run(pol)(1.0, node(1.0, gpu(at=1.0, xid_codes=frozenset({79})))).verdict.severity is None
+    v = Run(pol)(1.0, node(1.0, gpu(at=1.0, xid_codes=frozenset({13})))).verdict
     assert v.severity is Severity.UNHEALTHY
 
 
 def test_worst_finding_first_and_several_xids_in_evidence():
-    v = Run(policy())(1.0, node(1.0, gpu(at=1.0, recent_xids=frozenset({63, 79, 74})))).verdict
+    v = Run(policy())(1.0, node(1.0, gpu(at=1.0, xid_codes=frozenset({63, 79, 74})))).verdict
     g = v.gpus[0]
     assert [f.rule for f in g.findings] == ["xid-unhealthy", "xid-degraded"]
     assert g.findings[0].evidence == "Xid 74, 79"
@@ -179,7 +181,7 @@ def test_for_duration_delays_firing_and_resets_when_condition_breaks():
 
 def test_recovery_waits_for_recover_after_and_restarts_when_bad_again():
     run = Run(policy(stale_after_seconds=1e9))
-    run(0.0, node(0.0, gpu(at=0.0, recent_xids=frozenset({79}))))
+    run(0.0, node(0.0, gpu(at=0.0, xid_codes=frozenset({79}))))
     ev = run(100.0, node(100.0))
     assert ev.verdict.severity is Severity.UNHEALTHY and ev.verdict.recovering
     assert ev.next_check_at == 1000.0
@@ -188,18 +190,32 @@ def test_recovery_waits_for_recover_after_and_restarts_when_bad_again():
     assert ev.verdict.severity is None
     # A bad observation during the hysteresis restarts it.
     run = Run(policy())
-    run(0.0, node(0.0, gpu(at=0.0, recent_xids=frozenset({79}))))
+    run(0.0, node(0.0, gpu(at=0.0, xid_codes=frozenset({79}))))
     run(100.0, node(100.0))
-    v = run(500.0, node(500.0, gpu(at=500.0, recent_xids=frozenset({79})))).verdict
+    v = run(500.0, node(500.0, gpu(at=500.0, xid_codes=frozenset({79})))).verdict
     assert not v.recovering
     run(600.0, node(600.0))
     assert run(1400.0, node(1400.0)).verdict.severity is Severity.UNHEALTHY
     assert run(1500.0, node(1500.0)).verdict.severity is None
 
 
+def test_xids_count_within_the_controllers_own_window_up_to_the_readings_time():
+    pol = policy(xid_window_seconds=900.0)
+    fatal = (XidSeen(79, 1000.0),)
+    # Seen 700 s before the reading: an exporter's 600 s window would have dropped it, ours keeps it.
+    v = Run(pol)(1700.0, node(1700.0, gpu(at=1700.0, xids=fatal))).verdict
+    assert v.severity is Severity.UNHEALTHY and v.findings[0].evidence == "Xid 79"
+    assert Run(pol)(1901.0, node(1901.0, gpu(at=1901.0, xids=fatal))).verdict.severity is None
+    # Each code counts from its own time; an old code does not hold the rule.
+    mixed = (XidSeen(79, 0.0), XidSeen(13, 1000.0))
+    assert Run(pol)(1000.0, node(1000.0, gpu(at=1000.0, xids=mixed))).verdict.severity is None
+    # No Xid signal at all (the source cannot tell) is unknown, not "none".
+    assert Run(pol)(1.0, node(1.0, gpu(at=1.0, xids=None))).state.targets == {}
+
+
 def test_stale_or_missing_signals_never_start_remediation():
     pol = policy(stale_after_seconds=30.0)
-    ev = Run(pol)(100.0, node(50.0, gpu(at=50.0, recent_xids=frozenset({79}))))
+    ev = Run(pol)(100.0, node(50.0, gpu(at=50.0, xid_codes=frozenset({79}))))
     assert ev.verdict.signals is SignalStatus.STALE
     assert ev.verdict.severity is None and ev.state.targets == {}
     assert ev.verdict.age_seconds == 50.0
@@ -216,7 +232,7 @@ def test_stale_or_missing_signals_never_start_remediation():
 def test_stale_signals_hold_a_firing_verdict_and_restart_recovery():
     pol = policy(stale_after_seconds=30.0)
     run = Run(pol)
-    run(0.0, node(0.0, gpu(at=0.0, recent_xids=frozenset({79}))))
+    run(0.0, node(0.0, gpu(at=0.0, xid_codes=frozenset({79}))))
     run(100.0, node(100.0))  # clearing from 100
     ev = run(500.0, node(100.0))  # stale: unknown, clearing restarts
     assert ev.verdict.severity is Severity.UNHEALTHY and not ev.verdict.recovering
@@ -236,7 +252,7 @@ def test_missing_field_is_unknown_for_its_rules_only():
 
 def test_gpu_reading_lagging_its_node_is_unknown():
     pol = policy(stale_after_seconds=30.0)
-    v = Run(pol)(100.0, node(100.0, gpu(at=10.0, recent_xids=frozenset({79})))).verdict
+    v = Run(pol)(100.0, node(100.0, gpu(at=10.0, xid_codes=frozenset({79})))).verdict
     assert v.signals is SignalStatus.FRESH and v.severity is None
 
 

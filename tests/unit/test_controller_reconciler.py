@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
 from types import MappingProxyType
 from typing import Any
 
@@ -20,7 +19,7 @@ from gpumon.controller.core.drain_plan import DrainPolicy
 from gpumon.controller.core.node_plan import QuarantinePolicy
 from gpumon.controller.core.objects import PodView, node_from_json, to_rfc3339
 from gpumon.controller.core.policy import Policy
-from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading
+from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading, XidSeen
 from gpumon.controller.kube import TooManyRequests
 from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
@@ -36,13 +35,9 @@ class StaticSource:
 
     def __init__(self) -> None:
         self.nodes: dict[str, NodeReading] = {}
-        self.focused: set[str] = set()
 
     def current(self) -> FleetSignals:
         return FleetSignals(MappingProxyType(dict(self.nodes)))
-
-    def focus(self, nodes: Iterable[str]) -> None:
-        self.focused = set(nodes)
 
     async def run(self, on_change: Any) -> None:
         raise AssertionError("not used")
@@ -122,7 +117,7 @@ class World:
                 ecc_uncorrectable=0,
                 row_remap_failure=False,
                 lost=False,
-                recent_xids=frozenset({xid}) if xid is not None and i == 1 else frozenset(),
+                xids=(XidSeen(xid, at),) if xid is not None and i == 1 else (),
                 pods=(PodRef("ml", pods[i], "c"),) if pods and i in pods else (),
             )
             for i in range(2)
@@ -192,7 +187,6 @@ async def test_a_standby_evaluates_but_never_writes():
     await w.reconciler.round(["n0"])
     assert w.api.writes() == []
     assert w.reconciler._states["n0"].targets  # warm state for a takeover
-    assert w.source.focused == {"n0"}
 
 
 async def test_pause_switch_on_the_configmap_refuses_and_holds_everything():

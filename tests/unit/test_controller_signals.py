@@ -4,6 +4,7 @@ exporters (the exporter app on simulated GPUs, in-process)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -15,20 +16,21 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from cancellation import assert_ends_cancelled
 from controller_fakes import load_rules
+from direct_harness import base_url, running_source, wait_for
 
 from gpumon.config import ExporterConfig, SamplingConfig
+from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.policy import Rule
+from gpumon.controller.core.signals import XidSeen
 from gpumon.controller.shell.signal_sources.direct import (
     DirectSettings,
     DirectSource,
     ExporterView,
-    GpuHealth,
     StaticEndpoints,
-    gpu_from_verdict,
-    on_message,
+    on_line,
     on_snapshot,
+    read_bounded,
     reading_of,
-    verdict_from_json,
 )
 from gpumon.controller.shell.signal_sources.prometheus import (
     FRESHNESS,
@@ -40,132 +42,119 @@ from gpumon.controller.shell.signal_sources.prometheus import (
     queries_for,
     readings_from_results,
 )
-from gpumon.devices.model import GpuSample, HealthState, PodGpuUsage, PodRef
+from gpumon.devices.model import (
+    FastFields,
+    GpuIdentity,
+    GpuSample,
+    HealthReason,
+    HealthState,
+    HealthVerdict,
+    PodGpuUsage,
+    PodRef,
+    SlowFields,
+    Snapshot,
+    XidEvent,
+)
 from gpumon.devices.simulated import SimulatedBackend, parse_fault
 from gpumon.exporter.server import make_app
 from gpumon.gpu_health import Op, Scope, Severity, Signal
+from gpumon.wire import v1 as wire
 
 # --- direct: pure ------------------------------------------------------------------------------
 
+UNHEALTHY_79 = wire.Verdict(
+    state=HealthState.UNHEALTHY,
+    reasons=(wire.Reason(code="XidFatal", detail="Xid 79", state=HealthState.UNHEALTHY),),
+)
 
-def verdict_doc(
-    state: str = "healthy", *reasons: tuple[str, str], xids: tuple[int, ...] = ()
-) -> dict[str, Any]:
-    return {
-        "state": state,
-        "reasons": [{"code": c, "detail": d, "state": state} for c, d in reasons],
-        "recent_xids": list(xids),
+
+def status(gpu: int = 0, **kw: Any) -> wire.GpuStatus:
+    fields: dict[str, Any] = {
+        "uuid": f"G{gpu}",
+        "health": wire.Verdict(state=HealthState.HEALTHY),
+        "temperature_celsius": 50.0,
+        "ecc_uncorrected": 0,
+        "row_remap_failure": False,
     }
+    fields.update(kw)
+    return wire.GpuStatus(gpu=gpu, **fields)
 
 
-def state_msg(*gpus: dict[str, Any], up: bool = True) -> dict[str, Any]:
-    return {"type": "state", "node": "n1", "time": 1.0, "backend_up": up, "gpus": list(gpus)}
+def state_line(*gpus: wire.GpuStatus, up: bool = True) -> wire.StateLine:
+    return wire.StateLine(schema_version=1, node="n1", time=1.0, backend_up=up, gpus=gpus)
 
 
-def health(doc: dict[str, Any], index: int = 1) -> GpuHealth:
-    return GpuHealth(index, verdict_from_json(doc), frozenset(doc["recent_xids"]))
+def health_line(g: wire.GpuStatus) -> wire.HealthLine:
+    return wire.HealthLine(schema_version=1, node="n1", time=1.0, previous=HealthState.HEALTHY, gpu=g)
 
 
-def test_verdict_derived_reading_knows_what_the_verdict_implies():
-    ecc = ("EccUncorrectable", "3 uncorrectable ECC errors (volatile)")
-    g = gpu_from_verdict(
-        "GPU-1", health(verdict_doc("unhealthy", ("XidFatal", "Xid 79"), ecc, xids=(79,))), 5.0
+def test_stream_readings_carry_the_numbers_as_sent():
+    sent = status(
+        1,
+        health=UNHEALTHY_79,
+        temperature_celsius=91.5,
+        ecc_uncorrected=3,
+        row_remap_failure=True,
+        xids=(wire.Xid(code=13, at=100.25, count=2), wire.Xid(code=79, at=123.5)),
+        pods=(wire.Pod(namespace="ml", pod="a", container="main"),),
     )
-    assert g.recent_xids == {79} and g.ecc_uncorrectable == 3 and not g.lost and not g.row_remap_failure
-    assert g.temperature_celsius is None and g.health.state is HealthState.UNHEALTHY and g.index == 1
-    hot = gpu_from_verdict("GPU-1", health(verdict_doc("degraded", ("Thermal", "temperature 91 C"))), 5.0)
-    assert hot.temperature_celsius == 91.0 and hot.ecc_uncorrectable == 0 and hot.recent_xids == frozenset()
-    lost = gpu_from_verdict("GPU-1", health(verdict_doc("lost", ("GpuLost", "x"))), 5.0)
-    assert lost.lost
-    remap = gpu_from_verdict(
-        "GPU-1",
-        health(verdict_doc("unhealthy", ("RowRemapFailure", "row remapping failed"), xids=(64,))),
-        5.0,
+    view, _ = on_line(ExporterView("n1"), state_line(sent), now=200.0)
+    r = reading_of(view)
+    assert r is not None and r.pods_attributed
+    (g,) = r.gpus
+    assert (g.uuid, g.index, g.observed_at) == ("G1", 1, 200.0)
+    assert (g.temperature_celsius, g.ecc_uncorrectable, g.row_remap_failure, g.lost) == (91.5, 3, True, False)
+    assert g.xids == (XidSeen(13, 100.25), XidSeen(79, 123.5)), "codes with their own times"
+    assert g.health == HealthVerdict(
+        HealthState.UNHEALTHY, (HealthReason("XidFatal", "Xid 79", HealthState.UNHEALTHY),)
     )
-    assert remap.row_remap_failure and remap.recent_xids == {64}
+    assert g.pods == (PodRef("ml", "a", "main"),)
+    assert g.memory_utilization_ratio is None, "not on the stream: unknown, never a guess"
 
 
-def test_xid_codes_come_from_the_structured_field_not_the_reason_text():
-    # An informational code is in recent_xids but in no reason; a reason's text is not parsed.
-    doc = verdict_doc("unhealthy", ("XidFatal", "Xid 79"), xids=(13, 79))
-    view, _ = on_message(ExporterView("n1"), state_msg({"gpu": 0, "uuid": "G0", **doc}), now=1.0)
-    assert reading_of(view).gpus[0].recent_xids == {13, 79}
-    view, changed = on_message(
-        view, {"type": "health", "gpu": 0, "uuid": "G0", **verdict_doc(xids=(13,))}, now=2.0
-    )
-    assert changed and reading_of(view).gpus[0].recent_xids == {13}
-    # An exporter that does not send the field cannot tell: unknown, not "no Xid".
-    silent = {"type": "health", "gpu": 0, "uuid": "G0", "state": "unhealthy", "reasons": []}
-    view, _ = on_message(view, silent, now=3.0)
-    assert reading_of(view).gpus[0].recent_xids is None
-
-
-def test_watch_messages_fold_into_a_view():
+def test_watch_lines_fold_into_a_view():
     view = ExporterView("n1")
     assert reading_of(view) is None  # never heard from
-    view, changed = on_message(view, state_msg({"gpu": 0, "uuid": "G0", **verdict_doc()}), now=10.0)
+    view, changed = on_line(view, state_line(status()), now=10.0)
     assert changed
     r = reading_of(view)
-    assert r.observed_at == 10.0 and [(g.uuid, g.index, g.observed_at) for g in r.gpus] == [("G0", 0, 10.0)]
-    view, changed = on_message(view, {"type": "heartbeat"}, now=20.0)
-    assert (
-        not changed and reading_of(view).observed_at == 20.0 and reading_of(view).gpus[0].observed_at == 20.0
-    )
-    view, changed = on_message(
-        view,
-        {
-            "type": "health",
-            "gpu": 0,
-            "uuid": "G0",
-            **verdict_doc("unhealthy", ("XidFatal", "Xid 79"), xids=(79,)),
-        },
-        now=21.0,
-    )
-    assert changed and view.troubled and reading_of(view).gpus[0].recent_xids == {79}
-    view, changed = on_message(view, {"type": "backend", "up": False}, now=22.0)
-    assert changed and reading_of(view) is None  # a node whose NVML is down tells nothing
-    view, _ = on_message(view, state_msg({"gpu": 0, "uuid": "G0", **verdict_doc()}), now=23.0)
-    assert reading_of(view) is not None and not view.troubled
-    # The same state again is no change.
-    assert not on_message(view, state_msg({"gpu": 0, "uuid": "G0", **verdict_doc()}), now=24.0)[1]
-    assert not on_message(view, {"type": "mystery"}, now=25.0)[1]
-
-
-def snapshot_doc(
-    *, temp: float = 50.0, xids: tuple[int, ...] = (), pods=(), sampled: float = 30.0
-) -> dict[str, Any]:
-    return {
-        "node": "n1",
-        "taken_at": 30.0,
-        "backend_up": True,
-        "gpus": [
-            {
-                "identity": {"index": 0, "uuid": "G0"},
-                "fast": {"temperature_gpu_celsius": temp, "memory_utilization_ratio": 0.5},
-                "slow": {"ecc_uncorrected": 0, "row_remap_failure": False},
-                "health": verdict_doc(),
-                "sampled_at": sampled,
-                "xid_counts": {str(x): 1 for x in xids},
-                "recent_xids": list(xids),
-                "lost": False,
-            }
-        ],
-        "pods": [
-            {
-                "ref": {"namespace": "ml", "pod": p, "container": "c", "uid": ""},
-                "gpu_index": 0,
-                "gpu_uuid": "G0",
-            }
-            for p in pods
-        ],
-    }
-
-
-def test_snapshot_gives_raw_fields_pods_and_recent_xids():
-    view, _ = on_message(ExporterView("n1"), state_msg({"gpu": 0, "uuid": "G0", **verdict_doc()}), now=10.0)
-    view = on_snapshot(view, snapshot_doc(xids=(13,), pods=["a"]), now=31.0)
+    assert r is not None and r.observed_at == 10.0 and not r.pods_attributed
+    assert [(g.uuid, g.index, g.observed_at) for g in r.gpus] == [("G0", 0, 10.0)]
+    view, changed = on_line(view, wire.heartbeat_line(node="n1", at=20.0), now=20.0)
     r = reading_of(view)
-    g = r.gpus[0]
+    assert not changed and r is not None and r.observed_at == 20.0 and r.gpus[0].observed_at == 20.0
+    bad = status(health=UNHEALTHY_79, xids=(wire.Xid(code=79, at=20.5),))
+    view, changed = on_line(view, health_line(bad), now=21.0)
+    r = reading_of(view)
+    assert changed and r is not None and r.gpus[0].xids == (XidSeen(79, 20.5),)
+    assert not on_line(view, health_line(bad), now=21.5)[1], "the same line again is no change"
+    view, changed = on_line(view, wire.backend_line(False, node="n1", at=22.0), now=22.0)
+    assert changed and reading_of(view) is None  # a node whose NVML is down tells nothing
+    view, _ = on_line(view, state_line(status()), now=23.0)
+    assert reading_of(view) is not None
+    assert not on_line(view, state_line(status()), now=24.0)[1], "the same state again is no change"
+
+
+def test_snapshot_gives_raw_fields_pods_and_xids():
+    """Exporters without a watch endpoint: the snapshot document, read with the same schema."""
+    ident = GpuIdentity(0, "G0", "m", "b")
+    sample = GpuSample(
+        ident,
+        FastFields(temperature_gpu_celsius=50.0, memory_utilization_ratio=0.5),
+        SlowFields(ecc_uncorrected=0, row_remap_failure=False),
+        HealthVerdict(HealthState.HEALTHY),
+        30.0,
+        xid_counts={13: 4},
+        xids=(XidEvent("G0", 13, 12.5, 0),),
+    )
+    pods = (PodGpuUsage(PodRef("ml", "a", "c"), 0, "G0"),)
+    doc = wire.parse_snapshot(
+        wire.encode(wire.snapshot_document(Snapshot("n1", None, (sample,), pods, 30.0, True, True)))
+    )
+    view = on_snapshot(ExporterView("n1"), doc, now=31.0)
+    r = reading_of(view)
+    assert r is not None and r.pods_attributed
+    (g,) = r.gpus
     assert (g.temperature_celsius, g.memory_utilization_ratio, g.ecc_uncorrectable, g.row_remap_failure) == (
         50.0,
         0.5,
@@ -173,17 +162,7 @@ def test_snapshot_gives_raw_fields_pods_and_recent_xids():
         False,
     )
     assert g.observed_at == 30.0  # the exporter's sample time, not the fetch
-    assert g.recent_xids == {13}
-    assert r.pods_attributed and g.pods == (PodRef("ml", "a", "c", ""),)
-    view = on_snapshot(view, snapshot_doc(xids=(13, 31)), now=40.0)
-    assert reading_of(view).gpus[0].recent_xids == {13, 31}
-    view = on_snapshot(view, snapshot_doc(), now=700.0)
-    assert reading_of(view).gpus[0].recent_xids == frozenset()  # aged out of the exporter's window
-    # A transition newer than the snapshot wins until the next snapshot.
-    view, _ = on_message(
-        view, {"type": "health", "gpu": 0, "uuid": "G0", **verdict_doc("lost", ("GpuLost", "x"))}, now=701.0
-    )
-    assert reading_of(view).gpus[0].lost and not reading_of(view).pods_attributed
+    assert g.xids == (XidSeen(13, 12.5),) and g.pods == (PodRef("ml", "a", "c"),)
 
 
 # --- prometheus: pure --------------------------------------------------------------------------
@@ -239,14 +218,11 @@ def test_results_fold_into_readings_per_node():
     a = nodes["a"]
     assert a.observed_at == 96.0 and a.pods_attributed
     g0, g1 = a.gpus
-    assert (g0.temperature_celsius, g0.lost, g0.ecc_uncorrectable, g0.recent_xids) == (
-        70.0,
-        False,
-        None,
-        frozenset(),
-    )
+    assert (g0.temperature_celsius, g0.lost, g0.ecc_uncorrectable, g0.xids) == (70.0, False, None, ())
     assert g0.custom == {"g": 1.0}
-    assert (g1.lost, g1.ecc_uncorrectable, g1.recent_xids, g1.temperature_celsius) == (True, 2, {79}, None)
+    assert (g1.lost, g1.ecc_uncorrectable, g1.temperature_celsius) == (True, 2, None)
+    # The query counted the code within the controller's window: seen as of the GPU's scrape.
+    assert g1.xids == (XidSeen(79, 96.0),)
     assert g1.health.state is HealthState.LOST and g1.health.reasons[0].code == "GpuLost"
     assert g1.pods == (PodRef("ml", "p", "c"),)
     b = nodes["b"]
@@ -337,6 +313,16 @@ class Pods:
         )
 
 
+REQUESTS = web.AppKey("requests", collections.Counter[str])
+
+
+@web.middleware
+async def _count_requests(request: web.Request, handler: Any) -> web.StreamResponse:
+    request.app[REQUESTS][request.path] += 1
+    response: web.StreamResponse = await handler(request)
+    return response
+
+
 @pytest.fixture
 async def exporters() -> AsyncIterator[Callable[..., Awaitable[tuple[str, SimulatedBackend, TestServer]]]]:
     servers: list[TestServer] = []
@@ -350,82 +336,62 @@ async def exporters() -> AsyncIterator[Callable[..., Awaitable[tuple[str, Simula
                 fast_interval_seconds=0.1, slow_interval_seconds=0.2, call_timeout_seconds=5
             ),
         )
-        server = TestServer(make_app(cfg, backend, attributor=Pods(placement or {})))
+        app = make_app(cfg, backend, attributor=Pods(placement or {}))
+        app[REQUESTS] = collections.Counter()
+        app.middlewares.append(_count_requests)
+        server = TestServer(app)
         await server.start_server()
         servers.append(server)
-        return str(server.make_url("")).rstrip("/"), backend, server
+        return base_url(server), backend, server
 
     yield start
     for server in servers:
         await server.close()
 
 
-async def wait_for(predicate: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
-    async with asyncio.timeout(seconds):
-        while not predicate():  # noqa: ASYNC110 - polling a real process with a deadline
-            await asyncio.sleep(0.02)
-
-
-async def test_direct_source_streams_transitions_and_fetches_detail_for_troubled_nodes(exporters):
-    url1, backend1, _ = await exporters("n1", placement={0: "a", 1: "b", 2: "c"})
-    url2, _, _ = await exporters("n2")
+async def test_direct_source_streams_everything_and_never_fetches_a_watched_snapshot(exporters):
+    url1, backend1, server1 = await exporters("n1", placement={0: "a", 1: "b", 2: "c"})
+    url2, _, server2 = await exporters("n2")
     changes: list[str] = []
-    async with aiohttp.ClientSession() as session:
-        src = DirectSource(
-            DirectSettings(heartbeat_seconds=0.2, poll_interval_seconds=0.2),
-            StaticEndpoints({"n1": url1, "n2": url2}),
-            session,
+    settings = DirectSettings(heartbeat_seconds=0.2, poll_interval_seconds=0.2)
+    async with running_source({"n1": url1, "n2": url2}, settings, on_change=changes.extend) as src:
+
+        def heard(node: str) -> bool:
+            r = src.current().nodes.get(node)
+            return r is not None and len(r.gpus) == 4 and all(g.temperature_celsius for g in r.gpus)
+
+        await wait_for(lambda: heard("n1") and heard("n2"), "both exporters heard, with numbers")
+        assert src.connected == 2
+        r = src.current().nodes["n2"]
+        assert all(
+            g.health.state is HealthState.HEALTHY and g.temperature_celsius is not None for g in r.gpus
         )
-        task = asyncio.create_task(src.run(changes.extend))
-        try:
+        backend1.inject(parse_fault({"gpu": 1, "fault": "xid", "code": 79}))
 
-            def healthy(node: str) -> bool:
-                r = src.current().nodes.get(node)
-                return r is not None and len(r.gpus) == 4
+        def told() -> bool:
+            r = src.current().nodes.get("n1")
+            return r is not None and any(x.code == 79 for x in r.gpus[1].xids or ())
 
-            await wait_for(lambda: healthy("n1") and healthy("n2"), "both exporters heard")
-            assert src.connected == 2
-            r = src.current().nodes["n2"]
-            assert all(
-                g.health.state is HealthState.HEALTHY and g.temperature_celsius is None for g in r.gpus
-            )
-            backend1.inject(parse_fault({"gpu": 1, "fault": "xid", "code": 79}))
-
-            def detail() -> bool:
-                r = src.current().nodes.get("n1")
-                return r is not None and r.pods_attributed and 79 in r.gpus[1].recent_xids
-
-            await wait_for(detail, "the Xid, with pod placement")
-            r = src.current().nodes["n1"]
-            assert r.gpus[1].pods == (PodRef("ml", "b", "main"),)
-            assert r.gpus[1].temperature_celsius is not None  # raw fields from the snapshot
-            assert "n1" in changes
-            # Heartbeats keep a quiet node fresh.
-            before = src.current().nodes["n2"].observed_at
-            await wait_for(lambda: src.current().nodes["n2"].observed_at > before, "a heartbeat")
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await wait_for(told, "the Xid")
+        r = src.current().nodes["n1"]
+        assert r.pods_attributed and r.gpus[1].pods == (PodRef("ml", "b", "main"),)
+        assert r.gpus[1].xids == (XidSeen(79, backend1.status().injected[-1].at),)
+        assert "n1" in changes
+        # Heartbeats keep a quiet node fresh.
+        before = src.current().nodes["n2"].observed_at
+        await wait_for(lambda: src.current().nodes["n2"].observed_at > before, "a heartbeat")
+        assert server1.app[REQUESTS]["/api/v1/snapshot"] == server2.app[REQUESTS]["/api/v1/snapshot"] == 0
+        assert not src.errors
 
 
 async def test_direct_source_sees_an_exporter_go_dark_and_come_back(exporters):
     url, backend, _ = await exporters("n1")
-    async with aiohttp.ClientSession() as session:
-        src = DirectSource(
-            DirectSettings(heartbeat_seconds=0.2, poll_interval_seconds=0.2),
-            StaticEndpoints({"n1": url}),
-            session,
-        )
-        task = asyncio.create_task(src.run(lambda nodes: None))
-        try:
-            await wait_for(lambda: "n1" in src.current().nodes, "exporter heard")
-            backend.inject(parse_fault({"fault": "unavailable"}))
-            await wait_for(lambda: "n1" not in src.current().nodes, "backend down means no reading")
-            backend.clear_all()
-            await wait_for(lambda: "n1" in src.current().nodes, "back")
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+    async with running_source({"n1": url}, DirectSettings(heartbeat_seconds=0.2)) as src:
+        await wait_for(lambda: "n1" in src.current().nodes, "exporter heard")
+        backend.inject(parse_fault({"fault": "unavailable"}))
+        await wait_for(lambda: "n1" not in src.current().nodes, "backend down means no reading")
+        backend.clear_all()
+        await wait_for(lambda: "n1" in src.current().nodes, "back")
 
 
 async def test_direct_source_polls_exporters_without_a_watch_endpoint(exporters):
@@ -440,14 +406,8 @@ async def test_direct_source_polls_exporters_without_a_watch_endpoint(exporters)
     snap_app.router.add_get("/api/v1/snapshot", snapshot)
     old = TestServer(snap_app)
     await old.start_server()
-    async with aiohttp.ClientSession() as session:
-        src = DirectSource(
-            DirectSettings(poll_interval_seconds=0.2),
-            StaticEndpoints({"n1": str(old.make_url("")).rstrip("/")}),
-            session,
-        )
-        task = asyncio.create_task(src.run(lambda nodes: None))
-        try:
+    try:
+        async with running_source({"n1": base_url(old)}, DirectSettings(poll_interval_seconds=0.2)) as src:
             await wait_for(
                 lambda: (
                     "n1" in src.current().nodes
@@ -456,30 +416,25 @@ async def test_direct_source_polls_exporters_without_a_watch_endpoint(exporters)
                 "polled",
             )
             assert src.connected == 0
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await old.close()
+    finally:
+        await old.close()
 
 
-async def test_direct_source_stops_when_cancelled_as_its_poller_wakes():
-    """A troubled node's first line wakes the snapshot poller; the change callback cancels the
-    source in that same loop turn. Python 3.11's asyncio.wait_for handed the poller its wake-up
-    and dropped the cancellation, so run() waited for the poller for ever."""
+def _snapshot_body() -> bytes:
+    sample = GpuSample(GpuIdentity(0, "G0", "m", "b"), None, None, HealthVerdict(HealthState.HEALTHY), 1.0)
+    return wire.encode(wire.snapshot_document(Snapshot("n1", None, (sample,), (), 1.0, True, True)))
 
-    async def watch(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse()
-        await resp.prepare(request)
-        bad = verdict_doc("unhealthy", ("XidFatal", "Xid 79"), xids=(79,))
-        await resp.write(json.dumps(state_msg({"gpu": 0, "uuid": "G0", **bad})).encode() + b"\n")
-        with contextlib.suppress(ConnectionError):
-            while True:  # heartbeats until the client goes
-                await asyncio.sleep(0.05)
-                await resp.write(b'{"type":"heartbeat"}\n')
-        return resp
+
+async def test_direct_source_stops_when_cancelled_from_its_change_callback():
+    """An exporter without a watch endpoint: its first snapshot's change callback cancels the
+    source while the watch task is still in its fetch. Python 3.11's asyncio.wait_for lost such
+    cancellations (CPython gh-86296); the source must end cancelled."""
+
+    async def snapshot(request: web.Request) -> web.Response:
+        return web.Response(body=_snapshot_body(), content_type="application/json")
 
     app = web.Application()
-    app.router.add_get("/api/v1/watch", watch)
+    app.router.add_get("/api/v1/snapshot", snapshot)
     server = TestServer(app)
     await server.start_server()
     tasks: list[asyncio.Task[None]] = []
@@ -492,21 +447,77 @@ async def test_direct_source_stops_when_cancelled_as_its_poller_wakes():
         async with aiohttp.ClientSession() as session:
             src = DirectSource(
                 DirectSettings(poll_interval_seconds=30.0),
-                StaticEndpoints({"n1": str(server.make_url("")).rstrip("/")}),
+                StaticEndpoints({"n1": base_url(server)}),
                 session,
             )
             task = asyncio.create_task(src.run(cancel_on_first_change))
             tasks.append(task)
-            await assert_ends_cancelled(task, "the source lost its cancellation and kept polling")
+            await assert_ends_cancelled(task, "the source lost its cancellation and kept running")
     finally:
         await server.close()
 
 
-def test_a_troubled_node_without_fresh_detail_says_placement_is_pending():
-    view, _ = on_message(ExporterView("n1"), state_msg({"gpu": 0, "uuid": "G0", **verdict_doc()}), now=1.0)
-    assert reading_of(view).pods_attributed is False  # healthy: nothing to place
-    bad = {"type": "health", "gpu": 0, "uuid": "G0", **verdict_doc("unhealthy", ("XidFatal", "Xid 79"))}
-    view, _ = on_message(view, bad, now=2.0)
-    assert reading_of(view).pods_attributed is None
-    view = on_snapshot(view, snapshot_doc(pods=[]), now=3.0)
-    assert reading_of(view).pods_attributed is False  # the exporter attributes nothing here
+# --- direct: input refused at the edge ----------------------------------------------------------
+
+
+def _line(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc).encode() + b"\n"
+
+
+GOOD_STATE = wire.encode(state_line(status()))
+
+
+async def test_direct_source_refuses_and_counts_bad_lines_then_recovers():
+    """Each connection gets one bad thing, the last a good state line: every bad one is refused,
+    counted by kind and ends the connection (no reading from it, no crash); the reconnect's
+    state line gives the reading."""
+    good = json.loads(GOOD_STATE)
+    too_many_gpus = {**good, "gpus": good["gpus"] * (wire.MAX_GPUS + 1)}
+    script = [
+        b"x" * (wire.MAX_LINE_BYTES + 1),  # no newline: the reader must not buffer it all
+        b"not json\n",
+        _line({**json.loads(GOOD_STATE), "schema": 2}),
+        _line({k: v for k, v in json.loads(GOOD_STATE).items() if k != "schema"}),
+        _line({**json.loads(GOOD_STATE), "time": "soon"}),
+        _line(too_many_gpus),
+        GOOD_STATE,
+    ]
+    served: list[int] = []
+
+    async def watch(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        body = script[min(len(served), len(script) - 1)]
+        served.append(len(body))
+        await resp.write(body)
+        with contextlib.suppress(ConnectionError):
+            while True:  # heartbeats until the client goes
+                await asyncio.sleep(0.05)
+                await resp.write(wire.encode(wire.heartbeat_line(node="n1", at=1.0)))
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/api/v1/watch", watch)
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        quick = Backoff(initial_seconds=0.01, max_seconds=0.01)
+        async with running_source(
+            {"n1": base_url(server)}, DirectSettings(heartbeat_seconds=0.2), backoff=quick
+        ) as src:
+            await wait_for(lambda: "n1" in src.current().nodes, "the good state line")
+            assert src.errors == {"oversize": 1, "invalid": 3, "schema": 2}
+            assert len(served) == len(script)
+    finally:
+        await server.close()
+
+
+async def test_a_snapshot_is_read_no_further_than_its_limit():
+    async def chunks():
+        for _ in range(10):
+            yield b"x" * 1000
+
+    assert len(await read_bounded(chunks(), 10_000)) == 10_000
+    with pytest.raises(wire.WireError) as refused:
+        await read_bounded(chunks(), 9_999)
+    assert refused.value.kind == "oversize"

@@ -117,7 +117,7 @@ def test_exporter_verdict_and_controller_rules_agree_on_every_catalog_xid(
     )
     pol = build_policy(config)
     controller = evaluate_node(
-        "n1", {}, node(10.0, gpu(at=10.0, recent_xids=codes)), EMPTY_NODE_STATE, 10.0, pol
+        "n1", {}, node(10.0, gpu(at=10.0, xid_codes=codes)), EMPTY_NODE_STATE, 10.0, pol
     ).verdict
 
     assert controller.severity is Severity.of(exporter.state)

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpumon.config import SamplingConfig
 from gpumon.devices.model import (
     DriverInfo,
+    FastFields,
     GpuIdentity,
     GpuSample,
     HealthReason,
@@ -40,6 +41,7 @@ from gpumon.exporter.sampler import (
     with_xid,
 )
 from gpumon.gpu_health import HealthPolicy
+from gpumon.wire.v1 import MAX_XIDS_PER_GPU
 
 T0 = 1_800_000_000.0
 POLICY = HealthPolicy()
@@ -227,8 +229,9 @@ async def test_backend_unavailable_from_the_start(backend, executor, clocks) -> 
     assert value(sampler, "gpumon_exporter_nvml_up") == 0, "rendered so Prometheus sees the exporter is up"
 
 
-async def test_xid_events_from_the_thread_are_counted_and_published(backend, executor) -> None:
-    clocks = Clocks()
+async def test_xid_events_from_the_thread_are_counted_and_published(executor, clocks) -> None:
+    # The backend stamps events on the node's wall clock, the one the sampler judges them by.
+    backend = SimulatedBackend(4, seed=3, clock=lambda: clocks.wall)
     sampler = make_sampler(backend, executor, clocks)
     watcher = sampler.subscribe()
     async with _running(sampler):
@@ -238,15 +241,17 @@ async def test_xid_events_from_the_thread_are_counted_and_published(backend, exe
         for code in (79, 79, 13):
             backend.inject(parse_fault({"gpu": 1, "fault": "xid", "code": code}))
         change = await asyncio.wait_for(watcher.queue.get(), 30)
-        assert isinstance(change, HealthChange) and change.index == 1
-        assert change.current.state is HealthState.UNHEALTHY and change.current.reason == "XidFatal"
+        assert isinstance(change, HealthChange) and change.sample.identity.index == 1
+        assert (
+            change.sample.health.state is HealthState.UNHEALTHY and change.sample.health.reason == "XidFatal"
+        )
         await _until(
             lambda: sampler.snapshot is not None and sum(sampler.snapshot.gpus[1].xid_counts.values()) == 3
         )
         assert sampler.snapshot is not None
         gpu = sampler.snapshot.gpus[1]
         assert dict(gpu.xid_counts) == {79: 2, 13: 1} and gpu.last_xid == 13
-        assert gpu.recent_xids == (13, 79)
+        assert [e.xid for e in gpu.xids] == [13, 79]
         assert value(sampler, "gpumon_gpu_xid_errors_total", gpu="1", xid="79") == 2
         assert value(sampler, "gpumon_gpu_xid_errors_total", gpu="1", xid="13") == 1
 
@@ -255,8 +260,9 @@ async def test_xid_verdict_expires_after_the_window_but_the_count_stays(backend,
     sampler = make_sampler(backend, executor, clocks)
     await sample(sampler)
     uuid = backend.devices()[0].uuid
-    sampler.ingest_xids([XidEvent(uuid, 79, 0.0)])  # the backend's stamp does not matter
+    sampler.ingest_xids([XidEvent(uuid, 79, clocks.wall - 5)])  # the backend saw it 5 s ago
     assert sampler.snapshot is not None and sampler.snapshot.gpus[0].health.state is HealthState.UNHEALTHY
+    assert sampler.snapshot.gpus[0].xids == (XidEvent(uuid, 79, clocks.wall - 5),), "kept as delivered"
     clocks.advance(POLICY.xid_window_seconds + 1)
     snap = await sample(sampler)
     assert snap.gpus[0].health.state is HealthState.HEALTHY
@@ -271,13 +277,23 @@ async def test_watchers_get_transitions_after_each_render(backend, executor, clo
     await sample(sampler)
     first = [watcher.queue.get_nowait() for _ in range(watcher.queue.qsize())]
     assert isinstance(first[0], BackendChange) and first[0].up
-    assert sorted(e.index for e in first if isinstance(e, HealthChange)) == [0, 1, 2, 3]
+    # Each GPU when first seen (slow fields), and again when its first temperature is read.
+    assert sorted(e.sample.identity.index for e in first if isinstance(e, HealthChange)) == [
+        0,
+        0,
+        1,
+        1,
+        2,
+        2,
+        3,
+        3,
+    ]
     backend.inject(parse_fault({"gpu": 3, "fault": "overheat", "celsius": 99}))
     await sampler.sample_fast()
     (change,) = [watcher.queue.get_nowait() for _ in range(watcher.queue.qsize())]
-    assert isinstance(change, HealthChange) and change.index == 3
+    assert isinstance(change, HealthChange) and change.sample.identity.index == 3
     assert change.previous is not None and change.previous.state is HealthState.HEALTHY
-    assert change.current.state is HealthState.UNHEALTHY and change.current.reason == "Thermal"
+    assert change.sample.health.state is HealthState.UNHEALTHY and change.sample.health.reason == "Thermal"
     await sampler.sample_fast()
     assert watcher.queue.empty(), "no transition, no event"
     sampler.unsubscribe(watcher)
@@ -409,24 +425,36 @@ def test_reopen_backoff_doubles_up_to_a_cap() -> None:
 IDENT = GpuIdentity(0, "GPU-a", "NVIDIA A100-SXM4-80GB", "00000000:07:00.0")
 
 
-def test_xids_are_counted_and_judged_within_the_window() -> None:
+def _xid(code: int, at: float) -> XidEvent:
+    return XidEvent(IDENT.uuid, code, at, 0)
+
+
+def test_xids_keep_their_backend_time_and_are_judged_within_the_window() -> None:
     s = GpuState(IDENT)
-    s = with_xid(s, 79, 10.0, 600)
-    s = with_xid(s, 79, 20.0, 600)
-    s = with_xid(s, 13, 30.0, 600)
+    for code, at in ((79, 10.0), (79, 20.0), (13, 30.0)):
+        s = with_xid(s, _xid(code, at))
     assert dict(s.xid_counts) == {79: 2, 13: 1} and s.last_xid == 13
     at_30 = to_sample(s, now=30.0, policy=POLICY)
-    assert at_30.health.state is HealthState.UNHEALTHY and at_30.recent_xids == (13, 79)
+    assert at_30.health.state is HealthState.UNHEALTHY
+    assert at_30.xids == (_xid(13, 30.0), _xid(79, 20.0)), "the latest event of each code, as delivered"
     at_621 = to_sample(s, now=621.0, policy=POLICY)
-    assert at_621.health.state is HealthState.HEALTHY and at_621.recent_xids == (13,)
-    assert to_sample(s, now=631.0, policy=POLICY).recent_xids == ()
-    s = with_xid(s, 13, 700.0, 600)
-    assert set(s.xid_seen_at) == {13}, "codes outside the window are forgotten, counts are not"
-    assert dict(s.xid_counts) == {79: 2, 13: 2}
+    assert at_621.health.state is HealthState.HEALTHY, "the exporter's own window judges its verdict"
+    assert at_621.xids == at_30.xids, "the events stay: readers judge recency with their own window"
+
+
+def test_xid_codes_are_bounded_per_gpu_oldest_code_first() -> None:
+    s = GpuState(IDENT)
+    for code in range(MAX_XIDS_PER_GPU + 5):
+        s = with_xid(s, _xid(code, float(code)))
+    assert min(s.xids) == 5, "the oldest codes went"
+    s = with_xid(s, _xid(5, 1000.0))  # seen again: now the newest
+    s = with_xid(s, _xid(500, 1001.0))
+    assert len(s.xids) == MAX_XIDS_PER_GPU and 5 in s.xids and 500 in s.xids and 6 not in s.xids
+    assert sum(s.xid_counts.values()) == MAX_XIDS_PER_GPU + 7, "every event is counted"
 
 
 def test_carry_over_keeps_counters_by_uuid() -> None:
-    old = {0: with_xid(GpuState(IDENT), 48, 1.0, 600)}
+    old = {0: with_xid(GpuState(IDENT), _xid(48, 1.0))}
     moved = GpuIdentity(1, "GPU-a", IDENT.model, IDENT.pci_bus_id)
     new = GpuIdentity(0, "GPU-b", IDENT.model, "00000000:0F:00.0")
     states = carry_over(old, [new, moved])
@@ -434,32 +462,56 @@ def test_carry_over_keeps_counters_by_uuid() -> None:
     assert states[0] == GpuState(new)
 
 
-def _snap(up: bool, *verdicts: HealthVerdict, xids: tuple[int, ...] = ()) -> Snapshot:
+def _snap(
+    up: bool,
+    *verdicts: HealthVerdict,
+    xids: tuple[XidEvent, ...] = (),
+    celsius: float | None = None,
+    pods: tuple[PodGpuUsage, ...] = (),
+) -> Snapshot:
     gpus = tuple(
-        GpuSample(GpuIdentity(i, f"GPU-{i}", "m", "b"), None, None, v, 0.0, recent_xids=xids)
+        GpuSample(
+            GpuIdentity(i, f"GPU-{i}", "m", "b"),
+            FastFields(temperature_gpu_celsius=celsius),
+            None,
+            v,
+            0.0,
+            xids=xids,
+        )
         for i, v in enumerate(verdicts)
     )
-    return Snapshot("n", None, gpus, (), 5.0, up, up)
+    return Snapshot("n", None, gpus, pods, 5.0, up, up)
 
 
-def test_watch_events_are_state_reason_or_recent_xid_changes() -> None:
+def test_watch_events_are_changes_of_what_a_watch_line_carries() -> None:
     ok = HealthVerdict(HealthState.HEALTHY)
     hot = HealthVerdict(HealthState.DEGRADED, (HealthReason("Thermal", "88 C", HealthState.DEGRADED),))
     hotter = HealthVerdict(HealthState.DEGRADED, (HealthReason("Thermal", "89 C", HealthState.DEGRADED),))
     ecc = HealthVerdict(HealthState.DEGRADED, (HealthReason("EccContained", "Xid 94", HealthState.DEGRADED),))
-    assert [type(e).__name__ for e in watch_events(None, _snap(True, ok))] == [
-        "BackendChange",
-        "HealthChange",
-    ]
-    assert watch_events(_snap(True, ok, hot), _snap(True, ok, hotter)) == (), "same reason, new detail"
-    (change,) = watch_events(_snap(True, ok, hot), _snap(True, ok, ecc))
-    assert isinstance(change, HealthChange) and change.index == 1 and change.previous == hot
-    assert watch_events(_snap(True, ok), _snap(False, ok)) == (BackendChange(False, 5.0),)
-    # An informational Xid leaves the verdict healthy but is news to the controller, as is
-    # its leaving the window.
-    (news,) = watch_events(_snap(True, ok), _snap(True, ok, xids=(13,)))
-    assert isinstance(news, HealthChange) and news.recent_xids == (13,) and news.previous == ok
-    assert len(watch_events(_snap(True, ok, xids=(13,)), _snap(True, ok))) == 1
+
+    def events(before: Snapshot | None, after: Snapshot) -> tuple[object, ...]:
+        return watch_events(before, after, hot_celsius=87.0)
+
+    assert [type(e).__name__ for e in events(None, _snap(True, ok))] == ["BackendChange", "HealthChange"]
+    assert events(_snap(True, ok, hot), _snap(True, ok, hotter)) == (), "same reason, new detail"
+    (change,) = events(_snap(True, ok, hot), _snap(True, ok, ecc))
+    assert isinstance(change, HealthChange) and change.sample.identity.index == 1 and change.previous == hot
+    assert events(_snap(True, ok), _snap(False, ok)) == (BackendChange(False, 5.0),)
+    # An informational Xid leaves the verdict healthy but is news to the controller, and so is
+    # the same code seen again (a new time).
+    (news,) = events(_snap(True, ok), _snap(True, ok, xids=(_xid(13, 1.0),)))
+    assert isinstance(news, HealthChange) and news.sample.xids == (_xid(13, 1.0),) and news.previous == ok
+    assert len(events(_snap(True, ok, xids=(_xid(13, 1.0),)), _snap(True, ok, xids=(_xid(13, 2.0),)))) == 1
+    # The temperature is news at or above the exporter's degraded threshold, by the whole degree.
+    assert events(_snap(True, ok, celsius=60.0), _snap(True, ok, celsius=80.0)) == (), "cool: quiet"
+    assert len(events(_snap(True, ok), _snap(True, ok, celsius=60.0))) == 1, "first known"
+    assert len(events(_snap(True, ok, celsius=86.0), _snap(True, ok, celsius=87.0))) == 1, "crossing"
+    assert len(events(_snap(True, hot, celsius=88.0), _snap(True, hot, celsius=89.0))) == 1
+    assert events(_snap(True, hot, celsius=88.0), _snap(True, hot, celsius=88.2)) == ()
+    # So are the pods on a GPU.
+    usage = PodGpuUsage(PodRef("ml", "a", "main"), 0, "GPU-0")
+    (placed,) = events(_snap(True, ok), _snap(True, ok, pods=(usage,)))
+    assert isinstance(placed, HealthChange) and placed.pods == (usage.ref,)
 
 
 async def test_a_watcher_that_falls_behind_is_told_to_resync() -> None:

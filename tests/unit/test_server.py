@@ -20,13 +20,14 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpumon.config import AuthConfig, ConfigError, ExporterConfig, SamplingConfig
-from gpumon.devices.model import XidEvent
+from gpumon.devices.model import HealthState, XidEvent
 from gpumon.devices.nvml import NvmlBackend
 from gpumon.devices.simulated import SimulatedBackend, parse_fault
 from gpumon.devices.simulated_http import fault_routes
 from gpumon.exporter.command import build_backend
 from gpumon.exporter.sampler import SelfMetrics
 from gpumon.exporter.server import STATE, accepts_gzip, choose_format, make_app
+from gpumon.wire import v1 as wire
 
 Client = TestClient[Any, Any]
 MakeClient = Callable[..., Awaitable[Client]]
@@ -249,25 +250,31 @@ def test_unreadable_token_file_is_a_config_error(backend: SimulatedBackend, tmp_
 
 async def test_snapshot_json(aiohttp_client: MakeClient, backend: SimulatedBackend) -> None:
     client = await started(aiohttp_client, backend)
-    doc = await (await client.get("/api/v1/snapshot")).json()
-    assert doc["node"] == "node-1" and doc["backend_up"] is True and doc["complete"] is True
-    assert [g["identity"]["index"] for g in doc["gpus"]] == [0, 1, 2, 3]
-    g = doc["gpus"][0]
-    assert g["identity"]["uuid"] == backend.devices()[0].uuid
-    assert g["health"] == {"state": "healthy", "reasons": []}
-    assert g["fast"]["memory"]["total_bytes"] == 81920 << 20
-    assert isinstance(g["fast"]["throttle_reasons"], list)
-    assert doc["driver"]["driver_version"]
+    body = await (await client.get("/api/v1/snapshot")).read()
+    raw = json.loads(body)
+    assert raw["schema"] == 1 and isinstance(raw["gpus"][0]["fast"]["throttle_reasons"], list)
+    doc = wire.parse_snapshot(body)
+    assert doc.node == "node-1" and doc.backend_up and doc.complete
+    assert [g.identity.index for g in doc.gpus] == [0, 1, 2, 3]
+    g = doc.gpus[0]
+    assert g.identity.uuid == backend.devices()[0].uuid
+    assert g.health == wire.Verdict(state=HealthState.HEALTHY)
+    assert g.fast is not None and g.fast.memory is not None and g.fast.memory.total_bytes == 81920 << 20
+    assert doc.driver is not None and doc.driver.driver_version
 
 
-async def _next(resp: ClientResponse, predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+async def _next(resp: ClientResponse, predicate: Callable[[wire.WatchLine], bool]) -> wire.WatchLine:
     async with asyncio.timeout(30):
         while True:
             line = await resp.content.readline()
             assert line, "stream ended"
-            doc = json.loads(line)
+            doc = wire.parse_watch_line(line)
             if predicate(doc):
                 return doc
+
+
+def _health(line: wire.WatchLine) -> bool:
+    return isinstance(line, wire.HealthLine)
 
 
 async def test_watch_streams_state_then_transitions(
@@ -276,37 +283,51 @@ async def test_watch_streams_state_then_transitions(
     client = await started(aiohttp_client, backend)
     resp = await client.get("/api/v1/watch")
     assert resp.status == 200 and resp.headers["Content-Type"] == "application/x-ndjson"
-    first = json.loads(await resp.content.readline())
-    assert first["type"] == "state" and first["node"] == "node-1" and first["backend_up"] is True
-    assert [(g["gpu"], g["state"], g["recent_xids"]) for g in first["gpus"]] == [
-        (i, "healthy", []) for i in range(4)
+    first = wire.parse_watch_line(await resp.content.readline())
+    assert isinstance(first, wire.StateLine) and first.node == "node-1" and first.backend_up
+    assert [(g.gpu, g.health.state, g.xids) for g in first.gpus] == [
+        (i, HealthState.HEALTHY, ()) for i in range(4)
     ]
+    assert all(g.temperature_celsius is not None and g.ecc_uncorrected == 0 for g in first.gpus), "numbers"
 
     assert (await client.post("/api/v1/faults", json={"gpu": 1, "fault": "xid", "code": 79})).status == 200
-    change = await _next(resp, lambda d: d["type"] == "health")
-    assert change["gpu"] == 1 and change["uuid"] == backend.devices()[1].uuid
-    assert change["from"] == "healthy" and change["state"] == "unhealthy"
-    assert change["reasons"] == [{"code": "XidFatal", "detail": "Xid 79", "state": "unhealthy"}]
-    assert change["recent_xids"] == [79]
+    change = await _next(resp, _health)
+    assert isinstance(change, wire.HealthLine) and change.gpu.gpu == 1
+    assert change.gpu.uuid == backend.devices()[1].uuid
+    assert change.previous is HealthState.HEALTHY and change.gpu.health.state is HealthState.UNHEALTHY
+    assert change.gpu.health.reasons == (
+        wire.Reason(code="XidFatal", detail="Xid 79", state=HealthState.UNHEALTHY),
+    )
+    (xid,) = change.gpu.xids
+    injected = backend.status().injected[-1].at
+    assert (xid.code, xid.at, xid.count) == (79, injected, 1), "the backend's own time"
     # An informational Xid changes no verdict, but the stream tells it (the controller may act).
     assert (await client.post("/api/v1/faults", json={"gpu": 2, "fault": "xid", "code": 13})).status == 200
-    info = await _next(resp, lambda d: d["type"] == "health")
-    assert (info["gpu"], info["from"], info["state"], info["recent_xids"]) == (2, "healthy", "healthy", [13])
-    snapshot = await (await client.get("/api/v1/snapshot")).json()
-    assert [g["recent_xids"] for g in snapshot["gpus"]] == [[], [79], [13], []]
+    info = await _next(resp, _health)
+    assert isinstance(info, wire.HealthLine)
+    assert (info.gpu.gpu, info.previous, info.gpu.health.state) == (
+        2,
+        HealthState.HEALTHY,
+        HealthState.HEALTHY,
+    )
+    assert [x.code for x in info.gpu.xids] == [13]
+    snapshot = wire.parse_snapshot(await (await client.get("/api/v1/snapshot")).read())
+    assert [[x.code for x in g.xids] for g in snapshot.gpus] == [[], [79], [13], []]
 
     backend.inject(parse_fault({"fault": "unavailable"}))
-    assert (await _next(resp, lambda d: d["type"] == "backend"))["up"] is False
+    down = await _next(resp, lambda d: isinstance(d, wire.BackendLine))
+    assert isinstance(down, wire.BackendLine) and not down.up
     backend.clear_all()
-    assert (await _next(resp, lambda d: d["type"] == "backend"))["up"] is True
+    up = await _next(resp, lambda d: isinstance(d, wire.BackendLine))
+    assert isinstance(up, wire.BackendLine) and up.up
     resp.close()
 
 
 async def test_watch_heartbeat(aiohttp_client: MakeClient, backend: SimulatedBackend) -> None:
     client = await started(aiohttp_client, backend)
     resp = await client.get("/api/v1/watch", params={"heartbeat": "0.1"})
-    beat = await _next(resp, lambda d: d["type"] == "heartbeat")
-    assert beat["node"] == "node-1" and beat["time"] > 0
+    beat = await _next(resp, lambda d: isinstance(d, wire.HeartbeatLine))
+    assert beat.node == "node-1" and beat.time > 0
     resp.close()
     for bad in ("0", "abc", "1000"):
         assert (await client.get("/api/v1/watch", params={"heartbeat": bad})).status == 400

@@ -21,11 +21,12 @@ from gpumon.devices.model import (
     HealthVerdict,
     SlowFields,
     Snapshot,
+    XidEvent,
 )
-from gpumon.exporter.server import to_jsonable
 from gpumon.gpu_health import Severity
 from gpumon.status.explain import build_explanation
 from gpumon.status.model import Explanation
+from gpumon.wire import v1 as wire
 
 NAME = "gpu-a-1"
 POLICY = build_policy(
@@ -50,10 +51,12 @@ def snapshot_json() -> dict[str, Any]:
             health=bad if i == 1 else HealthVerdict(HealthState.HEALTHY),
             sampled_at=1.0,
             xid_counts={79: 2} if i == 1 else {},
+            xids=(XidEvent(f"GPU-{i}", 79, 0.5, i),) if i == 1 else (),
         )
         for i in range(2)
     )
-    doc: dict[str, Any] = json.loads(json.dumps(to_jsonable(Snapshot(NAME, None, gpus, (), 1.0, True, True))))
+    snapshot = Snapshot(NAME, None, gpus, (), 1.0, True, True)
+    doc: dict[str, Any] = json.loads(wire.encode(wire.snapshot_document(snapshot)))
     return doc
 
 

@@ -63,12 +63,9 @@ def plan_drain(
 ) -> DrainPlan:
     """The pods to evict from a quarantined node now (``pods`` are the node's pods)."""
     deadline = started_at + policy.deadline_seconds
-    if not verdict.whole_node and reading is not None and reading.pods_attributed is None:
-        # Which pod holds the bad GPU is being fetched: wait for it rather than evict them all.
-        return DrainPlan(NodePhase.DRAINING, (), partial=True, deadline_at=deadline, overdue=False)
     drain_severities = {Severity.UNHEALTHY} | ({Severity.DEGRADED} if policy.on_degraded else set())
     bad = {g.uuid: g for g in verdict.gpus if g.severity in drain_severities}
-    partial = not verdict.whole_node and reading is not None and reading.pods_attributed is True
+    partial = not verdict.whole_node and reading is not None and reading.pods_attributed
     placed: dict[tuple[str, str], list[int]] = {}
     bad_users: dict[tuple[str, str], list[str]] = {}
     if partial and reading is not None:

@@ -83,6 +83,8 @@ class Policy:
     # Xid classes (and their per-code overrides) from NVIDIA's catalog, shared with the exporter.
     xid_classes: HealthPolicy = field(default_factory=HealthPolicy)
     stale_after_seconds: float = 60.0
+    # An Xid counts for this long after it was last seen (config policy.health.xid_window_seconds).
+    xid_window_seconds: float = 600.0
     flap_window_seconds: float = 3600.0
     flap_max_onsets: int = 3
     pool_label: str = "gpumon.io/pool"
@@ -219,9 +221,11 @@ def _observe_gpu(rule: Rule, g: GpuReading | None, policy: Policy) -> _Obs:
             detail = f": {g.health.detail}" if g.health.detail else ""
             return _Obs(holds, f"exporter verdict {g.health.state}{detail}", g.health.reason, at)
         case Signal.XID:
-            if g.recent_xids is None:
+            if g.xids is None:
                 return _UNKNOWN
-            codes = sorted(c for c in g.recent_xids if _xid_matches(rule, c, policy.xid_classes))
+            # Recent by the controller's own window, up to the reading's time (not the source's).
+            recent = {x.code for x in g.xids if at - x.at <= policy.xid_window_seconds}
+            codes = sorted(c for c in recent if _xid_matches(rule, c, policy.xid_classes))
             if not codes:
                 return _Obs(False, "", "", at)
             evidence = "Xid " + ", ".join(str(c) for c in codes)

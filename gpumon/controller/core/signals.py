@@ -19,6 +19,14 @@ _NO_VALUES: Mapping[str, float] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
+class XidSeen:
+    """An Xid code and the Unix time it was last seen on the GPU."""
+
+    code: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class GpuReading:
     """One GPU as last observed. ``None`` fields were not reported (unsupported or not fetched)."""
 
@@ -32,8 +40,9 @@ class GpuReading:
     lost: bool | None = None
     # The exporter's own verdict (gpumon_gpu_health), with its reasons.
     health: HealthVerdict | None = None
-    # Xid codes seen within the source's Xid window; None when the source cannot tell.
-    recent_xids: frozenset[int] | None = None
+    # Xid codes with when each was last seen; None when the source cannot tell. Which of them
+    # count as recent is the policy's call (its own Xid window), never the source's.
+    xids: tuple[XidSeen, ...] | None = None
     # Pods the exporter attributes to this GPU (meaningful when the node's pods_attributed).
     pods: tuple[PodRef, ...] = ()
     # Values of gpu-scoped PromQL rules, by rule name.
@@ -48,9 +57,8 @@ class NodeReading:
     # When the node's data was last confirmed (a heartbeat counts: it says nothing changed).
     observed_at: float
     gpus: tuple[GpuReading, ...]
-    # True when the exporter reports which pods use which GPU on this node; None while that
-    # detail is still being fetched (the drain waits for it rather than take every pod).
-    pods_attributed: bool | None = False
+    # True when the exporter reports which pods use which GPU on this node (a partial drain).
+    pods_attributed: bool = False
     # Values of node-scoped PromQL rules, by rule name.
     custom: Mapping[str, float] = field(default_factory=lambda: _NO_VALUES)
 
@@ -79,9 +87,6 @@ class SignalSource(Protocol):
 
     def current(self) -> FleetSignals:
         """The latest readings; cheap, never blocks."""
-
-    def focus(self, nodes: Iterable[str]) -> None:
-        """Nodes the controller watches closely (pending, quarantined): worth more detail."""
 
     async def run(self, on_change: ChangeCallback) -> None:
         """Keep :meth:`current` fresh until cancelled; never raises on network failures."""

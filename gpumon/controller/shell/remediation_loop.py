@@ -248,9 +248,6 @@ class Reconciler:
                 self._metrics.signal_age.observe(ev.verdict.age_seconds)
             self._schedule(ev.next_check_at, name)
             evaluated.append((view, ev.verdict, reading, before))
-        self._source.focus(
-            set(self._states) | {n for n, v in self._nodes.items().items() if is_quarantined(v)}
-        )
         if not self._is_leader():
             return
         await self._recorder.retry()

@@ -1,14 +1,17 @@
-"""Signals straight from the exporters, no Prometheus: pushed health, pulled detail.
+"""Signals straight from the exporters, no Prometheus: pushed, not polled.
 
-Each exporter is subscribed to once, at ``/api/v1/watch`` (newline-delimited JSON, see
-docs/exporter.md): the current verdict of every GPU on connect, then each transition, and a
-heartbeat when nothing changes. That costs next to nothing for the healthy majority of a fleet.
-Nodes that need more (a GPU the exporter does not call healthy, or a node the controller is
-watching: pending, quarantined, recovering) also have their ``/api/v1/snapshot`` fetched every
-poll interval, with a bounded pool, for raw fields (temperature, ECC, row remapping, Xid
-counters) and for which pods use which GPU. An exporter without the watch endpoint is polled
-the same way. Xid codes come as the exporter's structured ``recent_xids`` (every code seen within
-its ``health.xid_window_seconds``), which the controller classifies with its own Xid classes.
+Each exporter is subscribed to once, at ``/api/v1/watch`` (schema :mod:`gpumon.wire.v1`, see
+docs/exporter.md): every GPU on connect, then a line whenever a GPU changes in something the
+policy or the drain reads (the exporter's verdict, the uncorrectable ECC count, row-remap flags,
+lost, an Xid with its time, the temperature while hot, the pods on the GPU), and a heartbeat
+when nothing changes. That costs next to nothing for the healthy majority of a fleet, and a
+watched exporter is never polled. An exporter without the watch endpoint (404) has its
+``/api/v1/snapshot`` fetched every poll interval instead, with a bounded pool.
+
+Every line and document is parsed with the wire schema's models and limits. Input they refuse
+(too long, another schema version, wrong types, too many GPUs or pods) is counted by kind in
+:attr:`DirectSource.errors` and ends that connection; the reconnect starts with a fresh state
+line, and nothing is ever buffered beyond the limits.
 
 Freshness: a node counts as observed when its exporter last spoke (a heartbeat says "no
 change"); an exporter whose device backend is down, or that cannot be reached, yields no reading.
@@ -17,12 +20,10 @@ change"); an exporter whose device backend is down, or that cannot be reached, y
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
+import collections
 import logging
-import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -30,71 +31,63 @@ from typing import Any, Protocol
 import aiohttp
 
 from gpumon.controller.core.backoff import Backoff
-from gpumon.controller.core.signals import ChangeCallback, FleetSignals, GpuReading, NodeReading
-from gpumon.devices.model import HealthReason, HealthState, HealthVerdict, PodRef
+from gpumon.controller.core.signals import ChangeCallback, FleetSignals, GpuReading, NodeReading, XidSeen
+from gpumon.wire import v1 as wire
 
 log = logging.getLogger(__name__)
-
-_ECC_DETAIL = re.compile(r"^(\d+) uncorrectable ECC")
-_TEMP_DETAIL = re.compile(r"^temperature (\d+(?:\.\d+)?) C")
 
 
 # ---------------------------------------------------------------------------------------------
 # What the controller knows about one exporter (pure)
 
 
-def verdict_from_json(doc: Mapping[str, Any]) -> HealthVerdict:
-    state = HealthState(doc.get("state", "healthy"))
-    reasons = tuple(
-        HealthReason(
-            str(r.get("code", "")), str(r.get("detail", "")), HealthState(r.get("state", state.value))
-        )
-        for r in doc.get("reasons") or ()
-    )
-    return HealthVerdict(state, reasons)
+def _xids(xids: Iterable[wire.Xid]) -> tuple[XidSeen, ...]:
+    return tuple(XidSeen(x.code, x.at) for x in xids)
 
 
-def xids_from_json(doc: Mapping[str, Any]) -> frozenset[int] | None:
-    """The exporter's ``recent_xids``; None (cannot tell) when it does not send them."""
-    codes = doc.get("recent_xids")
-    return frozenset(int(c) for c in codes) if isinstance(codes, list) else None
-
-
-@dataclass(frozen=True, slots=True)
-class GpuHealth:
-    """One GPU as a watch line tells it: the exporter's verdict and its recent Xid codes."""
-
-    index: int
-    verdict: HealthVerdict
-    recent_xids: frozenset[int] | None
-
-
-def health_from_json(doc: Mapping[str, Any], index: int) -> GpuHealth:
-    return GpuHealth(index, verdict_from_json(doc), xids_from_json(doc))
-
-
-def gpu_from_verdict(uuid: str, health: GpuHealth, at: float) -> GpuReading:
-    """What a verdict alone tells: the exporter flags any uncorrectable ECC error, row-remap
-    failure or lost GPU, so their absence from the reasons means "none"; a temperature is known
-    only when the verdict quotes one."""
-    v = health.verdict
-    codes = {r.code for r in v.reasons}
-    ecc = next((int(m.group(1)) for r in v.reasons if (m := _ECC_DETAIL.match(r.detail))), 0)
-    temp = next((float(m.group(1)) for r in v.reasons if (m := _TEMP_DETAIL.match(r.detail))), None)
+def gpu_reading(s: wire.GpuStatus, at: float) -> GpuReading:
+    """One GPU of a watch line, as observed at ``at`` (the stream confirms it until it changes)."""
     return GpuReading(
-        uuid=uuid,
-        index=health.index,
+        uuid=s.uuid,
+        index=s.gpu,
         observed_at=at,
-        temperature_celsius=temp,
-        ecc_uncorrectable=ecc,
-        row_remap_failure="RowRemapFailure" in codes,
-        lost=v.state is HealthState.LOST,
-        health=v,
-        recent_xids=health.recent_xids,
+        temperature_celsius=s.temperature_celsius,
+        ecc_uncorrectable=s.ecc_uncorrected,
+        row_remap_failure=s.row_remap_failure,
+        lost=s.lost,
+        health=wire.health_verdict(s.health),
+        xids=_xids(s.xids),
+        pods=tuple(wire.pod_ref(p) for p in s.pods),
     )
 
 
-_NO_VERDICTS: Mapping[str, GpuHealth] = MappingProxyType({})
+def snapshot_readings(doc: wire.SnapshotDoc, now: float) -> tuple[GpuReading, ...]:
+    """The GPUs of an ``/api/v1/snapshot`` document (exporters without a watch endpoint)."""
+    pods: dict[str, list[wire.Pod]] = {}
+    for p in doc.pods:
+        pods.setdefault(p.gpu_uuid, []).append(p.ref)
+    out = []
+    for g in doc.gpus:
+        fast, slow = g.fast, g.slow
+        out.append(
+            GpuReading(
+                uuid=g.identity.uuid,
+                index=g.identity.index,
+                observed_at=min(g.sampled_at, now),
+                temperature_celsius=None if fast is None else fast.temperature_gpu_celsius,
+                memory_utilization_ratio=None if fast is None else fast.memory_utilization_ratio,
+                ecc_uncorrectable=None if slow is None else slow.ecc_uncorrected,
+                row_remap_failure=None if slow is None else slow.row_remap_failure,
+                lost=g.lost,
+                health=wire.health_verdict(g.health),
+                xids=_xids(g.xids),
+                pods=tuple(wire.pod_ref(p) for p in pods.get(g.identity.uuid, ())),
+            )
+        )
+    return tuple(out)
+
+
+_NO_GPUS: Mapping[str, wire.GpuStatus] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,121 +95,42 @@ class ExporterView:
     node: str
     heard_at: float | None = None
     backend_up: bool = True
-    verdicts: Mapping[str, GpuHealth] = field(default_factory=lambda: _NO_VERDICTS)
-    verdicts_at: float = 0.0
-    # From the latest /api/v1/snapshot, while the node is of interest.
-    snapshot: tuple[GpuReading, ...] | None = None
-    snapshot_at: float = 0.0
-    pods_attributed: bool = False
-
-    @property
-    def troubled(self) -> bool:
-        """The exporter calls some GPU not healthy, or reports a transition newer than the
-        snapshot: detail is worth fetching."""
-        bad = any(h.verdict.state is not HealthState.HEALTHY for h in self.verdicts.values())
-        return bad or (self.snapshot is not None and self.verdicts_at > self.snapshot_at)
+    # Streamed: the latest line of each GPU, by UUID.
+    gpus: Mapping[str, wire.GpuStatus] = field(default_factory=lambda: _NO_GPUS)
+    # Polled (no watch endpoint): the GPUs of the latest snapshot.
+    polled: tuple[GpuReading, ...] | None = None
 
 
-def on_message(view: ExporterView, msg: Mapping[str, Any], now: float) -> tuple[ExporterView, bool]:
+def on_line(view: ExporterView, line: wire.WatchLine, now: float) -> tuple[ExporterView, bool]:
     """Fold one watch line in; also says whether anything but the time changed."""
-    kind = msg.get("type")
-    if kind == "heartbeat":
-        return replace(view, heard_at=now), False
-    if kind == "backend":
-        up = bool(msg.get("up"))
-        return replace(view, heard_at=now, backend_up=up, verdicts_at=now), up != view.backend_up
-    if kind == "state":
-        verdicts = {
-            str(g["uuid"]): health_from_json(g, int(g["gpu"])) for g in msg.get("gpus") or () if "uuid" in g
-        }
-        changed = verdicts != dict(view.verdicts) or bool(msg.get("backend_up", True)) != view.backend_up
-        return (
-            replace(
-                view,
-                heard_at=now,
-                backend_up=bool(msg.get("backend_up", True)),
-                verdicts=MappingProxyType(verdicts),
-                verdicts_at=now if changed else view.verdicts_at,
-            ),
-            changed,
-        )
-    if kind == "health" and "uuid" in msg:
-        verdicts = dict(view.verdicts)
-        verdicts[str(msg["uuid"])] = health_from_json(msg, int(msg.get("gpu", -1)))
-        return replace(view, heard_at=now, verdicts=MappingProxyType(verdicts), verdicts_at=now), True
-    return replace(view, heard_at=now), False
+    match line:
+        case wire.HeartbeatLine():
+            return replace(view, heard_at=now), False
+        case wire.BackendLine(up=up):
+            return replace(view, heard_at=now, backend_up=up), up != view.backend_up
+        case wire.StateLine(backend_up=up, gpus=gpus):
+            by_uuid = {g.uuid: g for g in gpus}
+            changed = by_uuid != dict(view.gpus) or up != view.backend_up
+            return replace(view, heard_at=now, backend_up=up, gpus=MappingProxyType(by_uuid)), changed
+        case wire.HealthLine(gpu=gpu):
+            changed = view.gpus.get(gpu.uuid) != gpu
+            return replace(view, heard_at=now, gpus=MappingProxyType({**view.gpus, gpu.uuid: gpu})), changed
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def on_snapshot(view: ExporterView, doc: Mapping[str, Any], now: float) -> ExporterView:
-    """Fold an /api/v1/snapshot document in (raw fields, recent Xids, pods per GPU)."""
-    pods: dict[str, list[PodRef]] = {}
-    for p in doc.get("pods") or ():
-        ref = p.get("ref") or {}
-        if ref.get("pod"):
-            pods.setdefault(str(p.get("gpu_uuid")), []).append(
-                PodRef(
-                    str(ref.get("namespace", "")),
-                    str(ref["pod"]),
-                    str(ref.get("container", "")),
-                    str(ref.get("uid", "")),
-                )
-            )
-    gpus: list[GpuReading] = []
-    verdicts: dict[str, GpuHealth] = {}
-    for g in doc.get("gpus") or ():
-        ident = g.get("identity") or {}
-        uuid, index = str(ident.get("uuid", "")), int(ident.get("index", -1))
-        fast, slow = g.get("fast") or {}, g.get("slow") or {}
-        health = GpuHealth(index, verdict_from_json(g.get("health") or {}), xids_from_json(g))
-        verdicts[uuid] = health
-        sampled = _num(g.get("sampled_at")) or 0.0
-        remap = slow.get("row_remap_failure")
-        ecc = slow.get("ecc_uncorrected")
-        gpus.append(
-            GpuReading(
-                uuid=uuid,
-                index=index,
-                observed_at=min(sampled, now),
-                temperature_celsius=_num(fast.get("temperature_gpu_celsius")),
-                memory_utilization_ratio=_num(fast.get("memory_utilization_ratio")),
-                ecc_uncorrectable=int(ecc) if isinstance(ecc, int) else None,
-                row_remap_failure=bool(remap) if isinstance(remap, bool) else None,
-                lost=bool(g.get("lost", False)),
-                health=health.verdict,
-                recent_xids=health.recent_xids,
-                pods=tuple(pods.get(uuid, ())),
-            )
-        )
-    return replace(
-        view,
-        heard_at=now,
-        backend_up=bool(doc.get("backend_up", True)),
-        verdicts=MappingProxyType(verdicts),
-        verdicts_at=view.verdicts_at if verdicts == dict(view.verdicts) else now,
-        snapshot=tuple(gpus),
-        snapshot_at=now,
-        pods_attributed=bool(pods),
-    )
+def on_snapshot(view: ExporterView, doc: wire.SnapshotDoc, now: float) -> ExporterView:
+    return replace(view, heard_at=now, backend_up=doc.backend_up, polled=snapshot_readings(doc, now))
 
 
 def reading_of(view: ExporterView) -> NodeReading | None:
     if view.heard_at is None or not view.backend_up:
         return None
-    if view.snapshot is not None and view.snapshot_at >= view.verdicts_at:
-        gpus = view.snapshot
-        attributed: bool | None = view.pods_attributed
+    if view.polled is not None:
+        gpus = view.polled
     else:
-        gpus = tuple(
-            gpu_from_verdict(uuid, health, view.heard_at)
-            for uuid, health in sorted(view.verdicts.items(), key=lambda kv: kv[1].index)
-        )
-        # A troubled node's snapshot (with pod placement) is on its way.
-        attributed = None if view.troubled else False
-    return NodeReading(view.node, view.heard_at, gpus, pods_attributed=attributed)
+        at = view.heard_at
+        gpus = tuple(gpu_reading(s, at) for s in sorted(view.gpus.values(), key=lambda s: s.gpu))
+    # The exporter places pods on GPUs when it names any; otherwise the drain takes every GPU pod.
+    return NodeReading(view.node, view.heard_at, gpus, pods_attributed=any(g.pods for g in gpus))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,6 +203,16 @@ class DirectSettings:
 RECONNECT_BACKOFF = Backoff(initial_seconds=0.5, max_seconds=30.0)
 
 
+async def read_bounded(chunks: AsyncIterable[bytes], limit: int) -> bytes:
+    """A whole body, refused (``oversize``) as soon as it passes ``limit`` bytes."""
+    body = bytearray()
+    async for chunk in chunks:
+        body += chunk
+        if len(body) > limit:
+            raise wire.WireError("oversize", f"a document longer than {limit} bytes")
+    return bytes(body)
+
+
 class DirectSource:
     """A :class:`SignalSource` subscribed to every exporter's watch stream."""
 
@@ -312,21 +236,16 @@ class DirectSource:
         self._cache: dict[str, tuple[ExporterView, NodeReading | None]] = {}
         self._watchers: dict[str, tuple[str, asyncio.Task[None]]] = {}
         self._polled: set[str] = set()  # exporters without a watch endpoint
-        self._focus: set[str] = set()
-        self._urgent: set[str] = set()
-        self._wake = asyncio.Event()
         self._limit = asyncio.Semaphore(settings.max_concurrency)
         self._on_change: ChangeCallback = lambda nodes: None
-        self.errors = 0
+        # Failures by kind: the wire schema's refusals (oversize, schema, invalid) and
+        # connection (unreachable, HTTP error, cut stream).
+        self.errors: collections.Counter[str] = collections.Counter()
 
     # -- the SignalSource face ----------------------------------------------------------------
 
     def current(self) -> FleetSignals:
         return FleetSignals(_LazyReadings(self._views, self._cache), source_up=True)
-
-    def focus(self, nodes: Iterable[str]) -> None:
-        """Nodes the controller is watching closely: their snapshots are polled too."""
-        self._focus = set(nodes)
 
     @property
     def connected(self) -> int:
@@ -337,13 +256,10 @@ class DirectSource:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._s.bearer_token}"} if self._s.bearer_token else {}
 
-    def _update(self, node: str, view: ExporterView, changed: bool) -> None:
-        self._views[node] = view
-        if view.troubled and node not in self._urgent and (changed or view.snapshot is None):
-            self._urgent.add(node)
-            self._wake.set()
-        if changed:
-            self._on_change((node,))
+    def _failed(self, node: str, kind: str, error: Exception, what: str) -> None:
+        self.errors[kind] += 1
+        level = logging.WARNING if isinstance(error, wire.WireError) else logging.DEBUG
+        log.log(level, what, extra={"node": node, "error": str(error) or repr(error)})
 
     async def _watch(self, node: str, url: str) -> None:
         attempt = 0
@@ -360,23 +276,26 @@ class DirectSource:
                     if resp.status == 404:
                         log.info("exporter has no watch endpoint; polling it", extra={"node": node})
                         self._polled.add(node)
-                        self._wake.set()
+                        await self._fetch_snapshot(node, url)
                         return
                     resp.raise_for_status()
                     attempt = 0
                     # A (re)connect's first line makes a stale node fresh even when its
-                    # verdicts are the same as before: tell the reconciler.
+                    # GPUs are the same as before: tell the reconciler.
                     reconnected = True
-                    async for line in resp.content:
-                        if not line.strip():
-                            continue
-                        view = self._views.get(node) or ExporterView(node)
-                        view, changed = on_message(view, json.loads(line), self._clock())
-                        self._update(node, view, changed or reconnected)
-                        reconnected = False
-            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as e:
-                self.errors += 1
-                log.debug("exporter watch ended", extra={"node": node, "error": repr(e)})
+                    lines = wire.LineSplitter()
+                    async for chunk in resp.content.iter_any():
+                        for raw in lines.feed(chunk):
+                            view = self._views.get(node) or ExporterView(node)
+                            view, changed = on_line(view, wire.parse_watch_line(raw), self._clock())
+                            self._views[node] = view
+                            if changed or reconnected:
+                                self._on_change((node,))
+                            reconnected = False
+            except wire.WireError as e:
+                self._failed(node, e.kind, e, "exporter watch line refused; reconnecting")
+            except (aiohttp.ClientError, TimeoutError) as e:
+                self._failed(node, "connection", e, "exporter watch ended")
             attempt += 1
             await asyncio.sleep(self._backoff.delay(attempt, salt=len(node)))
 
@@ -388,10 +307,13 @@ class DirectSource:
                     url.rstrip("/") + "/api/v1/snapshot", headers=self._headers(), timeout=timeout
                 ) as resp:
                     resp.raise_for_status()
-                    doc = await resp.json(content_type=None)
-            except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-                self.errors += 1
-                log.debug("snapshot fetch failed", extra={"node": node, "error": repr(e)})
+                    body = await read_bounded(resp.content.iter_any(), wire.MAX_DOCUMENT_BYTES)
+                doc = wire.parse_snapshot(body)
+            except wire.WireError as e:
+                self._failed(node, e.kind, e, "exporter snapshot refused")
+                return
+            except (aiohttp.ClientError, TimeoutError) as e:
+                self._failed(node, "connection", e, "snapshot fetch failed")
                 return
         view = self._views.get(node) or ExporterView(node)
         new = on_snapshot(view, doc, self._clock())
@@ -418,25 +340,12 @@ class DirectSource:
                 )
 
     async def _poll(self) -> None:
-        loop = asyncio.get_running_loop()
-        next_round = loop.time()
+        """Exporters without a watch endpoint, every poll interval (each watch task fetched its
+        node's first snapshot the moment it found the endpoint missing)."""
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout_at(next_round):
-                    await self._wake.wait()
-            self._wake.clear()
+            await asyncio.sleep(self._s.poll_interval_seconds)
             urls = self._endpoints.current()
-            if loop.time() >= next_round:
-                wanted = self._focus | self._polled | {n for n, v in self._views.items() if v.troubled}
-                next_round = loop.time() + self._s.poll_interval_seconds
-                # Detail no longer needed: back to verdicts, so old detail never goes stale.
-                for node, view in list(self._views.items()):
-                    if node not in wanted and view.snapshot is not None:
-                        self._views[node] = replace(view, snapshot=None, pods_attributed=False)
-            else:
-                wanted = set(self._urgent)
-            self._urgent.clear()
-            await asyncio.gather(*(self._fetch_snapshot(n, urls[n]) for n in wanted if n in urls))
+            await asyncio.gather(*(self._fetch_snapshot(n, urls[n]) for n in list(self._polled) if n in urls))
 
     async def run(self, on_change: ChangeCallback) -> None:
         self._on_change = on_change

@@ -24,7 +24,14 @@ import aiohttp
 
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.policy import Rule
-from gpumon.controller.core.signals import EMPTY_FLEET, ChangeCallback, FleetSignals, GpuReading, NodeReading
+from gpumon.controller.core.signals import (
+    EMPTY_FLEET,
+    ChangeCallback,
+    FleetSignals,
+    GpuReading,
+    NodeReading,
+    XidSeen,
+)
 from gpumon.devices.model import HealthReason, HealthState, HealthVerdict, PodRef
 from gpumon.gpu_health import Scope, Signal
 
@@ -132,7 +139,7 @@ def readings_from_results(
     # Only GPUs Prometheus scrapes (they have a freshness sample) get readings. A series a GPU
     # lacks stays None (unknown), except Xids and pods, whose absence means "none".
     for each in gpus.values():
-        each.fields.update(recent_xids=set(), pods=[], custom={})
+        each.fields.update(xids=set(), pods=[], custom={})
     simple: dict[str, tuple[str, Callable[[float], Any]]] = {
         Signal.TEMPERATURE.value: ("temperature_celsius", float),
         Signal.MEMORY_UTILIZATION.value: ("memory_utilization_ratio", float),
@@ -162,7 +169,7 @@ def readings_from_results(
         g = target(s.labels)
         code = s.labels.get("xid", "")
         if g is not None and code.isdigit():
-            g.fields["recent_xids"].add(int(code))
+            g.fields["xids"].add(int(code))
     attributed: set[str] = set()
     for s in results.get(PODS, ()):
         g = target(s.labels)
@@ -196,7 +203,7 @@ def readings_from_results(
                 row_remap_failure=f.get("row_remap_failure"),
                 lost=f.get("lost"),
                 health=f.get("health"),
-                recent_xids=frozenset(f["recent_xids"]) if Signal.XID.value in results else None,
+                xids=_seen(f["xids"], g.at) if Signal.XID.value in results else None,
                 pods=tuple(f["pods"]),
                 custom=MappingProxyType(dict(f["custom"])),
             )
@@ -211,6 +218,13 @@ def readings_from_results(
         )
         for node, gs in nodes.items()
     }
+
+
+def _seen(codes: Iterable[int], at: float) -> tuple[XidSeen, ...]:
+    """The Xid query answers codes that rose within the controller's own Xid window, without
+    a time: each counts as seen when the GPU was last scraped, which the policy's window (the
+    same setting) then keeps."""
+    return tuple(XidSeen(code, at) for code in sorted(codes))
 
 
 QUERY_BACKOFF = Backoff(initial_seconds=0.5, max_seconds=5.0)
@@ -253,9 +267,6 @@ class PrometheusSource:
 
     def current(self) -> FleetSignals:
         return self._fleet
-
-    def focus(self, nodes: Iterable[str]) -> None:
-        """Every node is in every fleet-wide query already."""
 
     async def _query(self, promql: str, at: float) -> list[Sample]:
         headers = {"Authorization": f"Bearer {self._s.bearer_token}"} if self._s.bearer_token else {}
