@@ -1,14 +1,19 @@
-"""Serve an aiohttp app until SIGTERM or SIGINT: the shell both long-running commands share."""
+"""Serve an aiohttp app until SIGTERM or SIGINT: the shell both long-running commands share.
+
+Portable to Windows (the HostProcess exporter): no loop signal handlers there, and no
+SO_REUSEADDR."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import signal
 import socket
 import ssl
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -46,7 +51,11 @@ def bind(address: str, port: int) -> list[socket.socket]:
             except OSError:  # a family this kernel lacks (IPv6 off): asyncio skips it too
                 continue
             sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if sys.platform != "win32":
+                # As asyncio does on Unix only: a restart rebinds a port whose old connections
+                # are in TIME_WAIT. On Windows the option lets another socket take a port in
+                # use, so the "port in use" error below would never come.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(sockaddr)
@@ -67,17 +76,45 @@ def bind(address: str, port: int) -> list[socket.socket]:
     return sockets
 
 
-def stop_on_signals() -> asyncio.Event:
-    """An event SIGTERM or SIGINT sets, on the running loop.
+# SIGBREAK: Ctrl+Break, the signal Windows can send to a console process group (a HostProcess
+# container's exporter) besides Ctrl+C; Unix has no such signal.
+STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGBREAK") if hasattr(signal, name)
+)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[asyncio.Event]:
+    """An event SIGTERM or SIGINT (SIGBREAK on Windows) sets, on the running loop, while the
+    block runs; the signals' previous handlers are back afterwards.
 
     Long-running commands stop by checking it rather than by the cancellation asyncio.run sends
     on SIGINT: a cancellation that a library turns into a timeout (and that code then handles
     as one) is lost, and the command would run on for ever."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    return stop
+
+    def from_handler(_signum: int, _frame: object) -> None:
+        loop.call_soon_threadsafe(stop.set)
+
+    on_loop: list[signal.Signals] = []
+    replaced: dict[signal.Signals, Any] = {}
+    try:
+        for sig in STOP_SIGNALS:
+            try:
+                loop.add_signal_handler(sig, stop.set)
+                on_loop.append(sig)
+            except NotImplementedError:
+                # Windows' event loops have no signal handlers. Python's own handler runs in
+                # the main thread (the loop's) between bytecodes, and the proactor loop wakes
+                # for it through signal.set_wakeup_fd, so the event is set promptly.
+                replaced[sig] = signal.signal(sig, from_handler)
+        yield stop
+    finally:
+        for sig in on_loop:
+            loop.remove_signal_handler(sig)
+        for sig, previous in replaced.items():
+            signal.signal(sig, previous)
 
 
 async def serve_until_signalled(
@@ -101,16 +138,18 @@ async def serve_until_signalled(
         for sock in sockets:
             sock.close()
         raise
-    try:
-        await runner.setup()
-        for sock in sockets:
-            await web.SockSite(runner, sock, ssl_context=ssl_context).start()
-        on_listening(metrics_url(runner.addresses, tls=ssl_context is not None))
-        stop = stop_on_signals()
-        await stop.wait()
-        log.info("stopping")
-        return 0
-    finally:
-        await runner.cleanup()
-        for sock in sockets:  # those no site took over (closing twice is harmless)
-            sock.close()
+    # Handlers from before the app starts until it is cleaned up: a signal during start-up
+    # stops it as soon as it serves, and one during the cleanup is absorbed.
+    with stop_on_signals() as stop:
+        try:
+            await runner.setup()
+            for sock in sockets:
+                await web.SockSite(runner, sock, ssl_context=ssl_context).start()
+            on_listening(metrics_url(runner.addresses, tls=ssl_context is not None))
+            await stop.wait()
+            log.info("stopping")
+            return 0
+        finally:
+            await runner.cleanup()
+            for sock in sockets:  # those no site took over (closing twice is harmless)
+                sock.close()

@@ -205,21 +205,21 @@ async def _main(args: argparse.Namespace, config: ControllerConfig, node: str | 
                     return build_fleet(state, pool_label=policy.pool_label)
                 return build_explanation(state, pool_label=policy.pool_label, policy=policy)
 
-            stop = stop_on_signals()
+            with stop_on_signals() as stop:
 
-            async def until_stopped(seconds: float) -> None:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(seconds):
-                        await stop.wait()
+                async def until_stopped(seconds: float) -> None:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(seconds):
+                            await stop.wait()
 
-            return await rounds(
-                build,
-                show,
-                watch=args.watch,
-                interval_seconds=args.interval,
-                sleep=until_stopped,
-                stopped=stop.is_set,
-            )
+                return await rounds(
+                    build,
+                    show,
+                    watch=args.watch,
+                    interval_seconds=args.interval,
+                    sleep=until_stopped,
+                    stopped=stop.is_set,
+                )
     finally:
         show.close()
         await api.close()
