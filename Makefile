@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup tools pin-tools system-packages demo test test-unit lint bench clean dashboards
+.PHONY: setup tools pin-tools system-packages demo test test-unit lint bench clean dashboards image
 
 setup: $(STAMP) system-packages tools
 
@@ -45,6 +45,11 @@ lint: $(STAMP)
 	@$(VENV)/bin/ruff format --check --output-format concise .
 	@$(VENV)/bin/mypy
 	@$(VENV)/bin/lint-imports --no-cache --no-logo
+
+# The Linux container image (docs/images.md): IMAGE, PLATFORMS, BASE, CA_BUNDLE, VERSION and
+# REVISION are passed through to hack/build-image.sh.
+image:
+	@bash hack/build-image.sh
 
 # Regenerate dashboards/json/ from the Python in dashboards/ (the JSON is committed).
 dashboards: $(STAMP)

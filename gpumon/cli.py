@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from gpumon import __version__
+from gpumon import build
 from gpumon.config import ConfigError
 
 COMMANDS: dict[str, str] = {
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpumon",
         description="GPU fleet monitor and remediation controller for Kubernetes.",
     )
-    parser.add_argument("--version", action="version", version=f"gpumon {__version__}")
+    parser.add_argument("--version", action="version", version=build.current().describe())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, path in COMMANDS.items():
         mod = importlib.import_module(path)
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     v = sub.add_parser("version", help="print the version and exit")
-    v.set_defaults(_run=lambda _args: print(f"gpumon {__version__}") or 0)
+    v.set_defaults(_run=lambda _args: print(build.current().describe()) or 0)
     return parser
 
 

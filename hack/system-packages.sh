@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the tests use (a real Prometheus, promtool and Alertmanager) and
-# wrk for `make bench`, once; later runs find them and do nothing.
+# Installs the Debian packages the tests use (a real Prometheus, promtool and Alertmanager;
+# buildah, podman and mmdebstrap to build and run the container image) and wrk for `make bench`,
+# once; later runs find them and do nothing.
 set -euo pipefail
 need=()
 command -v prometheus >/dev/null || need+=(prometheus)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
 command -v wrk >/dev/null || need+=(wrk)
+command -v buildah >/dev/null || need+=(buildah)
+command -v podman >/dev/null || need+=(podman)
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "==> installing Debian packages: ${need[*]}"
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo

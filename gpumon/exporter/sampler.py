@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpumon import __version__
+from gpumon import __version__, build
 from gpumon.config import SamplingConfig
 from gpumon.devices.backend import (
     BackendError,
@@ -247,10 +247,10 @@ class SelfMetrics:
         self.registry = registry
         Gauge(
             "gpumon_exporter_build_info",
-            "gpumon exporter build, Python version and device backend.",
-            ["version", "python_version", "backend"],
+            "gpumon exporter build (package version, image git revision), Python version and device backend.",
+            ["version", "revision", "python_version", "backend"],
             registry=registry,
-        ).labels(__version__, platform.python_version(), backend).set(1)
+        ).labels(__version__, build.current().revision, platform.python_version(), backend).set(1)
         self.sample_duration = Histogram(
             "gpumon_exporter_sample_duration_seconds",
             "Time taken by one sampling tick, by cadence.",
