@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from gpumon.devices.backend import DeviceBackend
-    from gpumon.exporter.sampler import SelfMetrics
+    from gpumon.exporter.self_metrics import SelfMetrics
 
 HELP = "run the per-node GPU exporter (NVML or simulated GPUs) and serve Prometheus metrics"
 
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
     from gpumon import logs
-    from gpumon.exporter.sampler import SelfMetrics
+    from gpumon.exporter.self_metrics import SelfMetrics
     from gpumon.exporter.server import STATE, make_app
 
     config = load_config(args)

@@ -7,26 +7,21 @@ a timeout; a GPU whose earlier call is still hung is skipped (and counted) rathe
 another thread. Xid events come from one dedicated thread blocked in ``wait_xids`` and are
 published at once, without waiting for the next tick.
 
-The per-GPU bookkeeping (:class:`GpuState` and the functions beside it) is pure; the
-:class:`Sampler` is the imperative shell around it.
+This is the imperative shell: clocks, threads, timeouts and logs. What a reading does to a GPU's
+state is :mod:`gpumon.exporter.gpu_state`, what a watcher is told is
+:mod:`gpumon.exporter.watch_events`, both pure.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import platform
 import threading
 import time
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-from gpumon import __version__, build
 from gpumon.config import SamplingConfig
 from gpumon.devices.backend import (
     BackendError,
@@ -38,19 +33,26 @@ from gpumon.devices.backend import (
 from gpumon.devices.model import (
     DriverInfo,
     FastFields,
-    GpuIdentity,
-    GpuSample,
-    HealthVerdict,
     PodGpuUsage,
-    PodRef,
     SlowFields,
     Snapshot,
     XidEvent,
 )
 from gpumon.exporter.exposition import Profile, RenderedMetrics, render
+from gpumon.exporter.gpu_state import (
+    GpuState,
+    carry_over,
+    to_sample,
+    with_fast,
+    with_lost,
+    with_slow,
+    with_xid,
+)
+from gpumon.exporter.self_metrics import SelfMetrics
 from gpumon.exporter.sources import PodAttributor
-from gpumon.gpu_health import HealthPolicy, judge
-from gpumon.wire.v1 import MAX_XIDS_PER_GPU, placement
+from gpumon.exporter.watch_events import HealthChange, watch_events
+from gpumon.exporter.watchers import Watcher
+from gpumon.gpu_health import HealthPolicy
 
 log = logging.getLogger(__name__)
 
@@ -58,241 +60,12 @@ T = TypeVar("T")
 
 REOPEN_BACKOFF_BASE_SECONDS = 1.0
 REOPEN_BACKOFF_CAP_SECONDS = 30.0
-WATCH_QUEUE_SIZE = 256
 _XID_WAIT_SECONDS = 1.0
-
-_NO_COUNTS: Mapping[int, int] = MappingProxyType({})
-_NO_XIDS: Mapping[int, XidEvent] = MappingProxyType({})
 
 
 def reopen_delay(failures: int) -> float:
     """Seconds to wait before the next attempt to open the backend after ``failures`` in a row."""
     return min(REOPEN_BACKOFF_CAP_SECONDS, REOPEN_BACKOFF_BASE_SECONDS * 2.0 ** max(0, failures - 1))
-
-
-# ---------------------------------------------------------------------------------------------
-# Pure per-GPU bookkeeping
-
-
-@dataclass(frozen=True, slots=True)
-class GpuState:
-    """What the sampler knows about one GPU between ticks."""
-
-    identity: GpuIdentity
-    fast: FastFields | None = None
-    slow: SlowFields | None = None
-    sampled_at: float = 0.0  # wall time of the last good fast read; 0 = never
-    lost: bool = False
-    xid_counts: Mapping[int, int] = field(default_factory=lambda: _NO_COUNTS)
-    # Xid code -> its latest event, as the backend delivered it (timestamp included), oldest
-    # first; at most MAX_XIDS_PER_GPU codes, so a storm of new codes cannot grow it.
-    xids: Mapping[int, XidEvent] = field(default_factory=lambda: _NO_XIDS)
-    last_xid: int | None = None
-
-
-def with_fast(state: GpuState, fields: FastFields, now: float) -> GpuState:
-    return replace(state, fast=fields, sampled_at=now, lost=False)
-
-
-def with_slow(state: GpuState, fields: SlowFields) -> GpuState:
-    return replace(state, slow=fields, lost=False)
-
-
-def with_lost(state: GpuState) -> GpuState:
-    # A lost GPU reports nothing: keeping its last readings would pretend it still works.
-    return replace(state, fast=None, slow=None, lost=True)
-
-
-def with_xid(state: GpuState, event: XidEvent) -> GpuState:
-    counts = dict(state.xid_counts)
-    counts[event.xid] = counts.get(event.xid, 0) + 1
-    latest = {code: ev for code, ev in state.xids.items() if code != event.xid}
-    latest[event.xid] = event
-    while len(latest) > MAX_XIDS_PER_GPU:
-        del latest[next(iter(latest))]
-    return replace(
-        state,
-        xid_counts=MappingProxyType(counts),
-        xids=MappingProxyType(latest),
-        last_xid=event.xid,
-    )
-
-
-def to_sample(state: GpuState, *, now: float, policy: HealthPolicy) -> GpuSample:
-    verdict = judge(
-        fast=state.fast,
-        slow=state.slow,
-        recent_xids=state.xids.values(),
-        lost=state.lost,
-        now=now,
-        policy=policy,
-    )
-    return GpuSample(
-        identity=state.identity,
-        fast=state.fast,
-        slow=state.slow,
-        health=verdict,
-        sampled_at=state.sampled_at,
-        xid_counts=state.xid_counts,
-        lost=state.lost,
-        last_xid=state.last_xid,
-        xids=tuple(sorted(state.xids.values(), key=lambda e: e.xid)),
-    )
-
-
-def carry_over(old: Mapping[int, GpuState], identities: Sequence[GpuIdentity]) -> dict[int, GpuState]:
-    """States for a fresh device list: a GPU seen before (same UUID) keeps its counters."""
-    by_uuid = {s.identity.uuid: s for s in old.values()}
-    out = {}
-    for ident in identities:
-        prev = by_uuid.get(ident.uuid)
-        out[ident.index] = replace(prev, identity=ident) if prev is not None else GpuState(ident)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Watch events: what /api/v1/watch streams
-
-
-@dataclass(frozen=True, slots=True)
-class HealthChange:
-    """A GPU changed in something its watch line carries (docs/exporter.md)."""
-
-    sample: GpuSample
-    pods: tuple[PodRef, ...]  # the pods attributed to the GPU
-    previous: HealthVerdict | None  # None: a GPU seen for the first time
-    at: float
-
-
-@dataclass(frozen=True, slots=True)
-class BackendChange:
-    up: bool
-    at: float
-
-
-WatchEvent = HealthChange | BackendChange
-
-
-def _codes(v: HealthVerdict) -> tuple[str, ...]:
-    return (v.state.value, *(r.code for r in v.reasons))
-
-
-def _line_key(g: GpuSample, pods: tuple[PodRef, ...], hot_celsius: float) -> tuple[object, ...]:
-    """What makes a GPU's watch line worth sending again. Discrete evidence counts on every
-    change; the temperature only at or above ``hot_celsius`` (the exporter's degraded
-    threshold), to the whole degree, so the cool majority of a fleet is quiet on the wire."""
-    temp = g.fast.temperature_gpu_celsius if g.fast is not None else None
-    # Unknown, cool (any value below the threshold), or hot to the degree.
-    heat = None if temp is None else round(temp) if temp >= hot_celsius else "cool"
-    slow = g.slow or SlowFields()
-    return (
-        _codes(g.health),
-        heat,
-        slow.ecc_uncorrected,
-        slow.row_remap_pending,
-        slow.row_remap_failure,
-        g.lost,
-        tuple((e.xid, e.timestamp) for e in g.xids),
-        pods,
-    )
-
-
-def watch_events(
-    previous: Snapshot | None, current: Snapshot, *, hot_celsius: float
-) -> tuple[WatchEvent, ...]:
-    """What changed between two snapshots: the backend going up or down, and every GPU whose
-    watch line would differ (see :func:`_line_key`)."""
-    events: list[WatchEvent] = []
-    if previous is None or previous.backend_up != current.backend_up:
-        events.append(BackendChange(current.backend_up, current.taken_at))
-    before = {g.identity.uuid: g for g in previous.gpus} if previous else {}
-    pods_before = placement(previous.pods) if previous else {}
-    pods_now = placement(current.pods)
-    for g in current.gpus:
-        uuid = g.identity.uuid
-        old, pods = before.get(uuid), pods_now.get(uuid, ())
-        if old is None or _line_key(old, pods_before.get(uuid, ()), hot_celsius) != _line_key(
-            g, pods, hot_celsius
-        ):
-            events.append(HealthChange(g, pods, old.health if old else None, current.taken_at))
-    return tuple(events)
-
-
-class Watcher:
-    """One subscriber's queue of watch events. ``None`` in the queue means "events were lost
-    because you fell behind: re-send the whole state"."""
-
-    def __init__(self, maxsize: int = WATCH_QUEUE_SIZE) -> None:
-        self.queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue(maxsize)
-
-    def push(self, events: Sequence[WatchEvent]) -> None:
-        for ev in events:
-            try:
-                self.queue.put_nowait(ev)
-            except asyncio.QueueFull:
-                while not self.queue.empty():
-                    self.queue.get_nowait()
-                self.queue.put_nowait(None)
-                return
-
-
-# ---------------------------------------------------------------------------------------------
-# Self-metrics
-
-
-class SelfMetrics:
-    """The exporter's own series, in a registry of its own (never the global one)."""
-
-    def __init__(self, registry: CollectorRegistry, *, backend: str) -> None:
-        self.registry = registry
-        Gauge(
-            "gpumon_exporter_build_info",
-            "gpumon exporter build (package version, image git revision), Python version and device backend.",
-            ["version", "revision", "python_version", "backend"],
-            registry=registry,
-        ).labels(__version__, build.current().revision, platform.python_version(), backend).set(1)
-        self.sample_duration = Histogram(
-            "gpumon_exporter_sample_duration_seconds",
-            "Time taken by one sampling tick, by cadence.",
-            ["cadence"],
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
-            registry=registry,
-        )
-        self.last_sample = Gauge(
-            "gpumon_exporter_last_sample_timestamp_seconds",
-            "Unix time of the last tick that read the devices, by cadence.",
-            ["cadence"],
-            registry=registry,
-        )
-        self.errors = Counter(
-            "gpumon_exporter_errors",
-            "Failed reads and other errors, by source and kind.",
-            ["source", "kind"],
-            registry=registry,
-        )
-        self.backend_up = Gauge(
-            "gpumon_exporter_nvml_up",
-            "1 when the device backend (NVML or simulated) is open and answering.",
-            registry=registry,
-        )
-        self.scrape_bytes = Gauge(
-            "gpumon_exporter_scrape_bytes",
-            "Size of the previous rendered Prometheus text payload, uncompressed.",
-            registry=registry,
-        )
-        self.skipped = Counter(
-            "gpumon_exporter_skipped_reads",
-            "Device reads not attempted because the GPU's previous call was still hung.",
-            registry=registry,
-        )
-
-    def record_error(self, source: str, kind: str) -> None:
-        """An :data:`~gpumon.devices.backend.ErrorSink`; safe from any thread."""
-        self.errors.labels(source, kind).inc()
-
-
-# ---------------------------------------------------------------------------------------------
-# The sampler
 
 
 class _Skipped(Exception):
@@ -638,18 +411,15 @@ class Sampler:
         self.renders += 1
         events = watch_events(previous, snapshot, hot_celsius=self._policy.temperature_degraded_celsius)
         for ev in events:
-            if isinstance(ev, HealthChange) and ev.previous is not None:
-                health = ev.sample.health
-                if _codes(health) == _codes(ev.previous):
-                    continue  # a number, an Xid's time or the pods changed, not the verdict
+            if isinstance(ev, HealthChange) and ev.verdict_changed and ev.previous is not None:
                 log.warning(
                     "GPU health changed",
                     extra={
                         "gpu": ev.sample.identity.index,
                         "uuid": ev.sample.identity.uuid,
                         "from": ev.previous.state.value,
-                        "to": health.state.value,
-                        "reason": health.detail,
+                        "to": ev.sample.health.state.value,
+                        "reason": ev.sample.health.detail,
                     },
                 )
         for w in self._watchers:

@@ -31,14 +31,11 @@ from gpumon.configfile import read_config_bytes
 from gpumon.devices.backend import DeviceBackend
 from gpumon.devices.model import Snapshot
 from gpumon.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
-from gpumon.exporter.sampler import (
-    BackendChange,
-    Sampler,
-    SelfMetrics,
-    Watcher,
-    WatchEvent,
-)
+from gpumon.exporter.sampler import Sampler
+from gpumon.exporter.self_metrics import SelfMetrics
 from gpumon.exporter.sources import PodAttributor
+from gpumon.exporter.watch_events import BackendChange, WatchEvent
+from gpumon.exporter.watchers import Watcher
 from gpumon.tasks import cancel_and_wait
 from gpumon.wire import v1 as wire
 

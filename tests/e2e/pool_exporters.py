@@ -46,7 +46,7 @@ from gpumon.devcluster.nodes import GPU
 from gpumon.devcluster.podresources_server import PodResourcesFixture, pod_resources
 from gpumon.devices.simulated import SimProcess, SimulatedBackend
 from gpumon.exporter.attribution import build_attribution
-from gpumon.exporter.sampler import SelfMetrics
+from gpumon.exporter.self_metrics import SelfMetrics
 from gpumon.exporter.server import make_app
 
 GIB = 1 << 30

@@ -15,33 +15,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpumon.config import SamplingConfig
 from gpumon.devices.model import (
     DriverInfo,
-    FastFields,
-    GpuIdentity,
     GpuSample,
-    HealthReason,
     HealthState,
-    HealthVerdict,
     PodGpuUsage,
     PodRef,
     Snapshot,
     XidEvent,
 )
 from gpumon.devices.simulated import SimulatedBackend, parse_fault
-from gpumon.exporter.sampler import (
-    BackendChange,
-    GpuState,
-    HealthChange,
-    Sampler,
-    SelfMetrics,
-    Watcher,
-    carry_over,
-    reopen_delay,
-    to_sample,
-    watch_events,
-    with_xid,
-)
+from gpumon.exporter.sampler import Sampler, reopen_delay
+from gpumon.exporter.self_metrics import SelfMetrics
+from gpumon.exporter.watch_events import BackendChange, HealthChange
 from gpumon.gpu_health import HealthPolicy
-from gpumon.wire.v1 import MAX_XIDS_PER_GPU
 
 T0 = 1_800_000_000.0
 POLICY = HealthPolicy()
@@ -415,106 +400,5 @@ async def _running(sampler: Sampler) -> AsyncIterator[None]:
         await sampler.shutdown()
 
 
-# -- the pure parts -----------------------------------------------------------------------------
-
-
 def test_reopen_backoff_doubles_up_to_a_cap() -> None:
     assert [reopen_delay(n) for n in (1, 2, 3, 4, 5, 6, 7, 50)] == [1, 2, 4, 8, 16, 30, 30, 30]
-
-
-IDENT = GpuIdentity(0, "GPU-a", "NVIDIA A100-SXM4-80GB", "00000000:07:00.0")
-
-
-def _xid(code: int, at: float) -> XidEvent:
-    return XidEvent(IDENT.uuid, code, at, 0)
-
-
-def test_xids_keep_their_backend_time_and_are_judged_within_the_window() -> None:
-    s = GpuState(IDENT)
-    for code, at in ((79, 10.0), (79, 20.0), (13, 30.0)):
-        s = with_xid(s, _xid(code, at))
-    assert dict(s.xid_counts) == {79: 2, 13: 1} and s.last_xid == 13
-    at_30 = to_sample(s, now=30.0, policy=POLICY)
-    assert at_30.health.state is HealthState.UNHEALTHY
-    assert at_30.xids == (_xid(13, 30.0), _xid(79, 20.0)), "the latest event of each code, as delivered"
-    at_621 = to_sample(s, now=621.0, policy=POLICY)
-    assert at_621.health.state is HealthState.HEALTHY, "the exporter's own window judges its verdict"
-    assert at_621.xids == at_30.xids, "the events stay: readers judge recency with their own window"
-
-
-def test_xid_codes_are_bounded_per_gpu_oldest_code_first() -> None:
-    s = GpuState(IDENT)
-    for code in range(MAX_XIDS_PER_GPU + 5):
-        s = with_xid(s, _xid(code, float(code)))
-    assert min(s.xids) == 5, "the oldest codes went"
-    s = with_xid(s, _xid(5, 1000.0))  # seen again: now the newest
-    s = with_xid(s, _xid(500, 1001.0))
-    assert len(s.xids) == MAX_XIDS_PER_GPU and 5 in s.xids and 500 in s.xids and 6 not in s.xids
-    assert sum(s.xid_counts.values()) == MAX_XIDS_PER_GPU + 7, "every event is counted"
-
-
-def test_carry_over_keeps_counters_by_uuid() -> None:
-    old = {0: with_xid(GpuState(IDENT), _xid(48, 1.0))}
-    moved = GpuIdentity(1, "GPU-a", IDENT.model, IDENT.pci_bus_id)
-    new = GpuIdentity(0, "GPU-b", IDENT.model, "00000000:0F:00.0")
-    states = carry_over(old, [new, moved])
-    assert dict(states[1].xid_counts) == {48: 1} and states[1].identity.index == 1
-    assert states[0] == GpuState(new)
-
-
-def _snap(
-    up: bool,
-    *verdicts: HealthVerdict,
-    xids: tuple[XidEvent, ...] = (),
-    celsius: float | None = None,
-    pods: tuple[PodGpuUsage, ...] = (),
-) -> Snapshot:
-    gpus = tuple(
-        GpuSample(
-            GpuIdentity(i, f"GPU-{i}", "m", "b"),
-            FastFields(temperature_gpu_celsius=celsius),
-            None,
-            v,
-            0.0,
-            xids=xids,
-        )
-        for i, v in enumerate(verdicts)
-    )
-    return Snapshot("n", None, gpus, pods, 5.0, up, up)
-
-
-def test_watch_events_are_changes_of_what_a_watch_line_carries() -> None:
-    ok = HealthVerdict(HealthState.HEALTHY)
-    hot = HealthVerdict(HealthState.DEGRADED, (HealthReason("Thermal", "88 C", HealthState.DEGRADED),))
-    hotter = HealthVerdict(HealthState.DEGRADED, (HealthReason("Thermal", "89 C", HealthState.DEGRADED),))
-    ecc = HealthVerdict(HealthState.DEGRADED, (HealthReason("EccContained", "Xid 94", HealthState.DEGRADED),))
-
-    def events(before: Snapshot | None, after: Snapshot) -> tuple[object, ...]:
-        return watch_events(before, after, hot_celsius=87.0)
-
-    assert [type(e).__name__ for e in events(None, _snap(True, ok))] == ["BackendChange", "HealthChange"]
-    assert events(_snap(True, ok, hot), _snap(True, ok, hotter)) == (), "same reason, new detail"
-    (change,) = events(_snap(True, ok, hot), _snap(True, ok, ecc))
-    assert isinstance(change, HealthChange) and change.sample.identity.index == 1 and change.previous == hot
-    assert events(_snap(True, ok), _snap(False, ok)) == (BackendChange(False, 5.0),)
-    # An informational Xid leaves the verdict healthy but is news to the controller, and so is
-    # the same code seen again (a new time).
-    (news,) = events(_snap(True, ok), _snap(True, ok, xids=(_xid(13, 1.0),)))
-    assert isinstance(news, HealthChange) and news.sample.xids == (_xid(13, 1.0),) and news.previous == ok
-    assert len(events(_snap(True, ok, xids=(_xid(13, 1.0),)), _snap(True, ok, xids=(_xid(13, 2.0),)))) == 1
-    # The temperature is news at or above the exporter's degraded threshold, by the whole degree.
-    assert events(_snap(True, ok, celsius=60.0), _snap(True, ok, celsius=80.0)) == (), "cool: quiet"
-    assert len(events(_snap(True, ok), _snap(True, ok, celsius=60.0))) == 1, "first known"
-    assert len(events(_snap(True, ok, celsius=86.0), _snap(True, ok, celsius=87.0))) == 1, "crossing"
-    assert len(events(_snap(True, hot, celsius=88.0), _snap(True, hot, celsius=89.0))) == 1
-    assert events(_snap(True, hot, celsius=88.0), _snap(True, hot, celsius=88.2)) == ()
-    # So are the pods on a GPU.
-    usage = PodGpuUsage(PodRef("ml", "a", "main"), 0, "GPU-0")
-    (placed,) = events(_snap(True, ok), _snap(True, ok, pods=(usage,)))
-    assert isinstance(placed, HealthChange) and placed.pods == (usage.ref,)
-
-
-async def test_a_watcher_that_falls_behind_is_told_to_resync() -> None:
-    w = Watcher(maxsize=2)
-    w.push([BackendChange(True, 1.0), BackendChange(False, 2.0), BackendChange(True, 3.0)])
-    assert w.queue.qsize() == 1 and w.queue.get_nowait() is None

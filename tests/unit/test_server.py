@@ -25,7 +25,7 @@ from gpumon.devices.nvml import NvmlBackend
 from gpumon.devices.simulated import SimulatedBackend, parse_fault
 from gpumon.devices.simulated_http import fault_routes
 from gpumon.exporter.command import build_backend
-from gpumon.exporter.sampler import SelfMetrics
+from gpumon.exporter.self_metrics import SelfMetrics
 from gpumon.exporter.server import STATE, accepts_gzip, choose_format, make_app
 from gpumon.wire import v1 as wire
 
