@@ -320,7 +320,7 @@ def _build_source(
     bearer_token: str | None,
 ) -> SignalSource:
     s = config.signals
-    window = config.policy.health.xid_window_seconds
+    window = policy.health.xid_window_seconds
     if s.source == "prometheus":
         p = s.prometheus
 
@@ -354,6 +354,7 @@ def _build_source(
         endpoints if endpoints is not None else StaticEndpoints(d.endpoints),
         session,
         wall_clock=wall_clock,
+        on_error=lambda kind: metrics.signal_errors.labels("direct", kind).inc(),
     )
 
 

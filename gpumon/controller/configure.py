@@ -49,9 +49,8 @@ def build_policy(config: ControllerConfig) -> Policy:
     p = config.policy
     return Policy(
         rules=tuple(rule_from_config(r, p.recover_after_seconds) for r in p.effective_rules),
-        xid_classes=p.health.policy(),
+        health=p.health.policy(),
         stale_after_seconds=config.signals.stale_after_seconds,
-        xid_window_seconds=p.health.xid_window_seconds,
         flap_window_seconds=p.flap_window_seconds,
         flap_max_onsets=p.flap_max_onsets,
         pool_label=config.breaker.pool_label,

@@ -103,7 +103,7 @@ def lift(node: NodeStatus, policy: Policy) -> tuple[str, ...]:
     if node.quarantined_at is None:
         return ("not quarantined: nothing to lift",)
     out = []
-    window = policy.xid_window_seconds
+    window = policy.health.xid_window_seconds
     for p in node.problems:
         rules = [r for r in (policy.rule(name) for name in p.rules) if r is not None]
         hold = max((r.recover_after_seconds for r in rules), default=policy.default_recover_after_seconds)

@@ -115,7 +115,7 @@ def test_xid_classes_follow_nvidia_catalog(xid, severity, reason):
 
 def test_xid_class_overrides():
     classes = HealthPolicy(xid_overrides={13: HealthState.UNHEALTHY, 79: HealthState.HEALTHY})
-    pol = policy(xid_classes=classes)
+    pol = policy(health=classes)
     assert Run(pol)(1.0, node(1.0, gpu(at=1.0, xid_codes=frozenset({79})))).verdict.severity is None
     v = Run(pol)(1.0, node(1.0, gpu(at=1.0, xid_codes=frozenset({13})))).verdict
     assert v.severity is Severity.UNHEALTHY
@@ -199,8 +199,8 @@ def test_recovery_waits_for_recover_after_and_restarts_when_bad_again():
     assert run(1500.0, node(1500.0)).verdict.severity is None
 
 
-def test_xids_count_within_the_controllers_own_window_up_to_the_readings_time():
-    pol = policy(xid_window_seconds=900.0)
+def test_xids_count_within_the_controllers_own_window():
+    pol = policy(health=HealthPolicy(xid_window_seconds=900.0))
     fatal = (XidSeen(79, 1000.0),)
     # Seen 700 s before the reading: an exporter's 600 s window would have dropped it, ours keeps it.
     v = Run(pol)(1700.0, node(1700.0, gpu(at=1700.0, xids=fatal))).verdict
@@ -422,3 +422,20 @@ def test_for_is_proven_by_data_time_not_by_the_clock():
     assert ev.next_check_at == 62.0  # ...and the rule is looked at again shortly
     # ...while a reading taken 60 s after the first bad one does.
     assert run(62.0, hot(60.0)).verdict.severity is Severity.UNHEALTHY
+
+
+def test_an_xid_leaving_the_window_is_looked_at_again_when_it_leaves():
+    # Staleness checks far away, so that the window's end is the next thing due.
+    pol = policy(health=HealthPolicy(xid_window_seconds=900.0), stale_after_seconds=10_000.0)
+    pending = policy(
+        {"builtin": False, "inline": [{"name": "x", "signal": "xid", "severity": "unhealthy", "for": "10m"}]},
+        health=HealthPolicy(xid_window_seconds=300.0),
+        stale_after_seconds=10_000.0,
+    )
+    ev = Run(pol)(1000.0, node(1000.0, gpu(at=1000.0, xids=(XidSeen(79, 950.0),))))
+    assert ev.verdict.severity is Severity.UNHEALTHY
+    # Nothing new arrives, yet the node is looked at again the moment the Xid stops counting.
+    assert ev.next_check_at == 950.0 + 900.0
+    # A pending `for` longer than the window: the window's end comes first.
+    ev = Run(pending)(1000.0, node(1000.0, gpu(at=1000.0, xids=(XidSeen(79, 990.0),))))
+    assert ev.next_check_at == 990.0 + 300.0

@@ -502,11 +502,16 @@ async def test_direct_source_refuses_and_counts_bad_lines_then_recovers():
     await server.start_server()
     try:
         quick = Backoff(initial_seconds=0.01, max_seconds=0.01)
+        reported: list[str] = []  # what the controller's metric counts (app.py wires it)
         async with running_source(
-            {"n1": base_url(server)}, DirectSettings(heartbeat_seconds=0.2), backoff=quick
+            {"n1": base_url(server)},
+            DirectSettings(heartbeat_seconds=0.2),
+            backoff=quick,
+            on_error=reported.append,
         ) as src:
             await wait_for(lambda: "n1" in src.current().nodes, "the good state line")
             assert src.errors == {"oversize": 1, "invalid": 3, "schema": 2}
+            assert collections.Counter(reported) == src.errors
             assert len(served) == len(script)
     finally:
         await server.close()

@@ -19,7 +19,7 @@ from gpumon.controller.shell.signal_sources.direct import DirectSettings, Direct
 from gpumon.devices.model import HealthState
 from gpumon.devices.simulated import SimulatedBackend, parse_fault
 from gpumon.exporter.server import make_app
-from gpumon.gpu_health import Severity
+from gpumon.gpu_health import HealthPolicy, Severity
 
 # The backend's clock runs two minutes behind the exporter's: an Xid keeps the backend's time,
 # and the exporter's 60 s window (its own verdict) no longer decides what the controller does.
@@ -77,7 +77,9 @@ async def test_ecc_count_temperature_and_a_timed_xid_reach_the_policy_unchanged(
             )
             assert not source.errors
 
-            policy = Policy(rules=load_rules(builtin=False, inline=RULES), xid_window_seconds=600)
+            policy = Policy(
+                rules=load_rules(builtin=False, inline=RULES), health=HealthPolicy(xid_window_seconds=600)
+            )
             ev = evaluate_node("n1", {}, reading, EMPTY_NODE_STATE, reading.observed_at, policy)
             fired = {g.index: [(f.rule, f.reason, f.evidence) for f in g.findings] for g in ev.verdict.gpus}
             assert fired == {
@@ -90,7 +92,7 @@ async def test_ecc_count_temperature_and_a_timed_xid_reach_the_policy_unchanged(
             }
             assert ev.verdict.severity is Severity.UNHEALTHY
             # The controller's window, not the exporter's: 601 s after the event it is over.
-            late = policy.xid_window_seconds + 1
+            late = policy.health.xid_window_seconds + 1
             later = evaluate_node(
                 "n1", {}, _aged(reading, xid_at + late), EMPTY_NODE_STATE, xid_at + late, policy
             )

@@ -80,11 +80,10 @@ class Rule:
 @dataclass(frozen=True, slots=True)
 class Policy:
     rules: tuple[Rule, ...]
-    # Xid classes (and their per-code overrides) from NVIDIA's catalog, shared with the exporter.
-    xid_classes: HealthPolicy = field(default_factory=HealthPolicy)
+    # The one judgement shared with the exporter (gpu_health): Xid classes with their per-code
+    # overrides, and how long an Xid counts after it was seen (its xid_window_seconds).
+    health: HealthPolicy = field(default_factory=HealthPolicy)
     stale_after_seconds: float = 60.0
-    # An Xid counts for this long after it was last seen (config policy.health.xid_window_seconds).
-    xid_window_seconds: float = 600.0
     flap_window_seconds: float = 3600.0
     flap_max_onsets: int = 3
     pool_label: str = "gpumon.io/pool"
@@ -168,6 +167,8 @@ class _Obs:
     evidence: str = ""
     reason: str = ""
     observed_at: float = 0.0
+    # A condition that holds only until then, by time alone (an Xid leaving the window).
+    holds_until: float | None = None
 
 
 _UNKNOWN = _Obs(None)
@@ -192,7 +193,7 @@ def _numeric(rule: Rule, value: float | None, label: str, unit: str, at: float) 
     return _Obs(holds, f"{label} {value:g}{unit} {rule.op} {rule.threshold:g}{unit}", "", at)
 
 
-def _observe_gpu(rule: Rule, g: GpuReading | None, policy: Policy) -> _Obs:
+def _observe_gpu(rule: Rule, g: GpuReading | None, policy: Policy, now: float) -> _Obs:
     if g is None:
         return _UNKNOWN
     at = g.observed_at
@@ -223,13 +224,19 @@ def _observe_gpu(rule: Rule, g: GpuReading | None, policy: Policy) -> _Obs:
         case Signal.XID:
             if g.xids is None:
                 return _UNKNOWN
-            # Recent by the controller's own window, up to the reading's time (not the source's).
-            recent = {x.code for x in g.xids if at - x.at <= policy.xid_window_seconds}
-            codes = sorted(c for c in recent if _xid_matches(rule, c, policy.xid_classes))
-            if not codes:
+            # Recent by the controller's own window (not the source's), up to now: a fresh
+            # reading that says nothing new does not keep an old Xid recent.
+            window = policy.health.xid_window_seconds
+            last_seen: dict[int, float] = {}
+            for x in g.xids:
+                if now - x.at <= window and _xid_matches(rule, x.code, policy.health):
+                    last_seen[x.code] = max(x.at, last_seen.get(x.code, x.at))
+            if not last_seen:
                 return _Obs(False, "", "", at)
+            codes = sorted(last_seen)
             evidence = "Xid " + ", ".join(str(c) for c in codes)
-            return _Obs(True, evidence, _xid_reason(codes, policy.xid_classes), at)
+            until = max(last_seen.values()) + window
+            return _Obs(True, evidence, _xid_reason(codes, policy.health), at, until)
         case Signal.PROMQL:
             # Absent from the query's result while the node is fresh: "not matching" (filter-style
             # queries such as `x > 5` return nothing when all is well).
@@ -239,18 +246,20 @@ def _observe_gpu(rule: Rule, g: GpuReading | None, policy: Policy) -> _Obs:
             return _numeric(rule, value, rule.name, "", at)
 
 
-def _observe_node(rule: Rule, reading: NodeReading, policy: Policy) -> _Obs:
+def _observe_node(rule: Rule, reading: NodeReading, policy: Policy, now: float) -> _Obs:
     if rule.signal is Signal.PROMQL:
         value = reading.custom.get(rule.name)
         if value is None:
             return _Obs(False, "", "", reading.observed_at)
         return _numeric(rule, value, rule.name, "", reading.observed_at)
     # A per-GPU signal judged for the node: it holds when it holds on any GPU.
-    per_gpu = [(g, _observe_gpu(rule, _fresh_gpu(g, reading, policy), policy)) for g in reading.gpus]
+    per_gpu = [(g, _observe_gpu(rule, _fresh_gpu(g, reading, policy), policy, now)) for g in reading.gpus]
     bad = [(g, o) for g, o in per_gpu if o.holds]
     if bad:
         evidence = "; ".join(f"GPU {g.index}: {o.evidence}" for g, o in bad)
-        return _Obs(True, evidence, bad[0][1].reason, min(o.observed_at for _, o in bad))
+        untils = [o.holds_until for _, o in bad]
+        until = None if None in untils else max(u for u in untils if u is not None)
+        return _Obs(True, evidence, bad[0][1].reason, min(o.observed_at for _, o in bad), until)
     if not per_gpu or any(o.holds is None for _, o in per_gpu):
         return _UNKNOWN
     return _Obs(False, "", "", reading.observed_at)
@@ -330,9 +339,12 @@ def _step_target(
     seen: set[str] = set()
     for rule in rules:
         seen.add(rule.name)
-        st = _step(rule, prev.rules.get(rule.name, _IDLE), observe(rule), now, flapping)
+        obs = observe(rule)
+        st = _step(rule, prev.rules.get(rule.name, _IDLE), obs, now, flapping)
         if st != _IDLE:
             new_rules[rule.name] = st
+        if obs.holds_until is not None:
+            wakeups.append(obs.holds_until)
         wake = _next_check(rule, st, rule.recover_after_seconds, now, policy.recheck_seconds)
         if wake is not None:
             wakeups.append(wake)
@@ -402,7 +414,7 @@ def evaluate_node(
         if g is not None:
             prev = replace(prev, index=g.index)
         g_fresh = _fresh_gpu(g, fresh, policy) if g is not None and fresh is not None else None
-        observe = functools.partial(_observe_gpu, g=g_fresh, policy=policy)
+        observe = functools.partial(_observe_gpu, g=g_fresh, policy=policy, now=now)
         state, wakes = _step_target(prev, gpu_rules, observe, now, policy)
         if state.active:
             targets[uuid] = state
@@ -422,7 +434,7 @@ def evaluate_node(
     node_state, wakes = _step_target(
         prev_node,
         node_rules,
-        lambda r: _observe_node(r, fresh, policy) if fresh is not None else _UNKNOWN,
+        lambda r: _observe_node(r, fresh, policy, now) if fresh is not None else _UNKNOWN,
         now,
         policy,
     )

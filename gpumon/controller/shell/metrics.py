@@ -53,6 +53,13 @@ class ControllerMetrics:
             ["result"],
             registry=registry,
         )
+        self.signal_errors = Counter(
+            "gpumon_controller_signal_errors",
+            "Signal input refused or lost, by source and kind (direct: oversize, schema, invalid, "
+            "connection); the node is named in the log line.",
+            ["source", "kind"],
+            registry=registry,
+        )
         self.api_errors = Counter(
             "gpumon_controller_api_errors",
             "Kubernetes API errors by component and kind.",

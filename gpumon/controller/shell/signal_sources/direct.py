@@ -226,6 +226,7 @@ class DirectSource:
         *,
         wall_clock: Callable[[], float] = time.time,
         backoff: Backoff = RECONNECT_BACKOFF,
+        on_error: Callable[[str], None] = lambda kind: None,
     ) -> None:
         self._s = settings
         self._endpoints = endpoints
@@ -241,6 +242,7 @@ class DirectSource:
         # Failures by kind: the wire schema's refusals (oversize, schema, invalid) and
         # connection (unreachable, HTTP error, cut stream).
         self.errors: collections.Counter[str] = collections.Counter()
+        self._on_error = on_error
 
     # -- the SignalSource face ----------------------------------------------------------------
 
@@ -258,6 +260,7 @@ class DirectSource:
 
     def _failed(self, node: str, kind: str, error: Exception, what: str) -> None:
         self.errors[kind] += 1
+        self._on_error(kind)
         level = logging.WARNING if isinstance(error, wire.WireError) else logging.DEBUG
         log.log(level, what, extra={"node": node, "error": str(error) or repr(error)})
 
