@@ -48,7 +48,8 @@ from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.leader import LeaderElector, LeaderSettings
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
 from gpumon.controller.shell.remediation_loop import Reconciler, Settings
-from gpumon.controller.shell.signal_sources.direct import DirectSettings, DirectSource, StaticEndpoints
+from gpumon.controller.shell.signal_sources.direct import DirectSettings, DirectSource
+from gpumon.controller.shell.signal_sources.endpoints import DiscoveredEndpoints, StaticEndpoints
 from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource
 from gpumon.tasks import cancel_and_wait
 
@@ -84,37 +85,6 @@ def build_settings(config: ControllerConfig, policy: Policy) -> Settings:
 
 def _read_token(path: Path | None, field: str) -> str | None:
     return None if path is None else read_config_text(path, "token file", field=field).strip()
-
-
-def _exporter_endpoint(port: int, scheme: str) -> Callable[[Mapping[str, Any]], tuple[str, str] | None]:
-    def convert(obj: Mapping[str, Any]) -> tuple[str, str] | None:
-        status = obj.get("status") or {}
-        node = (obj.get("spec") or {}).get("nodeName")
-        ip = status.get("podIP")
-        if status.get("phase") != "Running" or not node or not ip:
-            return None
-        host = f"[{ip}]" if ":" in ip else ip
-        return str(node), f"{scheme}://{host}:{port}"
-
-    return convert
-
-
-class DiscoveredEndpoints:
-    """Exporter pods found through the API (namespace + label selector), by node."""
-
-    def __init__(self, api: KubeApi, namespace: str, selector: str, port: int, scheme: str) -> None:
-        self.changed = asyncio.Event()
-        self.informer: Informer[tuple[str, str]] = Informer(
-            api,
-            f"/api/v1/namespaces/{namespace}/pods",
-            _exporter_endpoint(port, scheme),
-            name="exporter-pods",
-            params={"labelSelector": selector} if selector else None,
-            on_change=lambda key, old, new: self.changed.set(),
-        )
-
-    def current(self) -> Mapping[str, str]:
-        return dict(self.informer.items().values())
 
 
 @dataclass

@@ -14,8 +14,8 @@ from gpumon.controller.shell.signal_sources.direct import (
     RECONNECT_BACKOFF,
     DirectSettings,
     DirectSource,
-    StaticEndpoints,
 )
+from gpumon.controller.shell.signal_sources.endpoints import StaticEndpoints
 
 
 def base_url(server: TestServer) -> str:

@@ -24,7 +24,8 @@ from bench.controller_scale import (
 from bench.report import Row, Table, carry_sections, section_markdown, sections, splice
 from bench.scale_fleet import GPUS_PER_NODE, NAMESPACE, bound_pods, gpu_pod_name, node_names, nodes_needed
 from bench.signal_farm import Farm, make_app, node_snapshot, with_xid
-from gpumon.controller.shell.signal_sources.direct import DirectSettings, DirectSource, StaticEndpoints
+from gpumon.controller.shell.signal_sources.direct import DirectSettings, DirectSource
+from gpumon.controller.shell.signal_sources.endpoints import StaticEndpoints
 from gpumon.devices.model import HealthState, PodRef
 
 

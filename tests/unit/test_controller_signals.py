@@ -26,12 +26,12 @@ from gpumon.controller.shell.signal_sources.direct import (
     DirectSettings,
     DirectSource,
     ExporterView,
-    StaticEndpoints,
     on_line,
     on_snapshot,
     read_bounded,
     reading_of,
 )
+from gpumon.controller.shell.signal_sources.endpoints import StaticEndpoints
 from gpumon.controller.shell.signal_sources.prometheus import (
     FRESHNESS,
     PODS,

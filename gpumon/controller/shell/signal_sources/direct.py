@@ -26,12 +26,13 @@ import time
 from collections.abc import AsyncIterable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.signals import ChangeCallback, FleetSignals, GpuReading, NodeReading, XidSeen
+from gpumon.controller.shell.signal_sources.endpoints import Endpoints
 from gpumon.wire import v1 as wire
 
 log = logging.getLogger(__name__)
@@ -131,29 +132,6 @@ def reading_of(view: ExporterView) -> NodeReading | None:
         gpus = tuple(gpu_reading(s, at) for s in sorted(view.gpus.values(), key=lambda s: s.gpu))
     # The exporter places pods on GPUs when it names any; otherwise the drain takes every GPU pod.
     return NodeReading(view.node, view.heard_at, gpus, pods_attributed=any(g.pods for g in gpus))
-
-
-# ---------------------------------------------------------------------------------------------
-# Where the exporters are
-
-
-class Endpoints(Protocol):
-    changed: asyncio.Event
-
-    def current(self) -> Mapping[str, str]:
-        """Node name -> exporter base URL."""
-
-
-class StaticEndpoints:
-    """A fixed node -> URL map from config (tests, demo, or exporters outside the cluster)."""
-
-    def __init__(self, urls: Mapping[str, str]) -> None:
-        self._urls = dict(urls)
-        self.changed = asyncio.Event()
-        self.changed.set()
-
-    def current(self) -> Mapping[str, str]:
-        return self._urls
 
 
 class _LazyReadings(Mapping[str, NodeReading]):

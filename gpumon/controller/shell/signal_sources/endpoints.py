@@ -1,0 +1,63 @@
+"""Where the exporters are: node name -> exporter base URL, from config or from the API.
+
+The direct source subscribes to each; ``changed`` tells it to look at the map again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from gpumon.controller.kube import KubeApi
+from gpumon.controller.shell.informer import Informer
+
+
+class Endpoints(Protocol):
+    changed: asyncio.Event
+
+    def current(self) -> Mapping[str, str]:
+        """Node name -> exporter base URL."""
+
+
+class StaticEndpoints:
+    """A fixed node -> URL map from config (tests, demo, or exporters outside the cluster)."""
+
+    def __init__(self, urls: Mapping[str, str]) -> None:
+        self._urls = dict(urls)
+        self.changed = asyncio.Event()
+        self.changed.set()
+
+    def current(self) -> Mapping[str, str]:
+        return self._urls
+
+
+def _exporter_endpoint(port: int, scheme: str) -> Callable[[Mapping[str, Any]], tuple[str, str] | None]:
+    def convert(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+        status = obj.get("status") or {}
+        node = (obj.get("spec") or {}).get("nodeName")
+        ip = status.get("podIP")
+        if status.get("phase") != "Running" or not node or not ip:
+            return None
+        host = f"[{ip}]" if ":" in ip else ip
+        return str(node), f"{scheme}://{host}:{port}"
+
+    return convert
+
+
+class DiscoveredEndpoints:
+    """Exporter pods found through the API (namespace + label selector), by node."""
+
+    def __init__(self, api: KubeApi, namespace: str, selector: str, port: int, scheme: str) -> None:
+        self.changed = asyncio.Event()
+        self.informer: Informer[tuple[str, str]] = Informer(
+            api,
+            f"/api/v1/namespaces/{namespace}/pods",
+            _exporter_endpoint(port, scheme),
+            name="exporter-pods",
+            params={"labelSelector": selector} if selector else None,
+            on_change=lambda key, old, new: self.changed.set(),
+        )
+
+    def current(self) -> Mapping[str, str]:
+        return dict(self.informer.items().values())
