@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client, config
 
-from gpumon.devcluster.binaries import ToolsMissing, locate, locate_helm
+from gpumon.devcluster.binaries import MockNvml, ToolsMissing, locate, locate_helm, locate_mock_nvml
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
@@ -47,6 +47,12 @@ def helm() -> Path:
         return locate_helm()
     except ToolsMissing as e:
         pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def mock() -> MockNvml:
+    """NVIDIA's mock libnvidia-ml; a missing one fails the test with ToolsMissing's message."""
+    return locate_mock_nvml()
 
 
 @pytest.fixture

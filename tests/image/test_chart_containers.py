@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import platform
 import shutil
-import socket
 import tempfile
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
@@ -21,9 +20,9 @@ import pytest
 import yaml
 from chart_pod import Doc, Host, Running, find, image_config, launch, render, run
 from image_build import REPO, BuiltImage
-from prometheus_client.parser import text_string_to_metric_families
+from metrics_text import Series, free_port, parse, select
 
-from gpumon.devcluster.binaries import MockNvml, ToolsMissing, locate_mock_nvml
+from gpumon.devcluster.binaries import MockNvml
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.podresources_server import PodResourcesFixture, pod_resources, serve
 from gpumon.devcluster.waiting import eventually
@@ -45,33 +44,6 @@ APPLIED_KINDS = (
     "Role",
     "RoleBinding",
 )
-Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _series(text: str) -> Series:
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def _select(series: Series, name: str, **labels: str) -> dict[frozenset[tuple[str, str]], float]:
-    return {ls: v for (n, ls), v in series.items() if n == name and labels.items() <= dict(ls).items()}
-
-
-@pytest.fixture
-def mock() -> MockNvml:
-    try:
-        return locate_mock_nvml()
-    except ToolsMissing as e:
-        pytest.fail(str(e), pytrace=False)
 
 
 @pytest.fixture
@@ -140,7 +112,7 @@ async def _scrape_until(
         got = await _get(session, f"http://127.0.0.1:{port}/metrics")
         if got is None or got[0] != 200:
             return None
-        last[0] = _series(got[1])
+        last[0] = parse(got[1])
         return last[0] if holds(last[0]) else None
 
     return await eventually(
@@ -169,7 +141,7 @@ async def test_exporter_container_serves_gpus_and_pods(
     session: aiohttp.ClientSession,
     tmp_path: Path,
 ) -> None:
-    port = _free_port()
+    port = free_port()
     values = {"exporter.port": str(port), "controller.enabled": "false"}
     if backend == "simulated":
         values |= {"exporter.config.backend": "simulated", "exporter.config.simulation.gpus": "2"}
@@ -208,9 +180,9 @@ async def test_exporter_container_serves_gpus_and_pods(
                 running,
                 port,
                 f"utilization of all {gpus} GPUs",
-                lambda s: len(_select(s, "gpumon_gpu_utilization_ratio", node=NODE)) == gpus,
+                lambda s: len(select(s, "gpumon_gpu_utilization_ratio", node=NODE)) == gpus,
             )
-            ((info, _),) = _select(first, "gpumon_gpu_info", gpu="0").items()
+            ((info, _),) = select(first, "gpumon_gpu_info", gpu="0").items()
             # The kubelet hands GPU 0 to a pod: the exporter attributes it.
             kubelet.pods = [
                 pod_resources(namespace, "trainer", {"main": {"nvidia.com/gpu": [dict(info)["uuid"]]}})
@@ -220,19 +192,19 @@ async def test_exporter_container_serves_gpus_and_pods(
                 running,
                 port,
                 "the pod's GPU from pod-resources",
-                lambda s: _select(s, "gpumon_pod_gpu_allocated", pod="trainer", gpu="0"),
+                lambda s: select(s, "gpumon_pod_gpu_allocated", pod="trainer", gpu="0"),
             )
-            build = _select(series, "gpumon_exporter_build_info")
+            build = select(series, "gpumon_exporter_build_info")
             assert {dict(ls)["revision"] for ls in build} == {
                 image.labels["org.opencontainers.image.revision"]
             }
             for source in ("proc", "pod_resources", "api"):
-                assert _select(series, "gpumon_exporter_pod_source_state", source=source, state="up") == {
+                assert select(series, "gpumon_exporter_pod_source_state", source=source, state="up") == {
                     frozenset({("source", source), ("state", "up")}): 1.0
                 }, f"{source} is not up"
             if backend == "mock-nvml":
-                assert _select(series, "gpumon_exporter_nvml_up") == {frozenset(): 1.0}
-                assert {dict(ls)["model"] for ls in _select(series, "gpumon_gpu_info")} == {
+                assert select(series, "gpumon_exporter_nvml_up") == {frozenset(): 1.0}
+                assert {dict(ls)["model"] for ls in select(series, "gpumon_gpu_info")} == {
                     yaml.safe_load(profile.read_text())["device_defaults"]["name"]
                 }
                 # Fault injection is a simulated-backend feature only.
@@ -252,7 +224,7 @@ async def test_controller_container_becomes_ready_and_leads(
     session: aiohttp.ClientSession,
     tmp_path: Path,
 ) -> None:
-    port = _free_port()
+    port = free_port()
     docs = render(helm, CHART, namespace, namespace, {"controller.port": str(port)})
     release(docs)
     deployment = find(docs, "Deployment", "controller")

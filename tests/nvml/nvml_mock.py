@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
+from metrics_text import Series, free_port, parse, select
 
 from gpumon.devcluster.binaries import MockNvml
 
@@ -133,29 +132,6 @@ def child_env(
     if overrides is not None:
         env |= {"MOCK_NVML_OVERRIDES": str(overrides), "MOCK_NVML_OVERRIDES_TTL": "100ms"}
     return env | extra
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def parse(text: str) -> Series:
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def select(series: Series, name: str, **labels: str) -> dict[frozenset[tuple[str, str]], float]:
-    """The samples of ``name`` whose labels include ``labels``."""
-    want = set(labels.items())
-    return {ls: v for (n, ls), v in series.items() if n == name and want <= ls}
 
 
 def value(series: Series, name: str, **labels: str) -> float | None:

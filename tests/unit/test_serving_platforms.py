@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from metrics_text import free_port
 
 from gpumon import cli
 from gpumon.serving import STOP_SIGNALS, bind, stop_on_signals
@@ -64,12 +65,6 @@ def test_unix_binds_with_reuse_address() -> None:
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) != 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_exporter_starts_serves_and_stops_on_windows(
     windows: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
@@ -79,7 +74,7 @@ def test_exporter_starts_serves_and_stops_on_windows(
     for key in [k for k in os.environ if k.startswith("GPUMON_")]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
-    port = _free_port()
+    port = free_port()
     scraped: list[str] = []
 
     def scrape_then_stop() -> None:
