@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import base64
-import json
 import ssl
 import time
 import urllib.error
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 
 from gpumon.config import ExporterConfig
 from gpumon.doctor.result import CheckResult, Status
+from gpumon.wire import v1 as wire
 
 FAMILY = "exporter"
 NAME = "exporter endpoint"
@@ -145,12 +145,18 @@ def _sample_age(facts: EndpointFacts, fast_interval_seconds: float) -> CheckResu
             "wait for the first sample; if it never comes, the exporter's log says which call hangs",
         )
     try:
-        doc = json.loads(snapshot.body)
-        taken_at = float(doc["taken_at"])
-        backend_up = bool(doc.get("backend_up", True))
-    except (ValueError, KeyError, TypeError):
-        return CheckResult(FAMILY, name, Status.WARN, "/api/v1/snapshot is not gpumon's snapshot JSON", "")
-    age = max(0.0, facts.now - taken_at)
+        doc = wire.parse_snapshot(snapshot.body)
+    except wire.WireError as e:
+        return CheckResult(
+            FAMILY,
+            name,
+            Status.WARN,
+            f"/api/v1/snapshot is not a snapshot of wire schema {wire.SCHEMA_VERSION} ({e})",
+            "an exporter of another gpumon version, or not gpumon's exporter on this port: "
+            "compare `gpumon version` with the exporter's gpumon_exporter_build_info",
+        )
+    backend_up = doc.backend_up
+    age = max(0.0, facts.now - doc.taken_at)
     limit = max(_MIN_STALE_SECONDS, _STALE_INTERVALS * fast_interval_seconds)
     found = f"{age:.1f}s ago"
     if not backend_up:

@@ -4,8 +4,7 @@ quarantine."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.node_plan import is_quarantined
@@ -25,6 +24,7 @@ from gpumon.status.model import (
 )
 from gpumon.status.state import ClusterState, EventInfo
 from gpumon.status.times import duration
+from gpumon.wire.v1 import SnapshotDoc
 
 
 def timeline(node: NodeStatus, events: Sequence[EventInfo]) -> tuple[TimelineEntry, ...]:
@@ -44,29 +44,22 @@ def timeline(node: NodeStatus, events: Sequence[EventInfo]) -> tuple[TimelineEnt
     return tuple(TimelineEntry(e.at, e.reason, e.message, e.warning, e.about) for e in events if concerns(e))
 
 
-def signals(snapshot: Mapping[str, Any] | None) -> tuple[GpuSignals, ...]:
-    """The GPUs of an exporter's /api/v1/snapshot JSON (docs/exporter.md)."""
-    out = []
-    for g in (snapshot or {}).get("gpus") or ():
-        identity = g.get("identity") or {}
-        fast, slow, health = g.get("fast") or {}, g.get("slow") or {}, g.get("health") or {}
-        out.append(
-            GpuSignals(
-                index=int(identity.get("index", -1)),
-                uuid=str(identity.get("uuid", "")),
-                model=str(identity.get("model", "")),
-                health=str(health.get("state", "")),
-                reasons=tuple(
-                    f"{r.get('code')}: {r.get('detail')}" if r.get("detail") else str(r.get("code"))
-                    for r in health.get("reasons") or ()
-                ),
-                temperature_celsius=fast.get("temperature_gpu_celsius"),
-                ecc_uncorrected=slow.get("ecc_uncorrected"),
-                xids={str(x.get("code")): int(x.get("count", 1)) for x in g.get("xids") or ()},
-                lost=bool(g.get("lost", False)),
-            )
+def signals(snapshot: SnapshotDoc | None) -> tuple[GpuSignals, ...]:
+    """The GPUs of an exporter's /api/v1/snapshot (docs/exporter.md)."""
+    return tuple(
+        GpuSignals(
+            index=g.identity.index,
+            uuid=g.identity.uuid,
+            model=g.identity.model,
+            health=g.health.state.value,
+            reasons=tuple(f"{r.code}: {r.detail}" if r.detail else r.code for r in g.health.reasons),
+            temperature_celsius=None if g.fast is None else g.fast.temperature_gpu_celsius,
+            ecc_uncorrected=None if g.slow is None else g.slow.ecc_uncorrected,
+            xids={x.code: x.count for x in g.xids},
+            lost=g.lost,
         )
-    return tuple(out)
+        for g in (snapshot.gpus if snapshot is not None else ())
+    )
 
 
 def _gpu(p: GpuProblem) -> str:

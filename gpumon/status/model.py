@@ -155,7 +155,7 @@ class GpuSignals:
     reasons: tuple[str, ...]
     temperature_celsius: float | None
     ecc_uncorrected: int | None
-    xids: Mapping[str, int]
+    xids: Mapping[int, int]  # Xid code -> times seen since the exporter started
     lost: bool
 
 

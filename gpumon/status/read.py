@@ -33,6 +33,7 @@ from gpumon.status.state import (
     pod_info,
     pool_target,
 )
+from gpumon.wire import v1 as wire
 
 EVENT_SOURCE = "gpumon-controller"
 # Cluster API kinds with a /scale subresource: the node pools gpumon may size.
@@ -217,7 +218,7 @@ async def _metrics(
     if src.controller_url is not None:
         url = src.controller_url.rstrip("/") + "/metrics"
         try:
-            return await _fetch_text(session, url, src.timeout_seconds), url, None
+            return (await _fetch(session, url, src.timeout_seconds)).decode(errors="replace"), url, None
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
             return None, url, str(e) or type(e).__name__
     path = (
@@ -231,23 +232,29 @@ async def _metrics(
     return "".join(lines), path, None
 
 
-async def _fetch_text(session: aiohttp.ClientSession, url: str, timeout_seconds: float) -> str:
+async def _fetch(session: aiohttp.ClientSession, url: str, timeout_seconds: float) -> bytes:
     async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_seconds)) as resp:
         if resp.status != 200:
             raise ValueError(f"HTTP {resp.status}")
-        return await resp.text()
+        return await resp.read()
+
+
+def _refused(e: wire.WireError) -> str:
+    return f"the exporter sent a snapshot that wire schema {wire.SCHEMA_VERSION} refuses ({e})"
 
 
 async def _snapshot(
     api: KubeApi, src: Sources, node: str, session: aiohttp.ClientSession
-) -> tuple[Mapping[str, Any] | None, str, str | None]:
+) -> tuple[wire.SnapshotDoc | None, str, str | None]:
     """The node's exporter snapshot: from a configured endpoint, else through the API server's
     proxy to the exporter pod on that node."""
     base = src.exporter_endpoints.get(node)
     if base is not None:
         url = base.rstrip("/") + "/api/v1/snapshot"
         try:
-            return json.loads(await _fetch_text(session, url, src.timeout_seconds)), url, None
+            return wire.parse_snapshot(await _fetch(session, url, src.timeout_seconds)), url, None
+        except wire.WireError as e:
+            return None, url, _refused(e)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
             return None, url, str(e) or type(e).__name__
     ns = src.exporter_namespace
@@ -260,6 +267,12 @@ async def _snapshot(
         name = running[0]["metadata"]["name"]
         scheme = "https:" if src.exporter_scheme == "https" else ""
         path = f"/api/v1/namespaces/{ns}/pods/{scheme}{name}:{src.exporter_port}/proxy/api/v1/snapshot"
-        return await api.get(path), path, None
+        body = await api.get(path)
     except KubeError as e:
         return None, f"exporter pod on {node}", str(e)
+    try:
+        # The API client hands back decoded JSON, and the schema is strict about JSON text (a
+        # Python list is not a JSON array to it), so the body is read as the text it was.
+        return wire.parse_snapshot(json.dumps(body).encode()), path, None
+    except wire.WireError as e:
+        return None, path, _refused(e)

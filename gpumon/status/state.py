@@ -20,6 +20,7 @@ from gpumon.controller.core.objects import (
     pod_from_json,
 )
 from gpumon.controller.core.pools import RECORD_ANNOTATION, Pool, Record, ScaleState, record_from_annotation
+from gpumon.wire.v1 import SnapshotDoc
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +95,7 @@ class ClusterState:
     metrics: str | None = None  # the controller's /metrics text, when it answered
     metrics_source: str = ""
     metrics_error: str | None = None
-    snapshot: Mapping[str, Any] | None = None  # an exporter's /api/v1/snapshot (explain only)
+    snapshot: SnapshotDoc | None = None  # an exporter's /api/v1/snapshot (explain only)
     snapshot_source: str = ""
     snapshot_error: str | None = None
     problems: tuple[str, ...] = field(default=())

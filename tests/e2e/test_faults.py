@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import signal
 import time
 from collections.abc import Iterator, Sequence
@@ -29,6 +28,7 @@ from gpumon.devcluster.localservers import ControllerProcess, ExporterProcess, P
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.nodes import GPU, NodeTemplate
 from gpumon.devcluster.waiting import eventually
+from gpumon.wire import v1 as wire
 
 TEST_LABEL = "test.gpumon.io/id"
 OUTAGE_SECONDS = 20.0
@@ -353,5 +353,5 @@ async def _nonempty(found: Any) -> list[Any] | None:
 
 async def _exporter_says(exporter: ExporterProcess, state: str) -> bool | None:
     status, body = await asyncio.to_thread(http_get, f"{exporter.url}/api/v1/snapshot")
-    gpus = json.loads(body)["gpus"] if status == 200 else []
-    return True if gpus and gpus[0]["health"]["state"] == state else None
+    gpus = wire.parse_snapshot(body).gpus if status == 200 else ()
+    return True if gpus and gpus[0].health.state == state else None

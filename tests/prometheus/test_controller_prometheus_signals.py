@@ -16,7 +16,6 @@ run in file order on that shared fleet.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from gpumon.controller.core.signals import FleetSignals
 from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
 from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource
 from gpumon.gpu_health import Severity
+from gpumon.wire import v1 as wire
 
 JOB = "gpumon-exporter"
 BROKEN, HOT, KILLED = "prom-sig-broken", "prom-sig-hot", "prom-sig-killed"
@@ -96,7 +96,7 @@ def policy() -> Policy:
 def uuids(exporter: ExporterProcess) -> list[str]:
     status, body = http_get(exporter.url + "/api/v1/snapshot")
     assert status == 200, body
-    return [g["identity"]["uuid"] for g in json.loads(body)["gpus"]]
+    return [g.identity.uuid for g in wire.parse_snapshot(body).gpus]
 
 
 class Judge:

@@ -9,8 +9,20 @@ from typing import Any
 from gpumon.controller.core.node_plan import records_to_json
 from gpumon.controller.core.objects import GpuResources, to_rfc3339
 from gpumon.controller.core.verdicts import GpuRecord
+from gpumon.devices.model import (
+    FastFields,
+    GpuIdentity,
+    GpuSample,
+    HealthReason,
+    HealthState,
+    HealthVerdict,
+    SlowFields,
+    Snapshot,
+    XidEvent,
+)
 from gpumon.gpu_health import Severity
 from gpumon.status.state import ClusterState, EventInfo, event_info, node_info, pod_info
+from gpumon.wire import v1 as wire
 
 NOW = 1_800_000_000.0
 RESOURCES = GpuResources()
@@ -141,3 +153,21 @@ def state(
         pods=tuple(pod_info(p, RESOURCES) for p in pods),
         **kw,
     )
+
+
+def snapshot_doc(name: str) -> wire.SnapshotDoc:
+    """An exporter's snapshot of two GPUs, GPU 1 with Xid 79 twice, built as the exporter builds it."""
+    bad = HealthVerdict(HealthState.UNHEALTHY, (HealthReason("XidFatal", "Xid 79", HealthState.UNHEALTHY),))
+    gpus = tuple(
+        GpuSample(
+            identity=GpuIdentity(i, f"GPU-{i}", "A100-SXM4-80GB", f"0000000{i}:00:00.0"),
+            fast=FastFields(temperature_gpu_celsius=40.0 + i),
+            slow=SlowFields(ecc_uncorrected=0),
+            health=bad if i == 1 else HealthVerdict(HealthState.HEALTHY),
+            sampled_at=1.0,
+            xid_counts={79: 2} if i == 1 else {},
+            xids=(XidEvent(f"GPU-{i}", 79, 0.5, i),) if i == 1 else (),
+        )
+        for i in range(2)
+    )
+    return wire.snapshot_document(Snapshot(name, None, gpus, (), 1.0, True, True))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import time
 from pathlib import Path
@@ -13,11 +12,13 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from gpumon.config import AuthConfig, ExporterConfig, SamplingConfig
+from gpumon.devices.model import Snapshot
 from gpumon.devices.simulated import SimulatedBackend
 from gpumon.doctor import endpoint
 from gpumon.doctor.endpoint import EndpointFacts, Reply
 from gpumon.doctor.result import CheckResult, Status
 from gpumon.exporter.server import make_app
+from gpumon.wire import v1 as wire
 
 FAST = 0.1
 
@@ -96,7 +97,7 @@ def test_where_doctor_looks(listen: str, tls: bool, url: str, tmp_path: Path) ->
 
 
 def test_not_ready_and_backend_down() -> None:
-    snap = json.dumps({"taken_at": 1000.0, "backend_up": False}).encode()
+    snap = wire.encode(wire.snapshot_document(Snapshot("n", None, (), (), 1000.0, False, False)))
     facts = EndpointFacts(
         "http://x",
         ready=Reply(503, b"not ready: device backend down\n"),
@@ -106,6 +107,25 @@ def test_not_ready_and_backend_down() -> None:
     ready, sample = endpoint.judge(facts, FAST)
     assert ready.status is Status.WARN and ready.found.endswith("/readyz 503: not ready: device backend down")
     assert sample.status is Status.WARN and "device backend down" in sample.found
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b"<html>not here</html>", "(invalid: "),
+        (b'{"schema": 2, "node": "n"}', "(schema: "),
+        (b'{"schema": 1, "taken_at": "1000"}', "(invalid: "),
+    ],
+)
+def test_a_snapshot_the_schema_refuses(body: bytes, why: str) -> None:
+    facts = EndpointFacts("http://x", ready=Reply(200, b"ok"), snapshot=Reply(200, body), now=1000.5)
+    _, sample = endpoint.judge(facts, FAST)
+    assert sample.status is Status.WARN
+    assert (
+        sample.found.startswith("/api/v1/snapshot is not a snapshot of wire schema 1 ")
+        and why in sample.found
+    )
+    assert "gpumon version" in sample.fix
 
 
 def test_no_sample_yet() -> None:

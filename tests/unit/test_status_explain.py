@@ -3,30 +3,17 @@ server and the controller write them, and an exporter snapshot as the exporter s
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from status_builders import at, event, node, pod, record, state
+from status_builders import at, event, node, pod, record, snapshot_doc, state
 
 from gpumon.config import ControllerConfig
 from gpumon.controller.configure import build_policy
 from gpumon.controller.core.breaker import BreakerTrip, breaker_to_annotation
 from gpumon.controller.core.objects import pdb_from_json
-from gpumon.devices.model import (
-    FastFields,
-    GpuIdentity,
-    GpuSample,
-    HealthReason,
-    HealthState,
-    HealthVerdict,
-    SlowFields,
-    Snapshot,
-    XidEvent,
-)
 from gpumon.gpu_health import Severity
 from gpumon.status.explain import build_explanation
 from gpumon.status.model import Explanation
-from gpumon.wire import v1 as wire
 
 NAME = "gpu-a-1"
 POLICY = build_policy(
@@ -39,25 +26,6 @@ POLICY = build_policy(
         }
     )
 )
-
-
-def snapshot_json() -> dict[str, Any]:
-    bad = HealthVerdict(HealthState.UNHEALTHY, (HealthReason("XidFatal", "Xid 79", HealthState.UNHEALTHY),))
-    gpus = tuple(
-        GpuSample(
-            identity=GpuIdentity(i, f"GPU-{i}", "A100-SXM4-80GB", f"0000000{i}:00:00.0"),
-            fast=FastFields(temperature_gpu_celsius=40.0 + i),
-            slow=SlowFields(ecc_uncorrected=0),
-            health=bad if i == 1 else HealthVerdict(HealthState.HEALTHY),
-            sampled_at=1.0,
-            xid_counts={79: 2} if i == 1 else {},
-            xids=(XidEvent(f"GPU-{i}", 79, 0.5, i),) if i == 1 else (),
-        )
-        for i in range(2)
-    )
-    snapshot = Snapshot(NAME, None, gpus, (), 1.0, True, True)
-    doc: dict[str, Any] = json.loads(wire.encode(wire.snapshot_document(snapshot)))
-    return doc
 
 
 def explain(**kw: Any) -> Explanation:
@@ -188,14 +156,14 @@ def test_blocked_evictions_name_the_pod_and_its_pdbs() -> None:
 
 
 def test_latest_signals_from_the_exporters_snapshot() -> None:
-    why = explain(snapshot=snapshot_json(), snapshot_source="http://exporter/api/v1/snapshot")
+    why = explain(snapshot=snapshot_doc(NAME), snapshot_source="http://exporter/api/v1/snapshot")
     healthy, bad = why.signals
     assert (bad.index, bad.uuid, bad.health, bad.reasons, bad.xids) == (
         1,
         "GPU-1",
         "unhealthy",
         ("XidFatal: Xid 79",),
-        {"79": 2},
+        {79: 2},
     )
     assert (healthy.health, healthy.temperature_celsius, healthy.ecc_uncorrected) == ("healthy", 40.0, 0)
     unreachable = explain(snapshot_error="no running exporter pod on the node")
