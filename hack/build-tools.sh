@@ -203,21 +203,26 @@ build_mocknvml() {
 }
 
 fetch_crds() {
-  local capi promop
+  local capi promop certmanager
   capi=$(pinned crds sigs.k8s.io/cluster-api)
   promop=$(pinned crds github.com/prometheus-operator/prometheus-operator)
-  local out="$CACHE/crds-capi-$capi-promop-$promop"
+  certmanager=$(pinned crds github.com/cert-manager/cert-manager)
+  local out="$CACHE/crds-capi-$capi-promop-$promop-certmanager-$certmanager"
   is_built "$out" crds && { log "CRDs cached in $out"; return; }
-  log "CRDs: cluster-api $capi, prometheus-operator $promop"
+  log "CRDs: cluster-api $capi, prometheus-operator $promop, cert-manager $certmanager"
   mkdir -p "$out"
-  local cdir pdir
+  local cdir pdir mdir
   cdir=$(module_dir crds sigs.k8s.io/cluster-api)
   pdir=$(module_dir crds github.com/prometheus-operator/prometheus-operator)
+  mdir=$(module_dir crds github.com/cert-manager/cert-manager)
   for k in machinedeployments machinesets machinepools; do
     cp "$cdir/config/crd/bases/cluster.x-k8s.io_$k.yaml" "$out/"
   done
   for k in servicemonitors podmonitors prometheusrules; do
     cp "$pdir/example/prometheus-operator-crd/monitoring.coreos.com_$k.yaml" "$out/"
+  done
+  for k in certificates issuers clusterissuers; do
+    cp "$mdir/deploy/crds/cert-manager.io_$k.yaml" "$out/"
   done
   chmod -R u+w "$out"
   mark_built "$out" crds

@@ -17,6 +17,8 @@ HELM_VERSION=v3.21.4
 ADAPTER_VERSION=v0.12.0
 CAPI_VERSION=v1.13.5
 PROMOP_VERSION=v0.93.0
+# The chart's optional cert-manager Certificate is dry-run against this release's CRDs.
+CERTMANAGER_VERSION=v1.21.2
 # main after v0.3.0 (v0.3.0's nvmlEventSetWait_v2 returns TIMEOUT at once instead of blocking);
 # the commit ../shared/mocknvml holds. Its module graph is that folder's go.mod, copied as is.
 MOCKNVML_VERSION=v0.3.1-0.20260821154203-3b2b865d91b1
@@ -91,7 +93,8 @@ pin_crds() {
   # Not a build: the CRD files are read out of these modules. `go mod download` records their
   # checksums in go.sum (tidy would drop requirements nothing imports).
   local dir; dir=$(fresh crds)
-  local mods=("sigs.k8s.io/cluster-api@$CAPI_VERSION" "github.com/prometheus-operator/prometheus-operator@$PROMOP_VERSION")
+  local mods=("sigs.k8s.io/cluster-api@$CAPI_VERSION" "github.com/prometheus-operator/prometheus-operator@$PROMOP_VERSION"
+              "github.com/cert-manager/cert-manager@$CERTMANAGER_VERSION")
   (cd "$dir" && go mod edit "${mods[@]/#/-require=}" && go mod download "${mods[@]%@*}")
   echo "pinned crds: $(grep -c . "$dir/go.sum") go.sum lines"
 }

@@ -12,7 +12,7 @@ from pathlib import Path
 KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.8"
 KWOK_VERSION = "v0.8.0"
-CRDS_DIR_NAME = "crds-capi-v1.13.5-promop-v0.93.0"
+CRDS_DIR_NAME = "crds-capi-v1.13.5-promop-v0.93.0-certmanager-v1.21.2"
 HELM_VERSION = "v3.21.4"
 ADAPTER_VERSION = "v0.12.0"
 MOCKNVML_VERSION = "v0.3.1-0.20260821154203-3b2b865d91b1"

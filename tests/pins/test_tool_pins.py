@@ -83,6 +83,7 @@ def test_harness_versions_are_the_pinned_ones() -> None:
     assert (
         f"crds-capi-{crds['sigs.k8s.io/cluster-api']}"
         f"-promop-{crds['github.com/prometheus-operator/prometheus-operator']}"
+        f"-certmanager-{crds['github.com/cert-manager/cert-manager']}"
     ) == binaries.CRDS_DIR_NAME
 
 
