@@ -103,15 +103,32 @@ class TlsConfig(Section):
         return self
 
 
+class KubernetesAuthConfig(Section):
+    """``auth.mode: kubernetes``: TokenReview + SubjectAccessReview (docs/security.md)."""
+
+    # Decisions are reused this long (0: ask every time), kube-rbac-proxy style; failures never.
+    cache_ttl_seconds: Float = Field(10.0, ge=0, le=3600)
+    cache_max_entries: Int = Field(1024, ge=1, le=1_000_000)
+    timeout_seconds: Float = Field(5.0, gt=0, le=60)
+
+
 class AuthConfig(Section):
+    # static: the basic credentials and/or bearer token below (none given: no authentication);
+    # kubernetes: a bearer token the API server vouches for, allowed by RBAC on the path.
+    mode: Literal["static", "kubernetes"] = "static"
     basic_username: str | None = None
     basic_password: SecretStr | None = None
     bearer_token_file: Path | None = None
+    kubernetes: KubernetesAuthConfig = KubernetesAuthConfig()
 
     @model_validator(mode="after")
     def _complete(self) -> AuthConfig:
         if (self.basic_username is None) != (self.basic_password is None):
             raise ValueError("basic_username and basic_password go together")
+        if self.mode == "kubernetes" and (
+            self.basic_username is not None or self.bearer_token_file is not None
+        ):
+            raise ValueError("basic_username/basic_password and bearer_token_file are for mode static only")
         return self
 
 
@@ -304,6 +321,11 @@ class DirectSignalsConfig(Section):
     timeout_seconds: Float = Field(5.0, gt=0, le=120)
     max_concurrency: Int = Field(32, ge=1, le=1024)
     bearer_token_file: Path | None = None
+    # https: the CA that signed the exporters' certificate (default: the system's trust store),
+    # and the name to check it against (exporters are reached by pod IP; their certificate
+    # names their Service, as a ServiceMonitor's tlsConfig.serverName does).
+    ca_file: Path | None = None
+    server_name: str | None = Field(None, min_length=1)
 
 
 class SignalsConfig(Section):
@@ -400,6 +422,9 @@ class ControllerConfig(_Settings):
     kubeconfig: Path | None = None
     listen_address: str = "0.0.0.0"
     port: Int = Field(DEFAULT_CONTROLLER_PORT, ge=0, le=65535)
+    # The controller's own server (/metrics, /healthz, /readyz): the exporter's options.
+    tls: TlsConfig = Field(default_factory=TlsConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
     # Label selector of the nodes the controller manages ("" = all).
     node_selector: str = ""
     signals: SignalsConfig = Field(default_factory=SignalsConfig)

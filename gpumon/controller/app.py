@@ -1,7 +1,8 @@
 """Wiring: config in, one aiohttp app out, owning every background task's lifetime.
 
 The app serves ``/metrics``, ``/healthz`` (the event loop answers and no background task has
-died) and ``/readyz`` (the caches are filled). Its ``cleanup_ctx`` starts the informers, the
+died) and ``/readyz`` (the caches are filled), with the exporter's TLS and auth options
+(:mod:`gpumon.httpauth`; the probes stay open). Its ``cleanup_ctx`` starts the informers, the
 signal source, the leader election and the reconciler, and stops them in reverse order; a
 clean stop hands the lease over at once. Informers and metrics run on every replica; only the
 leader writes.
@@ -51,6 +52,8 @@ from gpumon.controller.shell.remediation_loop import Reconciler, Settings
 from gpumon.controller.shell.signal_sources.direct import DirectSettings, DirectSource
 from gpumon.controller.shell.signal_sources.endpoints import DiscoveredEndpoints, StaticEndpoints
 from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource
+from gpumon.httpauth.guard import guard
+from gpumon.httpauth.tls import client_context
 from gpumon.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -207,8 +210,15 @@ def make_app(
         if s.source == "prometheus"
         else _read_token(s.direct.bearer_token_file, "signals.direct.bearer_token_file")
     )
+    # Read before the session opens too: a bad CA file must not leave it unclosed.
+    exporter_tls = (
+        client_context(s.direct.ca_file, "signals.direct.ca_file")
+        if s.source == "direct" and s.direct.ca_file is not None
+        else True
+    )
+    auth = guard(config.auth, on_error=on_error("auth"), api=api)
     # Exporter streams are many and long-lived: no pool limit; snapshot fetches have their own.
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ssl=exporter_tls))
     source = _build_source(config, policy, endpoints, session, metrics, wall_clock, bearer_token)
     reconciler = Reconciler(
         api=api,
@@ -271,8 +281,9 @@ def make_app(
         )
     )
 
-    app = web.Application()
+    app = web.Application(middlewares=[auth.middleware])
     app[CONTROLLER] = controller
+    app.cleanup_ctx.append(auth.lifespan)
     app.cleanup_ctx.append(_lifespan)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
@@ -320,6 +331,7 @@ def _build_source(
             timeout_seconds=d.timeout_seconds,
             max_concurrency=d.max_concurrency,
             bearer_token=bearer_token,
+            server_name=d.server_name,
         ),
         endpoints if endpoints is not None else StaticEndpoints(d.endpoints),
         session,

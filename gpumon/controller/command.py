@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from gpumon.config import DEFAULT_CONTROLLER_PORT, ControllerConfig, add_config_arguments, load_from_args
+
+if TYPE_CHECKING:
+    import ssl
 
 HELP = "run the controller: judge GPUs, quarantine bad ones and move their pods (dry-run by default)"
 
@@ -30,6 +34,14 @@ _FLAGS: tuple[tuple[str, str, str, str], ...] = (
         "address of /metrics, /healthz, /readyz (default: 0.0.0.0)",
     ),
     ("--port", "port", "PORT", f"port of /metrics (default: {DEFAULT_CONTROLLER_PORT}; 0 picks a free one)"),
+    ("--tls-cert-file", "tls.cert_file", "FILE", "serve HTTPS with this certificate (with --tls-key-file)"),
+    ("--tls-key-file", "tls.key_file", "FILE", "private key of --tls-cert-file"),
+    (
+        "--auth-mode",
+        "auth.mode",
+        "MODE",
+        "static (auth.* credentials, if any) | kubernetes (TokenReview + SubjectAccessReview)",
+    ),
     ("--signals", "signals.source", "SOURCE", "prometheus | direct (default: prometheus)"),
     ("--prometheus-url", "signals.prometheus.url", "URL", "Prometheus base URL"),
     ("--rules", "policy.rules_file", "FILE", "YAML file of rules (merged over the built-in rules)"),
@@ -61,13 +73,15 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from gpumon import logs
+    from gpumon.httpauth.tls import server_context
 
     config = load_config(args)  # reads and validates the rules too: a bad rule stops it here
+    ssl_context = server_context(config.tls)
     logs.configure(config.log.format, config.log.level)
-    return asyncio.run(_serve(config))
+    return asyncio.run(_serve(config, ssl_context))
 
 
-async def _serve(config: ControllerConfig) -> int:
+async def _serve(config: ControllerConfig, ssl_context: ssl.SSLContext | None) -> int:
     import logging
 
     from gpumon.controller.app import make_app
@@ -81,6 +95,7 @@ async def _serve(config: ControllerConfig) -> int:
             lambda: make_app(config, api),
             config.listen_address,
             config.port,
+            ssl_context=ssl_context,
             on_listening=lambda url: log.info(
                 "controller running", extra={"metrics": url, "dry_run": config.dry_run}
             ),

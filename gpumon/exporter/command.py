@@ -73,6 +73,12 @@ _FLAGS: tuple[tuple[str, str, str, str], ...] = (
         "FILE",
         "require this bearer token (re-read every 30 s)",
     ),
+    (
+        "--auth-mode",
+        "auth.mode",
+        "MODE",
+        "static (the credentials given, if any) | kubernetes (TokenReview + SubjectAccessReview)",
+    ),
     ("--log-format", "log.format", "FORMAT", "text | json (default: text)"),
     ("--log-level", "log.level", "LEVEL", "debug | info | warning | error (default: info)"),
 )
@@ -113,42 +119,6 @@ def build_backend(config: ExporterConfig, metrics: SelfMetrics) -> tuple[DeviceB
     return backend, fault_routes(backend)
 
 
-def tls_context(config: ExporterConfig) -> ssl.SSLContext | None:
-    import ssl
-
-    from gpumon.configfile import field_error, read_config_bytes
-
-    tls = config.tls
-    if tls.cert_file is None or tls.key_file is None:
-        return None
-    # Each file is read first so that a missing or unreadable one is named: OpenSSL's own
-    # errors (errno, "PEM lib") do not say which of the two it was reading.
-    cert = read_config_bytes(tls.cert_file, "certificate", field="tls.cert_file")
-    read_config_bytes(tls.key_file, "private key", field="tls.key_file")
-    try:
-        if b"-----BEGIN CERTIFICATE-----" not in cert:
-            raise ValueError("no PEM certificate in it")
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cadata=cert.decode("ascii"))
-    except (ValueError, ssl.SSLError) as e:  # UnicodeDecodeError is a ValueError
-        raise field_error("tls.cert_file", f"cannot load {tls.cert_file}: {e}") from None
-
-    def no_passphrase() -> bytes:
-        # Without a callback OpenSSL would prompt on the terminal for an encrypted key.
-        raise field_error("tls.key_file", f"{tls.key_file} is encrypted; give an unencrypted key")
-
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:
-        # The certificate parsed above, so what fails here is the key.
-        context.load_cert_chain(tls.cert_file, tls.key_file, password=no_passphrase)
-    except (OSError, ssl.SSLError) as e:
-        if isinstance(e, ssl.SSLError) and e.reason == "KEY_VALUES_MISMATCH":
-            detail = f"{tls.key_file} is not the key of {tls.cert_file}"
-        else:
-            detail = f"cannot load {tls.key_file}: {e}"
-        raise field_error("tls.key_file", detail) from None
-    return context
-
-
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
@@ -159,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     from gpumon import logs
     from gpumon.exporter.self_metrics import SelfMetrics
     from gpumon.exporter.server import STATE, make_app
+    from gpumon.httpauth.tls import server_context
 
     config = load_config(args)
     metrics = SelfMetrics(CollectorRegistry(auto_describe=True), backend=config.backend)
@@ -173,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     app = make_app(config, backend, metrics=metrics, attributor=attributor, routes=routes)
     if attributor is not None:
         app.cleanup_ctx.insert(0, attributor.lifespan)  # stops after the sampler that calls it
-    ssl_context = tls_context(config)
+    ssl_context = server_context(config.tls)
     # Only now: every configuration error above is reported before anything is logged.
     logs.configure(config.log.format, config.log.level)
     code = asyncio.run(_serve(app, config, ssl_context))

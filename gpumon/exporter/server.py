@@ -4,30 +4,24 @@ Routes: ``/metrics`` (pre-rendered Prometheus text or OpenMetrics, pre-gzipped),
 ``/readyz``, ``/api/v1/snapshot`` (JSON), ``/api/v1/watch`` (health transitions as
 newline-delimited JSON), plus the routes the caller passes in (the simulator's ``/api/v1/faults``,
 added by the wiring that picks the simulated backend: this module knows no simulator).
-Authentication, when configured, guards everything but the two probes, which the kubelet calls
-without credentials.
+Authentication, when configured (:mod:`gpumon.httpauth`), guards everything but the two probes,
+which the kubelet calls without credentials.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry
 
-from gpumon.config import AuthConfig, ConfigError, ExporterConfig
-from gpumon.configfile import read_config_bytes
+from gpumon.config import ExporterConfig
 from gpumon.devices.backend import DeviceBackend
 from gpumon.devices.model import Snapshot
 from gpumon.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
@@ -36,15 +30,14 @@ from gpumon.exporter.self_metrics import SelfMetrics
 from gpumon.exporter.sources import PodAttributor
 from gpumon.exporter.watch_events import BackendChange, WatchEvent
 from gpumon.exporter.watchers import Watcher
+from gpumon.httpauth.guard import Guard, guard
+from gpumon.httpauth.kubernetes import ReviewApi
 from gpumon.tasks import cancel_and_wait
 from gpumon.wire import v1 as wire
 
 log = logging.getLogger(__name__)
 
 WATCH_HEARTBEAT_SECONDS = 10.0
-TOKEN_RELOAD_SECONDS = 30.0
-# Exact paths served without authentication (probes).
-_OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -84,63 +77,6 @@ def accepts_gzip(accept_encoding: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Authentication
-
-
-@dataclass(slots=True)
-class Authenticator:
-    """Basic credentials and/or a bearer token read from a file (re-read so rotation works)."""
-
-    basic: tuple[bytes, bytes] | None = None
-    token_file: Path | None = None
-    token: bytes | None = None
-
-    @property
-    def enabled(self) -> bool:
-        return self.basic is not None or self.token_file is not None
-
-    def reload_token(self) -> None:
-        if self.token_file is None:
-            return
-        try:
-            token = read_config_bytes(self.token_file, "bearer token file").strip()
-        except ConfigError as e:
-            raise ConfigError(f"auth.bearer_token_file: {e}") from None
-        if not token:
-            raise ConfigError(f"auth.bearer_token_file: {self.token_file} is empty")
-        self.token = token
-
-    def allows(self, authorization: str) -> bool:
-        scheme, _, value = authorization.partition(" ")
-        scheme, value = scheme.lower(), value.strip()
-        if scheme == "bearer" and self.token is not None:
-            return hmac.compare_digest(value.encode(), self.token)
-        if scheme == "basic" and self.basic is not None:
-            try:
-                user, _, password = base64.b64decode(value, validate=True).partition(b":")
-            except (binascii.Error, ValueError):
-                return False
-            # Both comparisons always run, so timing does not tell which part was wrong.
-            ok_user = hmac.compare_digest(user, self.basic[0])
-            ok_password = hmac.compare_digest(password, self.basic[1])
-            return ok_user & ok_password
-        return False
-
-    def challenge(self) -> str:
-        return 'Basic realm="gpumon"' if self.basic is not None else 'Bearer realm="gpumon"'
-
-
-def authenticator(cfg: AuthConfig) -> Authenticator:
-    """Build from config, reading the token file now: a bad file is a configuration error."""
-    basic = None
-    if cfg.basic_username is not None and cfg.basic_password is not None:
-        basic = (cfg.basic_username.encode(), cfg.basic_password.get_secret_value().encode())
-    auth = Authenticator(basic=basic, token_file=cfg.bearer_token_file)
-    auth.reload_token()
-    return auth
-
-
-# ---------------------------------------------------------------------------------------------
 # Watch lines (pure): the schema is gpumon.wire.v1's
 
 
@@ -162,7 +98,7 @@ class ExporterState:
     config: ExporterConfig
     sampler: Sampler
     executor: ThreadPoolExecutor
-    auth: Authenticator
+    auth: Guard
     wall_clock: Callable[[], float]
     sampler_task: asyncio.Task[None] | None = None
     watch_tasks: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -180,11 +116,14 @@ def make_app(
     attributor: PodAttributor | None = None,
     wall_clock: Callable[[], float] = time.time,
     routes: Iterable[web.AbstractRouteDef] = (),
+    reviews: ReviewApi | None = None,
 ) -> web.Application:
     """The exporter app; the sampler starts with the app and stops with it (``cleanup_ctx``).
 
     ``routes`` are what the backend adds beside the exporter's own (the simulator's fault
-    injection); the authentication middleware guards them like the rest."""
+    injection); the authentication middleware guards them like the rest. ``reviews`` carries
+    ``auth.mode: kubernetes``'s TokenReviews and SubjectAccessReviews; without it the app opens
+    its own client (the pod's service account, else the kubeconfig)."""
     metrics = metrics or SelfMetrics(CollectorRegistry(auto_describe=True), backend=backend.name)
     # Threads start on demand; one per GPU per cadence at most, plus open and close.
     executor = ThreadPoolExecutor(max_workers=2 * 64 + 2, thread_name_prefix="gpumon-device")
@@ -199,12 +138,12 @@ def make_app(
         attributor=attributor,
         wall_clock=wall_clock,
     )
-    state = ExporterState(config, sampler, executor, authenticator(config.auth), wall_clock)
-    app = web.Application(middlewares=[_auth_middleware])
+    auth = guard(config.auth, on_error=lambda kind: metrics.record_error("auth", kind), api=reviews)
+    state = ExporterState(config, sampler, executor, auth, wall_clock)
+    app = web.Application(middlewares=[auth.middleware])
     app[STATE] = state
+    app.cleanup_ctx.append(auth.lifespan)
     app.cleanup_ctx.append(_sampling)
-    if state.auth.token_file is not None:
-        app.cleanup_ctx.append(_token_reload)
     app.on_shutdown.append(_end_watches)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
@@ -225,35 +164,10 @@ async def _sampling(app: web.Application) -> AsyncIterator[None]:
     state.executor.shutdown(wait=False, cancel_futures=True)
 
 
-async def _token_reload(app: web.Application) -> AsyncIterator[None]:
-    auth = app[STATE].auth
-
-    async def reload_forever() -> None:
-        while True:
-            await asyncio.sleep(TOKEN_RELOAD_SECONDS)
-            try:
-                await asyncio.to_thread(auth.reload_token)
-            except ConfigError as e:
-                log.error("keeping the previous bearer token: %s", e)
-
-    task = asyncio.create_task(reload_forever(), name="gpumon-token-reload")
-    yield
-    await cancel_and_wait([task])
-
-
 async def _end_watches(app: web.Application) -> None:
     # Watch streams never end by themselves; without this a graceful stop would wait for them.
     for task in list(app[STATE].watch_tasks):
         task.cancel()
-
-
-@web.middleware
-async def _auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    auth = request.app[STATE].auth
-    guarded = auth.enabled and request.path not in _OPEN_PATHS
-    if guarded and not auth.allows(request.headers.get("Authorization", "")):
-        return web.Response(status=401, text="unauthorized\n", headers={"WWW-Authenticate": auth.challenge()})
-    return await handler(request)
 
 
 async def _metrics(request: web.Request) -> web.Response:

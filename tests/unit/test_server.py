@@ -232,7 +232,7 @@ async def test_bearer_token_from_a_file_and_its_rotation(
     assert (await client.get("/metrics", headers={"Authorization": "Bearer tok-1"})).status == 200
     assert (await client.get("/metrics", headers={"Authorization": "bearer tok-1"})).status == 200
     token.write_text("tok-2")
-    client.app[STATE].auth.reload_token()  # what the app's reload task does every 30 s
+    client.app[STATE].auth.static.reload_token()  # what the app's reload task does every 30 s
     assert (await client.get("/metrics", headers={"Authorization": "Bearer tok-1"})).status == 401
     assert (await client.get("/metrics", headers={"Authorization": "Bearer tok-2"})).status == 200
 

@@ -176,6 +176,8 @@ class DirectSettings:
     timeout_seconds: float = 5.0
     max_concurrency: int = 32
     bearer_token: str | None = None
+    # https: the name the exporters' certificate is checked against (they are reached by IP).
+    server_name: str | None = None
 
 
 RECONNECT_BACKOFF = Backoff(initial_seconds=0.5, max_seconds=30.0)
@@ -253,6 +255,7 @@ class DirectSource:
                     params={"heartbeat": f"{hb:g}"},
                     headers=self._headers(),
                     timeout=timeout,
+                    server_hostname=self._s.server_name,
                 ) as resp:
                     if resp.status == 404:
                         log.info("exporter has no watch endpoint; polling it", extra={"node": node})
@@ -285,7 +288,10 @@ class DirectSource:
             try:
                 timeout = aiohttp.ClientTimeout(total=self._s.timeout_seconds)
                 async with self._session.get(
-                    url.rstrip("/") + "/api/v1/snapshot", headers=self._headers(), timeout=timeout
+                    url.rstrip("/") + "/api/v1/snapshot",
+                    headers=self._headers(),
+                    timeout=timeout,
+                    server_hostname=self._s.server_name,
                 ) as resp:
                     resp.raise_for_status()
                     body = await read_bounded(resp.content.iter_any(), wire.MAX_DOCUMENT_BYTES)
