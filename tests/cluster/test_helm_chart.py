@@ -31,6 +31,32 @@ EVERYTHING = {
     "prometheusAdapter.rulesConfigMap.enabled": "true",
     "exporter.windows.enabled": "true",
 }
+# The security settings (the Windows exporter refuses them): TLS from a Secret with a bearer
+# token, cert-manager with Kubernetes-delegated auth, basic auth.
+SECURED = {
+    "tls-secret-bearer": {
+        "monitoring.serviceMonitor.enabled": "true",
+        "tls.enabled": "true",
+        "tls.secretName": "gpumon-tls",
+        "tls.caSecretName": "gpumon-ca",
+        "auth.mode": "bearer",
+        "auth.secretName": "gpumon-scrape",
+    },
+    "cert-manager-kubernetes": {
+        "monitoring.serviceMonitor.enabled": "true",
+        "tls.enabled": "true",
+        "tls.certManager.enabled": "true",
+        "tls.certManager.issuerRef.name": "gpumon-ca",
+        "tls.certManager.issuerRef.kind": "ClusterIssuer",
+        "auth.mode": "kubernetes",
+        "auth.kubernetes.metricsReaderRole.subjects[0].kind": "ServiceAccount",
+        "auth.kubernetes.metricsReaderRole.subjects[0].name": "prometheus-k8s",
+        "auth.kubernetes.metricsReaderRole.subjects[0].namespace": "monitoring",
+        "exporter.podAttribution.enabled": "false",
+    },
+    "basic": {"monitoring.serviceMonitor.enabled": "true", "auth.mode": "basic", "auth.secretName": "s"},
+}
+VALUE_SETS = {"defaults": {}, "everything": EVERYTHING, **SECURED}
 
 
 def _run(*argv: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -49,7 +75,7 @@ def _template(helm: Path, release: str, namespace: str, values: dict[str, str]) 
     return [d for d in yaml.safe_load_all(out) if d]
 
 
-@pytest.mark.parametrize("values", [{}, EVERYTHING], ids=["defaults", "everything"])
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
 def test_helm_lint_passes(helm: Path, values: dict[str, str]) -> None:
     result = _run(helm, "lint", "--strict", CHART, *_sets(values))
     assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
@@ -62,6 +88,60 @@ def test_helm_lint_passes(helm: Path, values: dict[str, str]) -> None:
         ("exporter.metricsProfile", "dcgmm", "at '/exporter/metricsProfile': value must be one of"),
         ("exporter.podAtribution.enabled", "false", "additional properties 'podAtribution' not allowed"),
         ("monitoring.serviceMonitor.interval", "often", "at '/monitoring/serviceMonitor/interval'"),
+        # Misspelt keys, at every depth.
+        ("tls.enabeld", "true", "at '/tls': additional properties 'enabeld' not allowed"),
+        (
+            "tls.certManager.issuerRef.nmae",
+            "ca",
+            "at '/tls/certManager/issuerRef': additional properties 'nmae'",
+        ),
+        (
+            "auth.kubernetes.cacheTTL",
+            "5",
+            "at '/auth/kubernetes': additional properties 'cacheTTL' not allowed",
+        ),
+        (
+            "networkPolicy.scrapers[0].podSelector.matchLabel.app",
+            "prom",
+            "at '/networkPolicy/scrapers/0/podSelector': additional properties 'matchLabel' not allowed",
+        ),
+        (
+            "exporter.resources.requests.cpuu",
+            "1",
+            "at '/exporter/resources/requests': additional properties 'cpuu'",
+        ),
+        (
+            "auth.kubernetes.metricsReaderRole.subjects[0].nmae",
+            "prom",
+            "at '/auth/kubernetes/metricsReaderRole/subjects/0'",
+        ),
+        # Mistyped values, at every depth.
+        ("tls.enabled", "yes", "at '/tls/enabled': got string, want boolean"),
+        (
+            "auth.mode",
+            "token",
+            "at '/auth/mode': value must be one of 'none', 'bearer', 'basic', 'kubernetes'",
+        ),
+        (
+            "auth.kubernetes.cacheTTLSeconds",
+            "soon",
+            "at '/auth/kubernetes/cacheTTLSeconds': got string, want integer",
+        ),
+        (
+            "tls.certManager.issuerRef.kind",
+            "Issuers",
+            "at '/tls/certManager/issuerRef/kind': value must be one of",
+        ),
+        ("tls.certManager.duration", "90 days", "at '/tls/certManager/duration'"),
+        (
+            "networkPolicy.scrapers[0].ipBlock.cidr",
+            "7",
+            "at '/networkPolicy/scrapers/0/ipBlock/cidr': got number, want string",
+        ),
+        ("networkPolicy.enabled", "on", "at '/networkPolicy/enabled': got string, want boolean"),
+        # What a mode needs.
+        ("auth.mode", "bearer", "at '/auth/secretName': minLength: got 0, want 1"),
+        ("tls.certManager.enabled", "true", "at '/tls/certManager/issuerRef/name': minLength: got 0, want 1"),
     ],
 )
 def test_bad_values_fail_with_a_message_naming_them(helm: Path, key: str, value: str, message: str) -> None:
@@ -77,7 +157,9 @@ def test_prometheus_rule_is_the_rules_file(helm: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "values", [{}, {**EVERYTHING, "controller.drainEscalationDelete": "true"}], ids=["defaults", "everything"]
+    "values",
+    [{}, {**EVERYTHING, "controller.drainEscalationDelete": "true"}, *SECURED.values()],
+    ids=["defaults", "everything", *SECURED],
 )
 def test_rendered_settings_load_in_gpumon(helm: Path, values: dict[str, str], tmp_path: Path) -> None:
     """The ConfigMaps the chart renders are configurations the exporter and controller accept."""
@@ -86,7 +168,11 @@ def test_rendered_settings_load_in_gpumon(helm: Path, values: dict[str, str], tm
     exporter_file = tmp_path / "exporter.yaml"
     exporter_file.write_text(docs["cfg-gpumon-exporter"]["data"]["exporter.yaml"])
     exporter = load(ExporterConfig, config_file=exporter_file)
-    assert exporter.pods.enabled and exporter.pods.host_proc == Path("/host/proc")
+    attribution = values.get("exporter.podAttribution.enabled") != "false"
+    assert exporter.pods.enabled == attribution
+    assert not attribution or exporter.pods.host_proc == Path("/host/proc")
+    assert exporter.auth.mode == ("kubernetes" if values.get("auth.mode") == "kubernetes" else "static")
+    assert (exporter.tls.cert_file is not None) == (values.get("tls.enabled") == "true")
     controller_file = tmp_path / "controller.yaml"
     controller_file.write_text(docs["cfg-gpumon-controller"]["data"]["controller.yaml"])
     controller = load(ControllerConfig, config_file=controller_file)
@@ -100,16 +186,19 @@ def test_rendered_settings_load_in_gpumon(helm: Path, values: dict[str, str], tm
     (role,) = [
         d for d in rendered if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "cfg-gpumon-controller"
     ]
-    deletes_pods = any("pods" in r["resources"] and "delete" in r["verbs"] for r in role["rules"])
+    deletes_pods = any("pods" in r.get("resources", ()) and "delete" in r["verbs"] for r in role["rules"])
     assert deletes_pods == escalating
 
 
+@pytest.mark.parametrize("values", [EVERYTHING, *SECURED.values()], ids=["everything", *SECURED])
 def test_rendered_objects_pass_server_side_dry_run(
-    helm: Path, devcluster: DevCluster, namespace: str, tmp_path: Path
+    helm: Path, devcluster: DevCluster, namespace: str, tmp_path: Path, values: dict[str, str]
 ) -> None:
-    docs = _template(helm, "dry", namespace, EVERYTHING)
+    docs = _template(helm, "dry", namespace, values)
     kinds = {d["kind"] for d in docs}
-    assert {"DaemonSet", "Deployment", "ServiceMonitor", "PrometheusRule", "ClusterRole", "Role"} <= kinds
+    assert {"DaemonSet", "Deployment", "ServiceMonitor", "ClusterRole", "Role", "NetworkPolicy"} <= kinds
+    if values.get("tls.certManager.enabled") == "true":
+        assert "Certificate" in kinds
     rendered = tmp_path / "rendered.yaml"
     rendered.write_text(yaml.safe_dump_all(docs))
     out = _kubectl(
@@ -269,3 +358,47 @@ def test_exporter_rbac_reads_pods_and_nothing_else(
     assert [c for c in must_not if _can(devcluster, sa, namespace, *c)] == []
     windows = f"{installed_rbac}-gpumon-exporter-windows"
     assert not _can(devcluster, windows, namespace, "list", "pods")
+
+
+def test_kubernetes_auth_rbac(
+    helm: Path, devcluster: DevCluster, namespace: str, test_id: str, tmp_path: Path
+) -> None:
+    """auth.mode kubernetes: both programs may ask for reviews, the scrapers bound to the
+    metrics-reader role may get /metrics and nothing more, the controller may read exporters."""
+    release = f"k{test_id[-6:]}"
+    values = {
+        **SECURED["cert-manager-kubernetes"],
+        "auth.kubernetes.metricsReaderRole.subjects[0].namespace": namespace,
+    }
+    docs = [
+        d
+        for d in _template(helm, release, namespace, values)
+        if d["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    ]
+    docs.append(
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "prometheus-k8s", "namespace": namespace},
+        }
+    )
+    manifest = tmp_path / "rbac.yaml"
+    manifest.write_text(yaml.safe_dump_all(docs))
+    _kubectl(devcluster, "apply", "--server-side", "--field-manager=gpumon-test", "-f", str(manifest))
+    try:
+        for program in ("exporter", "controller"):
+            sa = f"{release}-gpumon-{program}"
+            for review in ("tokenreviews.authentication.k8s.io", "subjectaccessreviews.authorization.k8s.io"):
+                assert _can(devcluster, sa, namespace, "create", review), (sa, review)
+        controller = f"{release}-gpumon-controller"
+        # The exporter's /api/v1/... is reviewed as /gpumon/api/v1/... (every authenticated
+        # user may get /api/*, the API server's discovery).
+        assert _can(devcluster, controller, namespace, "get", "/gpumon/api/v1/watch")
+        assert _can(devcluster, controller, namespace, "get", "/gpumon/api/v1/snapshot")
+        assert _can(devcluster, "prometheus-k8s", namespace, "get", "/metrics")
+        assert not _can(devcluster, "prometheus-k8s", namespace, "get", "/gpumon/api/v1/snapshot")
+        assert _can(devcluster, "prometheus-k8s", namespace, "get", "/api/v1/snapshot")
+        assert not _can(devcluster, "prometheus-k8s", namespace, "list", "pods")
+        assert not _can(devcluster, "default", namespace, "get", "/metrics")
+    finally:
+        _kubectl(devcluster, "delete", "--ignore-not-found", "--wait=false", "-f", str(manifest), check=False)

@@ -1,0 +1,346 @@
+"""Every value in the chart's values.yaml does something, and the security settings render what
+docs/security.md says (helm template only; tests/cluster/test_helm_chart.py applies the
+renders to the API server and checks the RBAC with it).
+
+- each leaf of values.yaml is in ``CHANGES`` (a test fails for one that is not), and setting it
+  changes the rendered manifests;
+- TLS from a Secret or cert-manager, bearer/basic/kubernetes auth: the programs' settings, the
+  mounts and environment, the probes' scheme and each ServiceMonitor's scheme, tlsConfig and
+  credentials;
+- the NetworkPolicies and every container's securityContext.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy" / "helm" / "gpumon"
+SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+Values = dict[str, Any]
+
+TLS_SECRET: Values = {"tls.enabled": True, "tls.secretName": "gpumon-tls"}
+CERT_MANAGER: Values = {
+    "tls.enabled": True,
+    "tls.certManager.enabled": True,
+    "tls.certManager.issuerRef.name": "gpumon-ca",
+}
+BEARER: Values = {"auth.mode": "bearer", "auth.secretName": "gpumon-scrape"}
+BASIC: Values = {"auth.mode": "basic", "auth.secretName": "gpumon-scrape"}
+KUBERNETES: Values = {"auth.mode": "kubernetes"}
+MONITORED: Values = {"monitoring.serviceMonitor.enabled": True}
+PROMETHEUS_SA = {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}
+
+# Each leaf of values.yaml: a value other than its default, and what must be set for it to
+# matter. Free-form maps (nodeSelector, labels, config, resources, ...) are leaves.
+CHANGES: dict[str, tuple[Any, Values]] = {
+    "image.repository": ("registry.example/gpumon", {}),
+    "image.tag": ("1.2.3", {}),
+    "image.pullPolicy": ("Always", {}),
+    "imagePullSecrets": ([{"name": "pull"}], {}),
+    "nameOverride": ("gm", {}),
+    "fullnameOverride": ("fleet", {}),
+    "exporter.enabled": (False, {}),
+    "exporter.port": (9999, {}),
+    "exporter.metricsProfile": ("dcgm", {}),
+    "exporter.logFormat": ("text", {}),
+    "exporter.gpuNodeLabels": (["gpu"], {}),
+    "exporter.nodeSelector": ({"pool": "gpu"}, {}),
+    "exporter.tolerations": ([], {}),
+    "exporter.podAttribution.enabled": (False, {}),
+    "exporter.podAttribution.podResourcesDir": ("/run/kubelet/pod-resources", {}),
+    "exporter.runtimeClassName": ("nvidia", {}),
+    "exporter.priorityClassName": ("", {}),
+    "exporter.resources": ({"limits": {"memory": "1Gi"}}, {}),
+    "exporter.config": ({"sampling": {"fast_interval_seconds": 2}}, {}),
+    "exporter.podAnnotations": ({"a": "b"}, {}),
+    "exporter.windows.enabled": (True, {}),
+    "exporter.windows.image.repository": ("registry.example/win", {"exporter.windows.enabled": True}),
+    "exporter.windows.image.tag": ("1.2.3", {"exporter.windows.enabled": True}),
+    "exporter.windows.nodeSelector": ({"pool": "win"}, {"exporter.windows.enabled": True}),
+    "exporter.windows.resources": ({"limits": {"memory": "1Gi"}}, {"exporter.windows.enabled": True}),
+    "controller.enabled": (False, {}),
+    "controller.replicas": (1, {}),
+    "controller.dryRun": (False, {}),
+    "controller.port": (9999, {}),
+    "controller.logFormat": ("text", {}),
+    "controller.drainEscalationDelete": (True, {}),
+    "controller.config": ({"breaker": {"min_nodes": 3}}, {}),
+    "controller.resources": ({"limits": {"memory": "1Gi"}}, {}),
+    "controller.nodeSelector": ({"pool": "system"}, {}),
+    "controller.tolerations": ([{"key": "system", "operator": "Exists"}], {}),
+    "controller.podAnnotations": ({"a": "b"}, {}),
+    "tls.enabled": (True, {"tls.secretName": "gpumon-tls"}),
+    "tls.secretName": ("other", {"tls.enabled": True, "tls.secretName": "gpumon-tls"}),
+    "tls.certManager.enabled": (True, {**TLS_SECRET, "tls.certManager.issuerRef.name": "ca"}),
+    "tls.certManager.issuerRef.name": ("other", CERT_MANAGER),
+    "tls.certManager.issuerRef.kind": ("ClusterIssuer", CERT_MANAGER),
+    "tls.certManager.duration": ("720h", CERT_MANAGER),
+    "tls.certManager.renewBefore": ("48h", CERT_MANAGER),
+    "tls.caSecretName": ("exporter-ca", TLS_SECRET),
+    "auth.mode": ("kubernetes", {}),
+    "auth.secretName": ("other", BEARER),
+    "auth.kubernetes.cacheTTLSeconds": (60, KUBERNETES),
+    "auth.kubernetes.metricsReaderRole.enabled": (False, KUBERNETES),
+    "auth.kubernetes.metricsReaderRole.subjects": ([PROMETHEUS_SA], KUBERNETES),
+    "networkPolicy.enabled": (False, {}),
+    "networkPolicy.scrapers": ([{"ipBlock": {"cidr": "10.0.0.0/8"}}], {}),
+    "monitoring.serviceMonitor.enabled": (True, {}),
+    "monitoring.serviceMonitor.interval": ("30s", MONITORED),
+    "monitoring.serviceMonitor.labels": ({"release": "prom"}, MONITORED),
+    "monitoring.prometheusRule.enabled": (True, {}),
+    "monitoring.prometheusRule.labels": ({"release": "prom"}, {"monitoring.prometheusRule.enabled": True}),
+    "monitoring.prometheusRule.runbookBaseURL": (
+        "https://example.com/gpumon",
+        {"monitoring.prometheusRule.enabled": True},
+    ),
+    "grafanaDashboards.enabled": (True, {}),
+    "grafanaDashboards.labels": ({"dash": "yes"}, {"grafanaDashboards.enabled": True}),
+    "grafanaDashboards.annotations": ({"folder": "GPU"}, {"grafanaDashboards.enabled": True}),
+    "prometheusAdapter.rulesConfigMap.enabled": (True, {}),
+}
+_FREE_FORM = {"nodeSelector", "podAnnotations", "labels", "annotations", "config", "resources"}
+
+
+def _leaves(values: Values, prefix: str = "") -> list[str]:
+    out = []
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value and key not in _FREE_FORM:
+            out += _leaves(value, path + ".")
+        else:
+            out.append(path)
+    return out
+
+
+def render(
+    helm: Path, values: Values, *, release: str = "r", namespace: str = "gpumon"
+) -> list[dict[str, Any]]:
+    sets = [arg for key, value in values.items() for arg in ("--set-json", f"{key}={json.dumps(value)}")]
+    result = subprocess.run(
+        [str(helm), "template", release, str(CHART), "--namespace", namespace, *sets],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (doc,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+def config_of(docs: list[dict[str, Any]], component: str) -> dict[str, Any]:
+    cm = one(docs, "ConfigMap", f"r-gpumon-{component}")
+    loaded: dict[str, Any] = yaml.safe_load(cm["data"][f"{component}.yaml"])
+    return loaded
+
+
+def container(docs: list[dict[str, Any]], kind: str, component: str) -> dict[str, Any]:
+    c: dict[str, Any] = one(docs, kind, f"r-gpumon-{component}")["spec"]["template"]["spec"]["containers"][0]
+    return c
+
+
+def test_every_value_is_in_the_table() -> None:
+    leaves = _leaves(yaml.safe_load((CHART / "values.yaml").read_text()))
+    assert sorted(set(leaves) - set(CHANGES)) == [], "values with no render test: add them to CHANGES"
+    assert sorted(set(CHANGES) - set(leaves)) == [], "CHANGES names values that values.yaml lacks"
+
+
+@pytest.mark.parametrize("path", sorted(CHANGES))
+def test_every_value_changes_the_render(helm: Path, path: str) -> None:
+    value, needs = CHANGES[path]
+    assert render(helm, {**needs, path: value}) != render(helm, needs)
+
+
+# -- TLS ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source", ["secret", "cert-manager"])
+def test_tls_reaches_both_programs_their_probes_and_the_service_monitors(helm: Path, source: str) -> None:
+    values = {**(TLS_SECRET if source == "secret" else CERT_MANAGER), **MONITORED}
+    docs = render(helm, values)
+    secret = "gpumon-tls" if source == "secret" else "r-gpumon-tls"
+    tls = {"cert_file": "/var/run/gpumon/tls/tls.crt", "key_file": "/var/run/gpumon/tls/tls.key"}
+    for kind, component in (("DaemonSet", "exporter"), ("Deployment", "controller")):
+        assert config_of(docs, component)["tls"] == tls
+        c = container(docs, kind, component)
+        assert {"name": "tls", "mountPath": "/var/run/gpumon/tls", "readOnly": True} in c["volumeMounts"]
+        assert c["livenessProbe"]["httpGet"]["scheme"] == c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+        volumes = one(docs, kind, f"r-gpumon-{component}")["spec"]["template"]["spec"]["volumes"]
+        assert {"name": "tls", "secret": {"secretName": secret, "defaultMode": 0o440}} in volumes
+        endpoint = one(docs, "ServiceMonitor", f"r-gpumon-{component}")["spec"]["endpoints"][0]
+        assert endpoint["scheme"] == "https"
+        assert endpoint["tlsConfig"] == {
+            "ca": {"secret": {"name": secret, "key": "ca.crt"}},
+            "serverName": f"r-gpumon-{component}.gpumon.svc",
+        }
+    direct = config_of(docs, "controller")["signals"]["direct"]
+    assert (direct["scheme"], direct["ca_file"], direct["server_name"]) == (
+        "https",
+        "/var/run/gpumon/tls/ca.crt",
+        "r-gpumon-exporter.gpumon.svc",
+    )
+    certificates = [d for d in docs if d["kind"] == "Certificate"]
+    if source == "secret":
+        assert certificates == []
+        return
+    (cert,) = certificates
+    assert cert["spec"]["secretName"] == secret
+    assert cert["spec"]["issuerRef"] == {"group": "cert-manager.io", "kind": "Issuer", "name": "gpumon-ca"}
+    for service in ("r-gpumon-exporter", "r-gpumon-controller"):
+        assert f"{service}.gpumon.svc" in cert["spec"]["dnsNames"]
+
+
+def test_a_separate_ca_is_what_the_controller_and_prometheus_trust(helm: Path) -> None:
+    docs = render(helm, {**TLS_SECRET, **MONITORED, "tls.caSecretName": "exporter-ca"})
+    assert (
+        config_of(docs, "controller")["signals"]["direct"]["ca_file"] == "/var/run/gpumon/exporter-ca/ca.crt"
+    )
+    mounts = container(docs, "Deployment", "controller")["volumeMounts"]
+    assert {"name": "exporter-ca", "mountPath": "/var/run/gpumon/exporter-ca", "readOnly": True} in mounts
+    endpoint = one(docs, "ServiceMonitor", "r-gpumon-exporter")["spec"]["endpoints"][0]
+    assert endpoint["tlsConfig"]["ca"] == {"secret": {"name": "exporter-ca", "key": "ca.crt"}}
+
+
+# -- auth -----------------------------------------------------------------------------------------
+
+
+def test_bearer_token_from_a_secret(helm: Path) -> None:
+    docs = render(helm, {**BEARER, **MONITORED})
+    for kind, component in (("DaemonSet", "exporter"), ("Deployment", "controller")):
+        assert config_of(docs, component)["auth"] == {"bearer_token_file": "/var/run/gpumon/auth/token"}
+        assert {"name": "auth", "mountPath": "/var/run/gpumon/auth", "readOnly": True} in container(
+            docs, kind, component
+        )["volumeMounts"]
+        endpoint = one(docs, "ServiceMonitor", f"r-gpumon-{component}")["spec"]["endpoints"][0]
+        assert endpoint["authorization"] == {
+            "type": "Bearer",
+            "credentials": {"name": "gpumon-scrape", "key": "token"},
+        }
+    # The controller sends the same token to the exporters.
+    direct = config_of(docs, "controller")["signals"]["direct"]
+    assert direct["bearer_token_file"] == "/var/run/gpumon/auth/token"
+
+
+def test_basic_credentials_come_from_the_secret_as_environment(helm: Path) -> None:
+    docs = render(helm, {**BASIC, **MONITORED})
+    for kind, component in (("DaemonSet", "exporter"), ("Deployment", "controller")):
+        env = {e["name"]: e.get("valueFrom") for e in container(docs, kind, component)["env"]}
+        assert env["GPUMON_AUTH__BASIC_USERNAME"] == {
+            "secretKeyRef": {"name": "gpumon-scrape", "key": "username"}
+        }
+        assert env["GPUMON_AUTH__BASIC_PASSWORD"] == {
+            "secretKeyRef": {"name": "gpumon-scrape", "key": "password"}
+        }
+        assert "auth" not in config_of(docs, component)  # no credential in a ConfigMap
+        endpoint = one(docs, "ServiceMonitor", f"r-gpumon-{component}")["spec"]["endpoints"][0]
+        assert endpoint["basicAuth"] == {
+            "username": {"name": "gpumon-scrape", "key": "username"},
+            "password": {"name": "gpumon-scrape", "key": "password"},
+        }
+
+
+def refusal(helm: Path, *sets: str) -> str:
+    """helm template's error for these ``--set`` values (it must fail)."""
+    argv = [str(helm), "template", "r", str(CHART)] + [a for kv in sets for a in ("--set", kv)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0, "rendered, but should have been refused"
+    return result.stderr
+
+
+def test_basic_auth_refuses_direct_signals(helm: Path) -> None:
+    stderr = refusal(helm, "auth.mode=basic", "auth.secretName=s", "controller.config.signals.source=direct")
+    assert "direct signals send bearer tokens" in stderr
+
+
+def test_kubernetes_mode_wires_reviews_rbac_and_prometheus(helm: Path) -> None:
+    values = {**KUBERNETES, **MONITORED, "auth.kubernetes.metricsReaderRole.subjects": [PROMETHEUS_SA]}
+    docs = render(helm, values)
+    for component in ("exporter", "controller"):
+        assert config_of(docs, component)["auth"] == {
+            "mode": "kubernetes",
+            "kubernetes": {"cache_ttl_seconds": 10},
+        }
+        binding = one(docs, "ClusterRoleBinding", f"r-gpumon-{component}-auth-delegator")
+        assert binding["roleRef"]["name"] == "system:auth-delegator"
+        endpoint = one(docs, "ServiceMonitor", f"r-gpumon-{component}")["spec"]["endpoints"][0]
+        assert endpoint["bearerTokenFile"] == SA_TOKEN
+    # The exporter needs its token for the reviews, even without pod attribution.
+    docs_plain = render(helm, {**values, "exporter.podAttribution.enabled": False})
+    exporter_pod = one(docs_plain, "DaemonSet", "r-gpumon-exporter")["spec"]["template"]["spec"]
+    assert exporter_pod["automountServiceAccountToken"] is True
+    reader = one(docs, "ClusterRole", "r-gpumon-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    assert one(docs, "ClusterRoleBinding", "r-gpumon-metrics-reader")["subjects"] == [PROMETHEUS_SA]
+    assert config_of(docs, "controller")["signals"]["direct"]["bearer_token_file"] == SA_TOKEN
+    rules = one(docs, "ClusterRole", "r-gpumon-controller")["rules"]
+    assert {"nonResourceURLs": ["/gpumon/api/v1/watch", "/gpumon/api/v1/snapshot"], "verbs": ["get"]} in rules
+
+
+def test_windows_exporter_refuses_tls_and_auth_it_cannot_serve(helm: Path) -> None:
+    for extra in (("tls.enabled=true", "tls.secretName=s"), ("auth.mode=kubernetes",)):
+        stderr = refusal(helm, "exporter.windows.enabled=true", *extra)
+        assert "not wired for the Windows HostProcess exporter" in stderr
+
+
+# -- network and pod security ---------------------------------------------------------------------
+
+
+def test_network_policies_let_in_scrapers_and_the_controller_only(helm: Path) -> None:
+    docs = render(helm, {})
+    prometheus = {
+        "namespaceSelector": {},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    }
+    controller_pods = {
+        "podSelector": {
+            "matchLabels": {
+                "app.kubernetes.io/name": "gpumon",
+                "app.kubernetes.io/instance": "r",
+                "app.kubernetes.io/component": "controller",
+            }
+        }
+    }
+    exporter = one(docs, "NetworkPolicy", "r-gpumon-exporter")["spec"]
+    assert exporter["policyTypes"] == ["Ingress"]
+    assert exporter["ingress"] == [
+        {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": [prometheus, controller_pods]}
+    ]
+    controller = one(docs, "NetworkPolicy", "r-gpumon-controller")["spec"]
+    assert controller["ingress"] == [
+        {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": [prometheus]}
+    ]
+    # No scrapers and no controller: nothing gets in.
+    closed = render(helm, {"networkPolicy.scrapers": [], "controller.enabled": False})
+    assert one(closed, "NetworkPolicy", "r-gpumon-exporter")["spec"]["ingress"] == []
+
+
+@pytest.mark.parametrize("attribution", [True, False])
+def test_security_contexts_are_as_tight_as_each_program_allows(helm: Path, attribution: bool) -> None:
+    docs = render(helm, {"exporter.podAttribution.enabled": attribution})
+    for kind, component in (("DaemonSet", "exporter"), ("Deployment", "controller")):
+        pod = one(docs, kind, f"r-gpumon-{component}")["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        assert c["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        }
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert not pod.get("hostNetwork") and not pod.get("hostIPC")
+        root = component == "exporter" and attribution
+        assert pod["securityContext"]["runAsNonRoot"] is not root
+        assert pod["securityContext"]["runAsUser"] == (0 if root else 65534)
+        assert bool(pod.get("hostPID")) is root
+        host_paths = sorted(v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v)
+        assert host_paths == (["/proc", "/var/lib/kubelet/pod-resources"] if root else [])
