@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from gpumon.config import DEFAULT_CONTROLLER_PORT, ControllerConfig, add_config_arguments, load_from_args
+from gpumon.httpauth.flags import SERVER_FLAGS
 
 if TYPE_CHECKING:
     import ssl
@@ -34,14 +35,7 @@ _FLAGS: tuple[tuple[str, str, str, str], ...] = (
         "address of /metrics, /healthz, /readyz (default: 0.0.0.0)",
     ),
     ("--port", "port", "PORT", f"port of /metrics (default: {DEFAULT_CONTROLLER_PORT}; 0 picks a free one)"),
-    ("--tls-cert-file", "tls.cert_file", "FILE", "serve HTTPS with this certificate (with --tls-key-file)"),
-    ("--tls-key-file", "tls.key_file", "FILE", "private key of --tls-cert-file"),
-    (
-        "--auth-mode",
-        "auth.mode",
-        "MODE",
-        "static (auth.* credentials, if any) | kubernetes (TokenReview + SubjectAccessReview)",
-    ),
+    *SERVER_FLAGS,
     ("--signals", "signals.source", "SOURCE", "prometheus | direct (default: prometheus)"),
     ("--prometheus-url", "signals.prometheus.url", "URL", "Prometheus base URL"),
     ("--rules", "policy.rules_file", "FILE", "YAML file of rules (merged over the built-in rules)"),

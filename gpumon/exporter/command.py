@@ -12,6 +12,7 @@ from gpumon.config import (
     add_config_arguments,
     load_from_args,
 )
+from gpumon.httpauth.flags import SERVER_FLAGS
 
 if TYPE_CHECKING:
     import ssl
@@ -65,19 +66,12 @@ _FLAGS: tuple[tuple[str, str, str, str], ...] = (
         "timeout of one device call, seconds (default: 2)",
     ),
     ("--host-proc", "pods.host_proc", "PATH", "the host's /proc, for per-pod attribution (default: /proc)"),
-    ("--tls-cert-file", "tls.cert_file", "FILE", "serve HTTPS with this certificate (with --tls-key-file)"),
-    ("--tls-key-file", "tls.key_file", "FILE", "private key of --tls-cert-file"),
+    *SERVER_FLAGS,
     (
         "--bearer-token-file",
         "auth.bearer_token_file",
         "FILE",
         "require this bearer token (re-read every 30 s)",
-    ),
-    (
-        "--auth-mode",
-        "auth.mode",
-        "MODE",
-        "static (the credentials given, if any) | kubernetes (TokenReview + SubjectAccessReview)",
     ),
     ("--log-format", "log.format", "FORMAT", "text | json (default: text)"),
     ("--log-level", "log.level", "LEVEL", "debug | info | warning | error (default: info)"),

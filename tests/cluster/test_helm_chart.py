@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from chart_render import render
 
 from gpumon.config import ControllerConfig, ExporterConfig, load
 from gpumon.devcluster.cluster import DevCluster
@@ -71,8 +72,7 @@ def _sets(values: dict[str, str]) -> list[str]:
 
 
 def _template(helm: Path, release: str, namespace: str, values: dict[str, str]) -> list[dict[str, Any]]:
-    out = _run(helm, "template", release, CHART, "--namespace", namespace, *_sets(values)).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    return render(helm, values, release=release, namespace=namespace)
 
 
 @pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())

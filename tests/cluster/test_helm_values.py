@@ -12,16 +12,14 @@ renders to the API server and checks the RBAC with it).
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from chart_render import CHART, render
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "deploy" / "helm" / "gpumon"
 SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 Values = dict[str, Any]
@@ -118,20 +116,6 @@ def _leaves(values: Values, prefix: str = "") -> list[str]:
         else:
             out.append(path)
     return out
-
-
-def render(
-    helm: Path, values: Values, *, release: str = "r", namespace: str = "gpumon"
-) -> list[dict[str, Any]]:
-    sets = [arg for key, value in values.items() for arg in ("--set-json", f"{key}={json.dumps(value)}")]
-    result = subprocess.run(
-        [str(helm), "template", release, str(CHART), "--namespace", namespace, *sets],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
 def one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:

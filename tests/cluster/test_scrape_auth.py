@@ -27,13 +27,13 @@ import aiohttp
 import pytest
 import yaml
 from aiohttp import web
+from chart_render import render
 from controller_harness import _write_kubeconfig
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from kubernetes_asyncio import client
-from test_helm_values import render
 
 from gpumon.config import ControllerConfig
 from gpumon.controller.app import CONTROLLER, make_app

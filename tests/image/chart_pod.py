@@ -27,23 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 Doc = dict[str, Any]
-
-
-def render(helm: Path, chart: Path, release: str, namespace: str, values: Mapping[str, str]) -> list[Doc]:
-    sets = [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
-    out = subprocess.run(
-        [str(helm), "template", release, str(chart), "--namespace", namespace, *sets],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, f"helm template failed:\n{out.stderr}"
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
 def find(docs: Sequence[Doc], kind: str, component: str) -> Doc:

@@ -18,8 +18,9 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-from chart_pod import Doc, Host, Running, find, image_config, launch, render, run
-from image_build import REPO, BuiltImage
+from chart_pod import Doc, Host, Running, find, image_config, launch, run
+from chart_render import render
+from image_build import BuiltImage
 from metrics_text import Series, free_port, parse, select
 
 from gpumon.devcluster.binaries import MockNvml
@@ -29,7 +30,6 @@ from gpumon.devcluster.waiting import eventually
 
 pytestmark = pytest.mark.timeout(1800)  # a cold first build makes the base too (docs/images.md)
 
-CHART = REPO / "deploy" / "helm" / "gpumon"
 NODE = "image-node"
 # Where the NVIDIA container toolkit mounts the driver's library in a Debian-family image.
 NVML_IN_CONTAINER = f"/usr/lib/{platform.machine()}-linux-gnu/libnvidia-ml.so.1"
@@ -145,7 +145,7 @@ async def test_exporter_container_serves_gpus_and_pods(
     values = {"exporter.port": str(port), "controller.enabled": "false"}
     if backend == "simulated":
         values |= {"exporter.config.backend": "simulated", "exporter.config.simulation.gpus": "2"}
-    docs = render(helm, CHART, namespace, namespace, values)
+    docs = render(helm, values, release=namespace, namespace=namespace)
     release(docs)
     daemonset = find(docs, "DaemonSet", "exporter")
     spec = daemonset["spec"]["template"]["spec"]
@@ -225,7 +225,7 @@ async def test_controller_container_becomes_ready_and_leads(
     tmp_path: Path,
 ) -> None:
     port = free_port()
-    docs = render(helm, CHART, namespace, namespace, {"controller.port": str(port)})
+    docs = render(helm, {"controller.port": str(port)}, release=namespace, namespace=namespace)
     release(docs)
     deployment = find(docs, "Deployment", "controller")
     spec = deployment["spec"]["template"]["spec"]
