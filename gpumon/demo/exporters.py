@@ -20,6 +20,7 @@ from gpumon.demo.fleet import Fleet, NodeSpec
 from gpumon.demo.scenario import Scenario
 from gpumon.demo.views import ClusterView
 from gpumon.devcluster.localservers import ExporterProcess
+from gpumon.wire import v1 as wire
 
 log = logging.getLogger(__name__)
 _TIMEOUT = aiohttp.ClientTimeout(total=3)
@@ -91,14 +92,21 @@ class ExporterFleet:
             process.stop(5.0)
         self.running.clear()
 
-    async def snapshots(self, session: aiohttp.ClientSession) -> dict[str, Mapping[str, Any]]:
-        """The exporters' current snapshots; one that does not answer is left out."""
+    async def snapshots(self, session: aiohttp.ClientSession) -> dict[str, wire.SnapshotDoc]:
+        """The exporters' current snapshots; one that does not answer, or answers what the wire
+        schema refuses, is left out; a refusal is logged, as the demo's exporters run this very
+        gpumon and should never send one."""
 
-        async def one(name: str, url: str) -> tuple[str, Mapping[str, Any] | None]:
+        async def one(name: str, url: str) -> tuple[str, wire.SnapshotDoc | None]:
             try:
                 async with session.get(f"{url}/api/v1/snapshot", timeout=_TIMEOUT) as resp:
-                    return name, (await resp.json()) if resp.status == 200 else None
-            except (aiohttp.ClientError, TimeoutError, ValueError):
+                    return name, wire.parse_snapshot(await resp.read()) if resp.status == 200 else None
+            except wire.WireError as e:
+                log.warning(
+                    "exporter snapshot refused by the wire schema", extra={"node": name, "error": str(e)}
+                )
+                return name, None
+            except (aiohttp.ClientError, TimeoutError):
                 return name, None
 
         got = await asyncio.gather(*(one(n, p.url) for n, p in list(self.running.items())))

@@ -1,6 +1,6 @@
 """What the demo sees of the cluster at one moment, parsed from raw API objects and exporter
-snapshots into frozen values. Pure: the expectations, the live table and the log lines are all
-functions of a :class:`ClusterView`."""
+snapshots (already parsed with the wire schema) into frozen values. Pure: the expectations,
+the live table and the log lines are all functions of a :class:`ClusterView`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from gpumon.devcluster.poolplan import POOL_LABEL
 from gpumon.devcluster.workloads import APP_LABEL
 from gpumon.exporter.sharing import GPUSHARE_INDEX
 from gpumon.resources import GPUSHARE_MEMORY_RESOURCE
+from gpumon.wire import v1 as wire
 
 
 def _time(stamp: str | None) -> float:
@@ -184,30 +185,28 @@ def event_view(obj: Mapping[str, Any]) -> ActionEvent:
     )
 
 
-def gpu_views(snapshot: Mapping[str, Any]) -> tuple[GpuView, ...]:
+def gpu_views(snapshot: wire.SnapshotDoc) -> tuple[GpuView, ...]:
     pods: dict[int, list[str]] = {}
-    for p in snapshot.get("pods") or ():
-        ref = p.get("ref") or {}
-        if ref.get("pod"):
-            name = f"{ref.get('namespace', '')}/{ref['pod']}"
-            held = pods.setdefault(int(p.get("gpu_index", -1)), [])
-            if name not in held:  # one entry per container
-                held.append(name)
-    out = []
-    for g in snapshot.get("gpus") or ():
-        ident, fast = g.get("identity") or {}, g.get("fast") or {}
-        index = int(ident.get("index", -1))
-        util = fast.get("utilization_ratio")
-        out.append(
-            GpuView(
-                index=index,
-                uuid=str(ident.get("uuid", "")),
-                state=str((g.get("health") or {}).get("state", "unknown")),
-                utilization=float(util) if isinstance(util, int | float) else None,
-                pods=tuple(pods.get(index, ())),
-            )
+    for p in snapshot.pods:
+        name = f"{p.ref.namespace}/{p.ref.pod}"
+        held = pods.setdefault(p.gpu_index, [])
+        if name not in held:  # one entry per container
+            held.append(name)
+    return tuple(
+        sorted(
+            (
+                GpuView(
+                    index=g.identity.index,
+                    uuid=g.identity.uuid,
+                    state=g.health.state.value,
+                    utilization=None if g.fast is None else g.fast.utilization_ratio,
+                    pods=tuple(pods.get(g.identity.index, ())),
+                )
+                for g in snapshot.gpus
+            ),
+            key=lambda g: g.index,
         )
-    return tuple(sorted(out, key=lambda g: g.index))
+    )
 
 
 def cluster_view(
@@ -217,7 +216,7 @@ def cluster_view(
     pod_objs: Sequence[Mapping[str, Any]],
     pool_obj: Mapping[str, Any] | None,
     event_objs: Sequence[Mapping[str, Any]],
-    snapshots: Mapping[str, Mapping[str, Any]],
+    snapshots: Mapping[str, wire.SnapshotDoc],
 ) -> ClusterView:
     return ClusterView(
         at=at,

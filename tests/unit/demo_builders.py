@@ -5,6 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from gpumon.demo.views import ClusterView, cluster_view
+from gpumon.devices.model import (
+    FastFields,
+    GpuIdentity,
+    GpuSample,
+    HealthState,
+    HealthVerdict,
+    PodGpuUsage,
+    PodRef,
+    Snapshot,
+)
+from gpumon.wire import v1 as wire
 
 POOL_LABEL = "devcluster.gpumon.io/pool"
 
@@ -78,29 +89,40 @@ def snapshot(
     gpus: int,
     pods: dict[int, list[str]] | None = None,
     states: dict[int, str] | None = None,
-) -> dict[str, Any]:
-    return {
-        "gpus": [
-            {
-                "identity": {"index": i, "uuid": f"GPU-{i}"},
-                "fast": {"utilization_ratio": 0.5},
-                "health": {"state": (states or {}).get(i, "healthy")},
-            }
-            for i in range(gpus)
-        ],
-        "pods": [
-            {"ref": {"namespace": "gpumon-demo", "pod": p, "container": "cuda"}, "gpu_index": i}
-            for i, names in (pods or {}).items()
-            for p in names
-        ],
-    }
+) -> wire.SnapshotDoc:
+    """An exporter's snapshot as the exporter builds it: ``pods`` by GPU index, ``states`` the
+    verdicts of the GPUs that are not healthy."""
+    return wire.snapshot_document(
+        Snapshot(
+            node="n",
+            driver=None,
+            gpus=tuple(
+                GpuSample(
+                    identity=GpuIdentity(i, f"GPU-{i}", "A100", f"0000:0{i}:00.0"),
+                    fast=FastFields(utilization_ratio=0.5),
+                    slow=None,
+                    health=HealthVerdict(HealthState((states or {}).get(i, "healthy"))),
+                    sampled_at=1.0,
+                )
+                for i in range(gpus)
+            ),
+            pods=tuple(
+                PodGpuUsage(PodRef("gpumon-demo", p, "cuda"), i, f"GPU-{i}")
+                for i, names in (pods or {}).items()
+                for p in names
+            ),
+            taken_at=1.0,
+            backend_up=True,
+            complete=True,
+        )
+    )
 
 
 def view(
     nodes: list[dict[str, Any]],
     pods: list[dict[str, Any]],
     md: dict[str, Any] | None = None,
-    snapshots: dict[str, dict[str, Any]] | None = None,
+    snapshots: dict[str, wire.SnapshotDoc] | None = None,
     events: list[dict[str, Any]] | None = None,
     at: float = 100.0,
 ) -> ClusterView:
