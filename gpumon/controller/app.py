@@ -1,16 +1,19 @@
 """Wiring: config in, one aiohttp app out, owning every background task's lifetime.
 
-The app serves ``/metrics``, ``/healthz`` (the event loop answers and no background task has
-died) and ``/readyz`` (the caches are filled), with the exporter's TLS and auth options
-(:mod:`gpumon.httpauth`; the probes stay open). Its ``cleanup_ctx`` starts the informers, the
-signal source, the leader election and the reconciler, and stops them in reverse order; a
-clean stop hands the lease over at once. Informers and metrics run on every replica; only the
-leader writes.
+The app serves ``/metrics``, ``/healthz`` (the event loop answers and no background task keeps
+dying) and ``/readyz`` (the caches are filled and no background task died within the last
+minute), with the exporter's TLS and auth options (:mod:`gpumon.httpauth`; the probes stay
+open). Its ``cleanup_ctx`` starts the informers, the signal source, the leader election, the
+reconciler and the autoscaler under one :class:`~gpumon.tasks.Supervisor` (each restarted with
+backoff when it dies, counted in ``gpumon_controller_task_restarts_total{task}``), and stops
+them in reverse order; a clean stop hands the lease over at once. Informers and metrics run on
+every replica; only the leader writes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -54,7 +57,7 @@ from gpumon.controller.shell.signal_sources.endpoints import DiscoveredEndpoints
 from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource
 from gpumon.httpauth.guard import guard
 from gpumon.httpauth.tls import client_context
-from gpumon.tasks import cancel_and_wait
+from gpumon.tasks import Supervisor, TaskTrouble
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +93,10 @@ def _read_token(path: Path | None, field: str) -> str | None:
     return None if path is None else read_config_text(path, "token file", field=field).strip()
 
 
+# A background task that died starts again after 1 s, then 2, 4... up to 30 s.
+TASK_BACKOFF = Backoff(initial_seconds=1.0, max_seconds=30.0)
+
+
 @dataclass
 class Controller:
     """Everything the app owns; tests reach in through the ``CONTROLLER`` key."""
@@ -107,7 +114,11 @@ class Controller:
     session: aiohttp.ClientSession
     endpoints: DiscoveredEndpoints | None = None
     autoscaler: Autoscaler | None = None
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    supervisor: Supervisor = field(default_factory=lambda: Supervisor(delay=TASK_BACKOFF.delay))
+
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return self.supervisor.tasks
 
     def is_leader(self) -> bool:
         return self.elector is None or self.elector.is_leader()
@@ -268,6 +279,9 @@ def make_app(
         session=session,
         endpoints=endpoints,
         autoscaler=autoscaler,
+        supervisor=Supervisor(
+            delay=TASK_BACKOFF.delay, on_restart=lambda task: metrics.task_restarts.labels(task).inc()
+        ),
     )
     registry.register(
         ClusterGauges(
@@ -337,22 +351,21 @@ def _build_source(
         session,
         wall_clock=wall_clock,
         on_error=lambda kind: metrics.signal_errors.labels("direct", kind).inc(),
+        on_refusal=lambda node, kind: metrics.exporter_refusals.labels(node, kind).inc(),
     )
 
 
 async def _lifespan(app: web.Application) -> AsyncIterator[None]:
     controller = app[CONTROLLER]
     source = controller.source
-
-    def start(coro: Any, name: str) -> None:
-        controller.tasks.append(asyncio.create_task(coro, name=name))
+    start = controller.supervisor.start
 
     for informer in controller.informers:
-        start(informer.run(), f"informer {informer.name}")
-    start(source.run(controller.reconciler.mark), f"signals {source.name}")
+        start(f"informer {informer.name}", informer.run)
+    start(f"signals {source.name}", functools.partial(source.run, controller.reconciler.mark))
     if controller.elector is not None:
         elector = controller.elector
-        start(elector.run(), "leader election")
+        start("leader election", elector.run)
 
         async def follow_leadership() -> None:
             while True:
@@ -361,13 +374,12 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
                 # A new leader looks at everything at once.
                 controller.reconciler.mark(controller.nodes.items())
 
-        start(follow_leadership(), "leadership changes")
-    start(controller.reconciler.run(), "reconciler")
+        start("leadership changes", follow_leadership)
+    start("reconciler", controller.reconciler.run)
     if controller.autoscaler is not None:
-        start(controller.autoscaler.run(), "autoscaler")
+        start("autoscaler", controller.autoscaler.run)
     yield
-    await cancel_and_wait(reversed(controller.tasks))
-    controller.tasks.clear()
+    await controller.supervisor.stop()
     if controller.elector is not None:
         await controller.elector.release()
     await controller.session.close()
@@ -378,15 +390,24 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+def _troubles(what: str, troubles: list[TaskTrouble]) -> str:
+    return what + ": " + ", ".join(f"{t.name} ({t.deaths}x, {t.error})" for t in troubles) + "\n"
+
+
 async def _healthz(request: web.Request) -> web.Response:
-    dead = [t.get_name() for t in request.app[CONTROLLER].tasks if t.done()]
-    if dead:
-        return web.Response(status=503, text="stopped: " + ", ".join(dead) + "\n")
+    # Only a task that keeps dying makes the kubelet restart us: one restart heals in place.
+    looping = request.app[CONTROLLER].supervisor.crashlooping()
+    if looping:
+        return web.Response(status=503, text=_troubles("crashlooping", looping))
     return web.Response(text="ok\n")
 
 
 async def _readyz(request: web.Request) -> web.Response:
-    waiting = [i.name for i in request.app[CONTROLLER].informers if not i.synced.is_set()]
+    controller = request.app[CONTROLLER]
+    waiting = [i.name for i in controller.informers if not i.synced.is_set()]
     if waiting:
         return web.Response(status=503, text="caches not synced: " + ", ".join(waiting) + "\n")
+    restarting = controller.supervisor.restarting()
+    if restarting:
+        return web.Response(status=503, text=_troubles("restarted", restarting))
     return web.Response(text="ok\n")

@@ -30,10 +30,18 @@ async def running_source(
     on_change: Callable[[Iterable[str]], None] = lambda nodes: None,
     backoff: Backoff = RECONNECT_BACKOFF,
     on_error: Callable[[str], None] = lambda kind: None,
+    on_refusal: Callable[[str, str], None] = lambda node, kind: None,
 ) -> AsyncIterator[DirectSource]:
     """A DirectSource subscribed to ``urls`` (node -> exporter base URL), stopped on exit."""
     async with aiohttp.ClientSession() as session:
-        source = DirectSource(settings, StaticEndpoints(urls), session, backoff=backoff, on_error=on_error)
+        source = DirectSource(
+            settings,
+            StaticEndpoints(urls),
+            session,
+            backoff=backoff,
+            on_error=on_error,
+            on_refusal=on_refusal,
+        )
         task = asyncio.create_task(source.run(on_change))
         try:
             yield source

@@ -56,8 +56,23 @@ class ControllerMetrics:
         self.signal_errors = Counter(
             "gpumon_controller_signal_errors",
             "Signal input refused or lost, by source and kind (direct: oversize, schema, invalid, "
-            "connection); the node is named in the log line.",
+            "flood, connection, internal); per node in gpumon_controller_exporter_refusals_total.",
             ["source", "kind"],
+            registry=registry,
+        )
+        # Per node, only for what a node sent that the wire refuses (oversize, schema, invalid,
+        # flood): healthy nodes never get a series, so the cardinality is the misbehaving ones.
+        self.exporter_refusals = Counter(
+            "gpumon_controller_exporter_refusals",
+            "Exporter input refused at the edge, by node and kind (oversize, schema, invalid, flood); "
+            "the node's reading is withdrawn until its next good state line.",
+            ["node", "kind"],
+            registry=registry,
+        )
+        self.task_restarts = Counter(
+            "gpumon_controller_task_restarts",
+            "Background tasks that died (raised or returned) and were restarted, by task.",
+            ["task"],
             registry=registry,
         )
         self.api_errors = Counter(

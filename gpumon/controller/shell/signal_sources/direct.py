@@ -8,10 +8,15 @@ when nothing changes. That costs next to nothing for the healthy majority of a f
 watched exporter is never polled. An exporter without the watch endpoint (404) has its
 ``/api/v1/snapshot`` fetched every poll interval instead, with a bounded pool.
 
-Every line and document is parsed with the wire schema's models and limits. Input they refuse
-(too long, another schema version, wrong types, too many GPUs or pods) is counted by kind in
-:attr:`DirectSource.errors` and ends that connection; the reconnect starts with a fresh state
-line, and nothing is ever buffered beyond the limits.
+Every line and document is parsed with the wire schema's models and limits, and a node never
+holds more than :data:`~gpumon.wire.v1.MAX_GPUS` GPUs across lines either. Input they refuse
+(too long, another schema version, wrong types, too many GPUs or pods), and a connection over
+its line budget (``flood``), is counted by kind in :attr:`DirectSource.errors` and per node
+(``on_refusal``), logged at most once per interval per node, withdraws that node's reading at
+once (unknown until the reconnect's state line) and ends that connection; each refusal in a row
+lengthens the wait before the next connect. Nothing is ever buffered beyond the limits, and a
+node's lines yield the loop every few dozen, so one node's flood cannot starve the others or
+the lease renewal.
 
 Freshness: a node counts as observed when its exporter last spoke (a heartbeat says "no
 change"); an exporter whose device backend is down, or that cannot be reached, yields no reading.
@@ -33,6 +38,7 @@ import aiohttp
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.signals import ChangeCallback, FleetSignals, GpuReading, NodeReading, XidSeen
 from gpumon.controller.shell.signal_sources.endpoints import Endpoints
+from gpumon.tasks import cancel_and_wait
 from gpumon.wire import v1 as wire
 
 log = logging.getLogger(__name__)
@@ -114,12 +120,31 @@ def on_line(view: ExporterView, line: wire.WatchLine, now: float) -> tuple[Expor
             changed = by_uuid != dict(view.gpus) or up != view.backend_up
             return replace(view, heard_at=now, backend_up=up, gpus=MappingProxyType(by_uuid)), changed
         case wire.HealthLine(gpu=gpu):
-            changed = view.gpus.get(gpu.uuid) != gpu
+            previous = view.gpus.get(gpu.uuid)
+            # The bound holds across lines too: a stream of new UUIDs must not grow one node
+            # without limit (and the copy below stays at most MAX_GPUS entries).
+            if previous is None and len(view.gpus) >= wire.MAX_GPUS:
+                raise wire.WireError("oversize", f"a GPU beyond the {wire.MAX_GPUS} this node already has")
+            changed = previous != gpu
             return replace(view, heard_at=now, gpus=MappingProxyType({**view.gpus, gpu.uuid: gpu})), changed
 
 
 def on_snapshot(view: ExporterView, doc: wire.SnapshotDoc, now: float) -> ExporterView:
     return replace(view, heard_at=now, backend_up=doc.backend_up, polled=snapshot_readings(doc, now))
+
+
+@dataclass(frozen=True, slots=True)
+class LineBudget:
+    """A token bucket over one connection's lines: ``burst`` at once, ``rate`` a second after."""
+
+    tokens: float
+    at: float
+
+
+def spend_line(budget: LineBudget, now: float, rate: float, burst: float) -> LineBudget | None:
+    """The budget after one more line at ``now``, or None when the connection is over it."""
+    tokens = min(burst, budget.tokens + (now - budget.at) * rate)
+    return LineBudget(tokens - 1.0, now) if tokens >= 1.0 else None
 
 
 def reading_of(view: ExporterView) -> NodeReading | None:
@@ -178,6 +203,39 @@ class DirectSettings:
     bearer_token: str | None = None
     # https: the name the exporters' certificate is checked against (they are reached by IP).
     server_name: str | None = None
+    # One exporter's watch lines: a connection may send ``line_burst`` at once and
+    # ``lines_per_second`` after. An honest exporter sends a state line per connect, a line per
+    # GPU change and a heartbeat; beyond this the connection is dropped and counted as ``flood``.
+    lines_per_second: float = 200.0
+    line_burst: float = 2000.0
+    # A misbehaving node is logged at most once per this many seconds, with what was suppressed.
+    log_interval_seconds: float = 60.0
+
+
+class LogThrottle:
+    """At most one log line per key and interval, saying how many were left out since."""
+
+    def __init__(self, interval_seconds: float) -> None:
+        self._interval = interval_seconds
+        # Per key: when it was last logged, and how many were not logged since.
+        self._logged: dict[str, tuple[float, int]] = {}
+
+    def allow(self, key: str, now: float) -> int | None:
+        """None to stay quiet; else log now, saying this many were suppressed before."""
+        last, suppressed = self._logged.get(key, (float("-inf"), 0))
+        if now - last < self._interval:
+            self._logged[key] = (last, suppressed + 1)
+            return None
+        self._logged[key] = (now, 0)
+        return suppressed
+
+
+# Lines parsed before letting the rest of the loop run, within one buffered chunk.
+_LINES_BETWEEN_YIELDS = 64
+
+
+class Flooded(Exception):
+    """An exporter's connection went over its line budget."""
 
 
 RECONNECT_BACKOFF = Backoff(initial_seconds=0.5, max_seconds=30.0)
@@ -207,6 +265,8 @@ class DirectSource:
         wall_clock: Callable[[], float] = time.time,
         backoff: Backoff = RECONNECT_BACKOFF,
         on_error: Callable[[str], None] = lambda kind: None,
+        on_refusal: Callable[[str, str], None] = lambda node, kind: None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._s = settings
         self._endpoints = endpoints
@@ -223,6 +283,9 @@ class DirectSource:
         # connection (unreachable, HTTP error, cut stream).
         self.errors: collections.Counter[str] = collections.Counter()
         self._on_error = on_error
+        self._on_refusal = on_refusal
+        self._monotonic = monotonic
+        self._log_throttle = LogThrottle(settings.log_interval_seconds)
 
     # -- the SignalSource face ----------------------------------------------------------------
 
@@ -239,13 +302,34 @@ class DirectSource:
         return {"Authorization": f"Bearer {self._s.bearer_token}"} if self._s.bearer_token else {}
 
     def _failed(self, node: str, kind: str, error: Exception, what: str) -> None:
+        """An exporter that could not be reached or whose stream was cut: its reading ages."""
         self.errors[kind] += 1
         self._on_error(kind)
-        level = logging.WARNING if isinstance(error, wire.WireError) else logging.DEBUG
-        log.log(level, what, extra={"node": node, "error": str(error) or repr(error)})
+        log.debug(what, extra={"node": node, "error": str(error) or repr(error)})
+
+    def _refused(self, node: str, kind: str, error: Exception, what: str) -> None:
+        """An exporter that sent what the wire refuses, or sent too much of it."""
+        self.errors[kind] += 1
+        self._on_error(kind)
+        # The node broke the wire: what it said is not evidence either way, so its reading is
+        # withdrawn (unknown: never unhealthy, never remediated) until a good state line.
+        self._on_refusal(node, kind)
+        view = self._views.get(node)
+        if view is not None and view.heard_at is not None:
+            self._views[node] = ExporterView(node)
+            self._on_change((node,))
+        # A node refusing line after line must not flood the log: once per interval per node.
+        suppressed = self._log_throttle.allow(node, self._monotonic())
+        if suppressed is not None:
+            log.warning(
+                what, extra={"node": node, "kind": kind, "error": str(error), "suppressed": suppressed}
+            )
 
     async def _watch(self, node: str, url: str) -> None:
         attempt = 0
+        # Connections in a row that ended in a refusal: a hostile exporter connects fine every
+        # time, so this (not the connect) decides how soon it is read again.
+        strikes = 0
         hb = self._s.heartbeat_seconds
         timeout = aiohttp.ClientTimeout(sock_connect=self._s.timeout_seconds, sock_read=3 * hb + 5)
         while True:
@@ -268,20 +352,42 @@ class DirectSource:
                     # GPUs are the same as before: tell the reconciler.
                     reconnected = True
                     lines = wire.LineSplitter()
+                    rate, burst = self._s.lines_per_second, self._s.line_burst
+                    budget: LineBudget | None = LineBudget(burst, self._monotonic())
                     async for chunk in resp.content.iter_any():
-                        for raw in lines.feed(chunk):
+                        for i, raw in enumerate(lines.feed(chunk)):
+                            if i and i % _LINES_BETWEEN_YIELDS == 0:
+                                await asyncio.sleep(0)
+                            budget = spend_line(budget, self._monotonic(), rate, burst) if budget else None
+                            if budget is None:
+                                raise Flooded(f"more than {rate:g} lines a second after {burst:g}")
                             view = self._views.get(node) or ExporterView(node)
                             view, changed = on_line(view, wire.parse_watch_line(raw), self._clock())
                             self._views[node] = view
                             if changed or reconnected:
                                 self._on_change((node,))
                             reconnected = False
+                        # A chunk already buffered is handed over without suspending: let the
+                        # lease renewal and the other nodes run between this node's chunks.
+                        await asyncio.sleep(0)
+                    strikes = 0
             except wire.WireError as e:
-                self._failed(node, e.kind, e, "exporter watch line refused; reconnecting")
+                self._refused(node, e.kind, e, "exporter watch line refused; reconnecting")
+                strikes += 1
+            except Flooded as e:
+                self._refused(node, "flood", e, "exporter watch over its line rate; reconnecting")
+                strikes += 1
             except (aiohttp.ClientError, TimeoutError) as e:
                 self._failed(node, "connection", e, "exporter watch ended")
+                strikes = 0
+            except Exception:
+                # A bug of ours on this node's input: the traceback is logged and the watcher
+                # starts over like any other failure, rather than the node going dark for good.
+                self.errors["internal"] += 1
+                self._on_error("internal")
+                log.exception("exporter watch failed; reconnecting", extra={"node": node})
             attempt += 1
-            await asyncio.sleep(self._backoff.delay(attempt, salt=len(node)))
+            await asyncio.sleep(self._backoff.delay(attempt + strikes, salt=len(node)))
 
     async def _fetch_snapshot(self, node: str, url: str) -> None:
         async with self._limit:
@@ -297,15 +403,23 @@ class DirectSource:
                     body = await read_bounded(resp.content.iter_any(), wire.MAX_DOCUMENT_BYTES)
                 doc = wire.parse_snapshot(body)
             except wire.WireError as e:
-                self._failed(node, e.kind, e, "exporter snapshot refused")
+                self._refused(node, e.kind, e, "exporter snapshot refused")
                 return
             except (aiohttp.ClientError, TimeoutError) as e:
                 self._failed(node, "connection", e, "snapshot fetch failed")
                 return
-        view = self._views.get(node) or ExporterView(node)
-        new = on_snapshot(view, doc, self._clock())
+        try:
+            view = self._views.get(node) or ExporterView(node)
+            new = on_snapshot(view, doc, self._clock())
+            changed = reading_of(new) != reading_of(view)
+        except Exception:
+            # A bug of ours on one node's document must not end the poll of every node.
+            self.errors["internal"] += 1
+            self._on_error("internal")
+            log.exception("exporter snapshot could not be read", extra={"node": node})
+            return
         self._views[node] = new
-        if reading_of(new) != reading_of(view):
+        if changed:
             self._on_change((node,))
 
     def _sync_watchers(self) -> None:
@@ -338,13 +452,12 @@ class DirectSource:
         self._on_change = on_change
         poller = asyncio.create_task(self._poll(), name="direct snapshot poller")
         try:
+            # A restarted source has no watchers yet, and the endpoints may not change again.
+            self._sync_watchers()
             while True:
                 await self._endpoints.changed.wait()
                 self._endpoints.changed.clear()
                 self._sync_watchers()
         finally:
-            poller.cancel()
-            for _, task in self._watchers.values():
-                task.cancel()
-            await asyncio.gather(poller, *(t for _, t in self._watchers.values()), return_exceptions=True)
+            await cancel_and_wait([poller, *(t for _, t in self._watchers.values())])
             self._watchers.clear()
