@@ -131,7 +131,9 @@ async def test_only_a_fast_sample_is_not_complete(backend, executor, clocks) -> 
 
 
 async def test_hung_call_times_out_then_the_gpu_is_skipped_not_piled_up(backend, executor, clocks) -> None:
-    sampler = make_sampler(backend, executor, clocks, call_timeout=0.05)
+    # The timeout has to tell a read blocked for 120 s from a healthy read that merely waited
+    # for a core: at 50 ms a loaded 2-core machine made healthy reads time out too (hung_calls 2).
+    sampler = make_sampler(backend, executor, clocks, call_timeout=1.0)
     await sample(sampler)
     backend.inject(parse_fault({"gpu": 1, "fault": "slow", "seconds": 120}))
     clocks.advance(1)
