@@ -147,10 +147,12 @@ class Sampler:
 
     async def run(self) -> None:
         """Sample until cancelled. Slow fields first, so the first fast tick can be complete."""
-        self._xid_thread = threading.Thread(
-            target=self._pump_xids, args=(asyncio.get_running_loop(),), name="gpumon-xid", daemon=True
-        )
-        self._xid_thread.start()
+        # A restarted run (gpumon/tasks.py's Supervisor) keeps the Xid thread it already has.
+        if self._xid_thread is None or not self._xid_thread.is_alive():
+            self._xid_thread = threading.Thread(
+                target=self._pump_xids, args=(asyncio.get_running_loop(),), name="gpumon-xid", daemon=True
+            )
+            self._xid_thread.start()
         await self._guarded(self.sample_slow)
         await self._guarded(self.sample_fast)
         async with asyncio.TaskGroup() as tg:

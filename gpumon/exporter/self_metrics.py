@@ -56,6 +56,13 @@ class SelfMetrics:
             registry=registry,
         )
 
+        self.task_restarts = Counter(
+            "gpumon_exporter_task_restarts",
+            "Background tasks that died (raised or returned) and were restarted, by task.",
+            ["task"],
+            registry=registry,
+        )
+
     def record_error(self, source: str, kind: str) -> None:
         """An :data:`~gpumon.devices.backend.ErrorSink`; safe from any thread."""
         self.errors.labels(source, kind).inc()

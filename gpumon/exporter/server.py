@@ -25,14 +25,14 @@ from gpumon.config import ExporterConfig
 from gpumon.devices.backend import DeviceBackend
 from gpumon.devices.model import Snapshot
 from gpumon.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
-from gpumon.exporter.sampler import Sampler
+from gpumon.exporter.sampler import Sampler, reopen_delay
 from gpumon.exporter.self_metrics import SelfMetrics
 from gpumon.exporter.sources import PodAttributor
 from gpumon.exporter.watch_events import BackendChange, WatchEvent
 from gpumon.exporter.watchers import Watcher
 from gpumon.httpauth.guard import Guard, guard
 from gpumon.httpauth.kubernetes import ReviewApi
-from gpumon.tasks import cancel_and_wait
+from gpumon.tasks import Supervisor
 from gpumon.wire import v1 as wire
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,8 @@ class ExporterState:
     executor: ThreadPoolExecutor
     auth: Guard
     wall_clock: Callable[[], float]
-    sampler_task: asyncio.Task[None] | None = None
+    # The sampler runs under it: restarted with backoff if it ever dies (gpumon/tasks.py).
+    supervisor: Supervisor = field(default_factory=lambda: Supervisor(delay=reopen_delay))
     watch_tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     snapshot_json: tuple[Snapshot | None, bytes] = (None, b"")
 
@@ -139,7 +140,10 @@ def make_app(
         wall_clock=wall_clock,
     )
     auth = guard(config.auth, on_error=lambda kind: metrics.record_error("auth", kind), api=reviews)
-    state = ExporterState(config, sampler, executor, auth, wall_clock)
+    supervisor = Supervisor(
+        delay=reopen_delay, on_restart=lambda task: metrics.task_restarts.labels(task).inc()
+    )
+    state = ExporterState(config, sampler, executor, auth, wall_clock, supervisor=supervisor)
     app = web.Application(middlewares=[auth.middleware])
     app[STATE] = state
     app.cleanup_ctx.append(auth.lifespan)
@@ -156,9 +160,9 @@ def make_app(
 
 async def _sampling(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
-    task = state.sampler_task = asyncio.create_task(state.sampler.run(), name="gpumon-sampler")
+    state.supervisor.start("gpumon-sampler", state.sampler.run)
     yield
-    await cancel_and_wait([task])
+    await state.supervisor.stop()
     await state.sampler.shutdown()
     # A hung device call cannot be interrupted; do not wait for it.
     state.executor.shutdown(wait=False, cancel_futures=True)
@@ -190,14 +194,23 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 async def _healthz(request: web.Request) -> web.Response:
-    task = request.app[STATE].sampler_task
-    if task is None or task.done():
+    supervisor = request.app[STATE].supervisor
+    if not supervisor.tasks:
         return web.Response(status=500, text="sampler not running\n")
+    # One restart heals in place; only a sampler that keeps dying asks the kubelet for a new process.
+    if supervisor.crashlooping():
+        return web.Response(status=500, text="sampler keeps dying\n")
     return web.Response(text="ok\n")
 
 
 async def _readyz(request: web.Request) -> web.Response:
-    sampler = request.app[STATE].sampler
+    state = request.app[STATE]
+    sampler = state.sampler
+    restarting = state.supervisor.restarting()
+    if restarting:
+        return web.Response(
+            status=503, text=f"not ready: {restarting[0].name} restarted: {restarting[0].error}\n"
+        )
     if sampler.ready:
         return web.Response(text="ready\n")
     reason = "device backend down" if sampler.renders and not sampler.backend_up else "no complete sample yet"

@@ -14,6 +14,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -23,14 +24,16 @@ from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.shell.signal_sources import direct
 from gpumon.controller.shell.signal_sources.direct import (
     DirectSettings,
+    DirectSource,
     ExporterView,
     LineBudget,
     LogThrottle,
     on_line,
     spend_line,
 )
-from gpumon.controller.shell.signal_sources.endpoints import _exporter_endpoint
+from gpumon.controller.shell.signal_sources.endpoints import StaticEndpoints, _exporter_endpoint
 from gpumon.devices.model import GpuIdentity, GpuSample, HealthState, HealthVerdict, Snapshot
+from gpumon.tasks import cancel_and_wait
 from gpumon.wire import v1 as wire
 
 QUICK = Backoff(initial_seconds=0.01, max_seconds=0.01)
@@ -296,3 +299,18 @@ def test_discovered_exporters_are_keyed_by_their_pods_node():
     }
     assert convert(pod) == ("n1", "http://10.0.0.7:9400")
     assert convert({**pod, "spec": {}}) is None  # not placed yet: speaks for no node
+
+
+async def test_a_restarted_source_subscribes_again_without_an_endpoint_change():
+    """The supervisor calls run() again after a death: it must not wait for the endpoints to
+    change before watching the exporters it already knows."""
+    async with exporter(good("n1")) as (url, served), aiohttp.ClientSession() as session:
+        src = DirectSource(DirectSettings(heartbeat_seconds=0.2), StaticEndpoints({"n1": url}), session)
+        first = asyncio.create_task(src.run(lambda nodes: None))
+        await wait_for(lambda: len(served) == 1 and "n1" in src.current().nodes, "the first subscription")
+        await cancel_and_wait([first])
+        second = asyncio.create_task(src.run(lambda nodes: None))
+        try:
+            await wait_for(lambda: len(served) == 2, "a second subscription")
+        finally:
+            await cancel_and_wait([second])

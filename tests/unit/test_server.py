@@ -409,3 +409,34 @@ async def test_bad_fault_requests_get_400_with_the_reason(
     assert resp.status == 400 and message in (await resp.json())["error"]
     resp = await client.post("/api/v1/faults", data=b"{not json")
     assert resp.status == 400
+
+
+async def test_a_sampler_that_dies_is_restarted_counted_and_shown_in_readyz(
+    aiohttp_client: MakeClient, backend: SimulatedBackend
+) -> None:
+    metrics = SelfMetrics(CollectorRegistry(auto_describe=True), backend=backend.name)
+    app = make_app(config(), backend, metrics=metrics)
+    sampler = app[STATE].sampler
+    real_run = sampler.run
+    runs: list[None] = []
+
+    async def dies_once() -> None:
+        runs.append(None)
+        if len(runs) == 1:
+            raise RuntimeError("a bug in the sampler")
+        await real_run()
+
+    sampler.run = dies_once  # type: ignore[method-assign]
+    client = await aiohttp_client(app)
+
+    async def sampling_again() -> bool:
+        return len(runs) == 2 and (await client.get("/metrics")).status == 200
+
+    await until(sampling_again)
+    assert metrics.task_restarts.labels("gpumon-sampler")._value.get() == 1
+    resp = await client.get("/readyz")
+    assert (
+        resp.status == 503
+        and "gpumon-sampler restarted: RuntimeError: a bug in the sampler" in await resp.text()
+    )
+    assert (await client.get("/healthz")).status == 200  # one restart heals in place

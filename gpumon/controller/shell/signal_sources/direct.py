@@ -459,5 +459,9 @@ class DirectSource:
                 self._endpoints.changed.clear()
                 self._sync_watchers()
         finally:
-            await cancel_and_wait([poller, *(t for _, t in self._watchers.values())])
+            # Forget them first: a run cancelled meanwhile ends at the first await below, and a
+            # restarted run must subscribe to every exporter again.
+            tasks = [poller, *(t for _, t in self._watchers.values())]
             self._watchers.clear()
+            self._polled.clear()
+            await cancel_and_wait(tasks)
