@@ -4,9 +4,9 @@
 # Python as the host's Debian (3.11) and its venv module; `podman import` loads it into the
 # local image store. Prints the image reference (for `--build-arg BASE=...`) on stdout.
 #
-# The rootfs tarball is cached under the tools cache, keyed by this script's digest: the suite,
-# the package list, the mirrors and the excludes below are all it is built from, so changing any
-# of them builds a new one. Idempotent: a cached tarball is only re-imported when the image
+# The rootfs tarball is cached under the tools cache, keyed by a digest of the suite, the
+# variant, the package list, the mirrors and the excludes below (all it is built from), so
+# changing any of them builds a new one. Idempotent: a cached tarball is only re-imported when the image
 # store lost it.
 set -euo pipefail
 
@@ -36,12 +36,13 @@ for tool in mmdebstrap podman; do
   command -v "$tool" >/dev/null || { log "$tool is not installed: run \`make setup\`"; exit 1; }
 done
 
-key=$(sha256sum "$0" | cut -c1-12)
+# The key: what the rootfs is made from, not this file (editing a comment rebuilds nothing).
+key=$(printf '%s\n' "$SUITE" "$VARIANT" "$PACKAGES" "${MIRRORS[@]}" "${DPKG_OPTS[@]}" | sha256sum | cut -c1-12)
 out="$CACHE/debian-base-$SUITE-$key"
 image="localhost/gpumon-base:$SUITE-$key"
 
 if [ ! -f "$out/.done" ]; then
-  log "building a Debian $SUITE rootfs with mmdebstrap into $out (about 40 s)"
+  log "building a Debian $SUITE rootfs with mmdebstrap into $out (1 to 2 minutes on 2 cores)"
   t0=$(date +%s)
   mkdir -p "$out"
   dpkg_args=()
