@@ -24,12 +24,12 @@ TEST_LABEL = "gpumon.io/test-placement"
 DIRECTX = "windows.alibabacloud.com/directx-supported"
 
 
-def _render(helm: Path, namespace: str, test_id: str) -> list[dict[str, Any]]:
+def _render(helm: Path, namespace: str, test_id: str, *, controller: bool = False) -> list[dict[str, Any]]:
     # Only this test's nodes: the session's cluster holds other tests' nodes too.
     own = TEST_LABEL.replace(".", "\\.")
     values = {
         "exporter.windows.enabled": "true",
-        "controller.enabled": "false",
+        "controller.enabled": str(controller).lower(),
         f"exporter.nodeSelector.{own}": test_id,
         f"exporter.windows.nodeSelector.{own}": test_id,
     }
@@ -88,3 +88,12 @@ async def test_each_exporter_lands_on_its_own_gpu_nodes(
         lambda: placed("place-gpumon-exporter-windows"), what="Windows exporter placed"
     )
     assert windows == [windows_gpu]
+    # The controller's direct signals find both kinds of exporter with the selector it is given.
+    (config,) = [
+        d
+        for d in _render(helm, namespace, test_id, controller=True)
+        if d["metadata"]["name"] == "place-gpumon-controller" and d["kind"] == "ConfigMap"
+    ]
+    selector = yaml.safe_load(config["data"]["controller.yaml"])["signals"]["direct"]["label_selector"]
+    found = await core.list_namespaced_pod(namespace, label_selector=selector)
+    assert sorted(p.spec.node_name for p in found.items) == sorted([linux_gpu, windows_gpu])

@@ -179,7 +179,7 @@ def test_rendered_settings_load_in_gpumon(helm: Path, values: dict[str, str], tm
     assert controller.dry_run
     assert controller.state_configmap == controller.leader.lease_name == "cfg-gpumon-controller"
     assert controller.signals.direct.label_selector == (
-        "app.kubernetes.io/instance=cfg,app.kubernetes.io/component=exporter"
+        "app.kubernetes.io/instance=cfg,app.kubernetes.io/component in (exporter,exporter-windows)"
     )
     escalating = values.get("controller.drainEscalationDelete") == "true"
     assert controller.drain.escalation == ("delete" if escalating else "report")
