@@ -314,3 +314,26 @@ async def test_a_restarted_source_subscribes_again_without_an_endpoint_change():
             await wait_for(lambda: len(served) == 2, "a second subscription")
         finally:
             await cancel_and_wait([second])
+
+
+async def test_a_failure_of_our_own_on_one_node_is_logged_and_that_watch_starts_over(
+    caplog: pytest.LogCaptureFixture,
+):
+    caplog.set_level(logging.ERROR, logger=direct.__name__)
+    calls: list[str] = []
+
+    def on_change(nodes: Any) -> None:
+        calls.extend(nodes)
+        if len(calls) == 1:
+            raise RuntimeError("a bug downstream")
+
+    async with (
+        exporter(good("n1")) as (url, served),
+        running_source(
+            {"n1": url}, DirectSettings(heartbeat_seconds=0.2), backoff=QUICK, on_change=on_change
+        ) as src,
+    ):
+        await wait_for(lambda: len(served) == 2 and "n1" in src.current().nodes, "the watch started over")
+        assert src.errors["internal"] == 1
+    crashed = [r for r in caplog.records if getattr(r, "node", None) == "n1" and r.exc_info]
+    assert len(crashed) == 1 and "a bug downstream" in str(crashed[0].exc_info[1])  # type: ignore[index]

@@ -307,6 +307,13 @@ class DirectSource:
         self._on_error(kind)
         log.debug(what, extra={"node": node, "error": str(error) or repr(error)})
 
+    def _crashed(self, node: str, what: str) -> None:
+        """A failure of our own code on one node's input: logged with its traceback (call it
+        from an ``except`` block) and counted, never the end of that node's reading for good."""
+        self.errors["internal"] += 1
+        self._on_error("internal")
+        log.exception(what, extra={"node": node})
+
     def _refused(self, node: str, kind: str, error: Exception, what: str) -> None:
         """An exporter that sent what the wire refuses, or sent too much of it."""
         self.errors[kind] += 1
@@ -383,9 +390,7 @@ class DirectSource:
             except Exception:
                 # A bug of ours on this node's input: the traceback is logged and the watcher
                 # starts over like any other failure, rather than the node going dark for good.
-                self.errors["internal"] += 1
-                self._on_error("internal")
-                log.exception("exporter watch failed; reconnecting", extra={"node": node})
+                self._crashed(node, "exporter watch failed; reconnecting")
             attempt += 1
             await asyncio.sleep(self._backoff.delay(attempt + strikes, salt=len(node)))
 
@@ -414,9 +419,7 @@ class DirectSource:
             changed = reading_of(new) != reading_of(view)
         except Exception:
             # A bug of ours on one node's document must not end the poll of every node.
-            self.errors["internal"] += 1
-            self._on_error("internal")
-            log.exception("exporter snapshot could not be read", extra={"node": node})
+            self._crashed(node, "exporter snapshot could not be read")
             return
         self._views[node] = new
         if changed:
