@@ -125,6 +125,22 @@ class SlowFields:
     mig_instances: tuple[MigInstance, ...] = ()
 
 
+# Xid codes NVIDIA documents: its Xid catalog
+# (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html) numbers them from 1, and
+# its newest (Hopper and Blackwell: 154, the GPU recovery action, and those beside it) stay in
+# the low hundreds. 255 leaves room for codes a newer driver adds. Anything else a backend
+# reports (a broken driver, a fuzzer, 999 codes from a simulator) is not a code to label series
+# with: it is counted under XID_OTHER, so the number of Xid series per GPU stays bounded.
+MAX_DOCUMENTED_XID = 255
+# The xid_counts key for codes outside 1..MAX_DOCUMENTED_XID, and for documented codes beyond the
+# per-GPU limit of distinct codes; rendered as xid="other".
+XID_OTHER = 0
+
+
+def documented_xid(code: int) -> bool:
+    return 1 <= code <= MAX_DOCUMENTED_XID
+
+
 @dataclass(frozen=True, slots=True)
 class XidEvent:
     uuid: str
@@ -173,6 +189,7 @@ class GpuSample:
     health: HealthVerdict
     sampled_at: float
     # Every Xid seen since the exporter started, by code: counters, never only the last one.
+    # Undocumented codes, and codes past the per-GPU limit, are counted under XID_OTHER.
     xid_counts: Mapping[int, int] = field(default_factory=lambda: _EMPTY_COUNTS)
     lost: bool = False
     # The most recent Xid code, what dcgm-exporter's DCGM_FI_DEV_XID_ERRORS reports.

@@ -21,6 +21,7 @@ GPUs run MIG instances::
 from __future__ import annotations
 
 import math
+import random
 import threading
 import time
 from collections import deque
@@ -155,7 +156,7 @@ def _smooth_noise(seed: int, stream: int, t: float, step: float) -> float:
 
 
 # Streams keep the random draws of different quantities independent.
-_S_IDENTITY, _S_JOB, _S_PROC, _S_UTIL, _S_TEMP, _S_COUNTERS = range(1, 7)
+_S_IDENTITY, _S_JOB, _S_PROC, _S_UTIL, _S_TEMP, _S_COUNTERS, _S_STORM = range(1, 8)
 _PROCESS_NAMES = ("python", "python3", "torchrun", "tritonserver", "vllm", "deepspeed")
 
 
@@ -292,11 +293,49 @@ class UnavailableFault(BaseModel):
     fault: Literal["unavailable"]
 
 
+class XidStormFault(BaseModel):
+    """A driver gone wrong: ``rate`` Xid events a second for ``seconds``, each on a GPU and with a
+    code (``min_code`` to ``max_code``) drawn at random, delivered as they fall due. One entry
+    stands for thousands, so a storm needs neither a scenario line nor a request per Xid."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fault: Literal["xid_storm"]
+    rate: Float = Field(gt=0, le=100_000)
+    seconds: Float = Field(gt=0, le=3600)
+    min_code: Int = Field(1, ge=0, le=99_999)
+    max_code: Int = Field(999, ge=0, le=99_999)
+
+    @model_validator(mode="after")
+    def _codes_ordered(self) -> XidStormFault:
+        if self.min_code > self.max_code:
+            raise ValueError("min_code must not be above max_code")
+        return self
+
+
 FaultSpec = Annotated[
-    XidFault | EccFault | RemapFault | LostFault | OverheatFault | SlowFault | ClearFault | UnavailableFault,
+    XidFault
+    | EccFault
+    | RemapFault
+    | LostFault
+    | OverheatFault
+    | SlowFault
+    | ClearFault
+    | UnavailableFault
+    | XidStormFault,
     Field(discriminator="fault"),
 ]
-FAULT_KINDS: tuple[str, ...] = ("xid", "ecc", "remap", "lost", "overheat", "slow", "clear", "unavailable")
+FAULT_KINDS: tuple[str, ...] = (
+    "xid",
+    "ecc",
+    "remap",
+    "lost",
+    "overheat",
+    "slow",
+    "clear",
+    "unavailable",
+    "xid_storm",
+)
 fault_adapter: TypeAdapter[FaultSpec] = TypeAdapter(FaultSpec)
 
 
@@ -432,6 +471,7 @@ class SimulatedBackend:
         self._stated: dict[int, tuple[SimProcess, ...]] = {}
         self._mig: dict[int, tuple[MigInstance, ...]] = {}
         self._pending_xids: list[XidEvent] = []
+        self._storm: _Storm | None = None
         self._unavailable = False
         self._closed = False
         self._injected: deque[InjectedFault] = deque(maxlen=100)
@@ -440,7 +480,7 @@ class SimulatedBackend:
         self._due = 0  # index of the next scenario fault
         self._timeline = sorted(self._scenario.faults, key=lambda f: f.at)
         for f in self._timeline:
-            if not isinstance(f.spec, UnavailableFault):
+            if not isinstance(f.spec, UnavailableFault | XidStormFault):
                 self._check_gpu(f.spec.gpu)
         for gpu, procs in {**self._scenario.stated_processes(), **(processes or {})}.items():
             self.set_processes(gpu, procs)
@@ -551,14 +591,18 @@ class SimulatedBackend:
         with self._cond:
             self._apply_due()
             self._raise_if_unavailable()
+            self._storm_due()
             if not self._pending_xids:
                 wait = timeout_seconds
                 if self._opened_at is not None and self._due < len(self._timeline):
                     until_next = self._opened_at + self._timeline[self._due].at - self._clock()
                     wait = min(wait, max(0.0, until_next))
+                if self._storm is not None:
+                    wait = min(wait, _STORM_POLL_SECONDS)
                 self._cond.wait_for(lambda: bool(self._pending_xids) or self._closed, wait)
                 self._apply_due()
                 self._raise_if_unavailable()
+                self._storm_due()
             events, self._pending_xids = self._pending_xids, []
             return events
 
@@ -570,9 +614,10 @@ class SimulatedBackend:
             self._apply(spec)
 
     def clear_all(self) -> None:
-        """Reset every GPU and bring the driver back."""
+        """Reset every GPU, end a storm and bring the driver back."""
         with self._cond:
             self._unavailable = False
+            self._storm = None
             for i in range(len(self._faults)):
                 self._apply(ClearFault(gpu=i, fault="clear"))
 
@@ -587,6 +632,12 @@ class SimulatedBackend:
         now = self._clock()
         if isinstance(spec, UnavailableFault):
             self._unavailable = True
+            self._injected.append(InjectedFault(now, spec))
+            self._cond.notify_all()
+            return
+        if isinstance(spec, XidStormFault):
+            seed = _bits(self._seed, _S_STORM, len(self._injected))
+            self._storm = _Storm(spec, now, random.Random(seed))
             self._injected.append(InjectedFault(now, spec))
             self._cond.notify_all()
             return
@@ -614,6 +665,22 @@ class SimulatedBackend:
                 f.release.set()
                 self._faults[spec.gpu] = _GpuFaults()
         self._injected.append(InjectedFault(now, spec))
+
+    def _storm_due(self) -> None:
+        """Queue the storm's events that have fallen due (lock held)."""
+        storm = self._storm
+        if storm is None:
+            return
+        now = self._clock()
+        spec = storm.spec
+        elapsed = min(now - storm.started, spec.seconds)
+        due = int(elapsed * spec.rate) - storm.delivered
+        for _ in range(due):
+            index = storm.rng.randrange(len(self._identities))
+            self._queue_xid(index, storm.rng.randint(spec.min_code, spec.max_code), now)
+        storm.delivered += due
+        if elapsed >= spec.seconds:
+            self._storm = None
 
     def _queue_xid(self, index: int, code: int, now: float) -> None:
         self._pending_xids.append(XidEvent(self._identities[index].uuid, code, now, index))
@@ -728,6 +795,19 @@ class SimulatedBackend:
             row_remap_failure=faults.remap_failures > 0 if remap else None,
             mig_instances=self._mig.get(index, ()),
         )
+
+
+# A storm's events are due continuously; the Xid thread looks for them this often, as a driver
+# hands them over in batches.
+_STORM_POLL_SECONDS = 0.01
+
+
+@dataclass(slots=True)
+class _Storm:
+    spec: XidStormFault
+    started: float
+    rng: random.Random
+    delivered: int = 0
 
 
 def _describe(f: _GpuFaults) -> tuple[str, ...]:

@@ -31,6 +31,7 @@ from prometheus_client.utils import floatToGoString
 
 from gpumon.devices.model import (
     CLOCK_EVENT_REASONS,
+    XID_OTHER,
     FastFields,
     GpuSample,
     HealthState,
@@ -368,7 +369,7 @@ def _native(snap: Snapshot) -> list[Metric]:
         # Xids are events the exporter received, still true of a GPU that is lost since (79,
         # fallen off the bus, is the one that explains the loss).
         for code, count in sorted(g.xid_counts.items()):
-            _add(xids, {**base, "xid": str(code)}, count)
+            _add(xids, {**base, "xid": "other" if code == XID_OTHER else str(code)}, count)
         if g.lost:
             continue  # no reading a lost GPU gives can be trusted
         present.append((g, base))

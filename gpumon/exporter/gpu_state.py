@@ -9,11 +9,19 @@ functions here as reads, losses and Xid events arrive; :func:`to_sample` turns i
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from gpumon.devices.model import FastFields, GpuIdentity, GpuSample, SlowFields, XidEvent
+from gpumon.devices.model import (
+    XID_OTHER,
+    FastFields,
+    GpuIdentity,
+    GpuSample,
+    SlowFields,
+    XidEvent,
+    documented_xid,
+)
 from gpumon.gpu_health import HealthPolicy, judge
 from gpumon.wire.v1 import MAX_XIDS_PER_GPU
 
@@ -30,6 +38,7 @@ class GpuState:
     slow: SlowFields | None = None
     sampled_at: float = 0.0  # wall time of the last good fast read; 0 = never
     lost: bool = False
+    # Xid code -> events seen; at most MAX_XIDS_PER_GPU codes plus XID_OTHER (see xid_counter).
     xid_counts: Mapping[int, int] = field(default_factory=lambda: _NO_COUNTS)
     # Xid code -> its latest event, as the backend delivered it (timestamp included), oldest
     # first; at most MAX_XIDS_PER_GPU codes, so a storm of new codes cannot grow it.
@@ -50,18 +59,36 @@ def with_lost(state: GpuState) -> GpuState:
     return replace(state, fast=None, slow=None, lost=True)
 
 
-def with_xid(state: GpuState, event: XidEvent) -> GpuState:
+def xid_counter(counts: Mapping[int, int], code: int) -> int:
+    """The key ``code`` is counted under: itself if documented and already counted or there is
+    room for one more code, else XID_OTHER. Each key is a series of
+    ``gpumon_gpu_xid_errors_total``, so a storm of new codes must not add keys without end."""
+    if not documented_xid(code):
+        return XID_OTHER
+    if code in counts or len(counts.keys() - {XID_OTHER}) < MAX_XIDS_PER_GPU:
+        return code
+    return XID_OTHER
+
+
+def with_xids(state: GpuState, events: Iterable[XidEvent]) -> GpuState:
+    """The state after ``events`` (in the order they came), folded in one step: a storm comes in
+    batches of hundreds, and copying the maps once per event was most of its cost."""
     counts = dict(state.xid_counts)
-    counts[event.xid] = counts.get(event.xid, 0) + 1
-    latest = {code: ev for code, ev in state.xids.items() if code != event.xid}
-    latest[event.xid] = event
+    latest = dict(state.xids)
+    last = state.last_xid
+    for event in events:
+        key = xid_counter(counts, event.xid)
+        counts[key] = counts.get(key, 0) + 1
+        latest.pop(event.xid, None)  # seen again: now the newest
+        latest[event.xid] = event
+        last = event.xid
     while len(latest) > MAX_XIDS_PER_GPU:
         del latest[next(iter(latest))]
     return replace(
         state,
         xid_counts=MappingProxyType(counts),
         xids=MappingProxyType(latest),
-        last_xid=event.xid,
+        last_xid=last,
     )
 
 

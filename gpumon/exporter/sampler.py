@@ -4,8 +4,10 @@ Fast fields (memory, utilization, temperature, power, clocks, processes) are rea
 ``sampling.fast_interval_seconds``, slow ones (ECC, remapped rows, PCIe replays, MIG) every
 ``sampling.slow_interval_seconds``. Every backend call runs in the sampler's own thread pool with
 a timeout; a GPU whose earlier call is still hung is skipped (and counted) rather than given
-another thread. Xid events come from one dedicated thread blocked in ``wait_xids`` and are
-published at once, without waiting for the next tick.
+another thread. Xid events come from one dedicated thread blocked in ``wait_xids``. The first
+batch after a tick is published at once, without waiting for the next tick; later ones are
+folded into the state and ride the next tick's render, so a storm of Xids costs at most one
+extra render per tick, and logs at most ``XID_LOG_BURST`` lines per ``XID_LOG_WINDOW_SECONDS``.
 
 This is the imperative shell: clocks, threads, timeouts and logs. What a reading does to a GPU's
 state is :mod:`gpumon.exporter.gpu_state`, what a watcher is told is
@@ -46,7 +48,7 @@ from gpumon.exporter.gpu_state import (
     with_fast,
     with_lost,
     with_slow,
-    with_xid,
+    with_xids,
 )
 from gpumon.exporter.self_metrics import SelfMetrics
 from gpumon.exporter.sources import PodAttributor
@@ -61,6 +63,14 @@ T = TypeVar("T")
 REOPEN_BACKOFF_BASE_SECONDS = 1.0
 REOPEN_BACKOFF_CAP_SECONDS = 30.0
 _XID_WAIT_SECONDS = 1.0
+# One warning per Xid is what an operator wants from a rare event; in a storm (thousands a
+# second) the lines themselves become the outage. Past the burst, Xids are only counted (the
+# metric counts every one) and the number not logged is logged once the window ends.
+XID_LOG_BURST = 10
+XID_LOG_WINDOW_SECONDS = 10.0
+# Health changes are rarer than Xids, but a storm of varied codes changes a verdict's reasons on
+# every render: the same kind of budget, with room for every GPU of a node to change at once.
+HEALTH_LOG_BURST = 32
 
 
 def reopen_delay(failures: int) -> float:
@@ -73,6 +83,33 @@ class _Skipped(Exception):
 
 
 _OPEN_KEY = ("open",)
+
+
+class LogBudget:
+    """At most ``burst`` lines per ``window`` seconds; the rest are counted, not written."""
+
+    def __init__(self, burst: int, window: float) -> None:
+        self._burst = burst
+        self._window = window
+        self._started = float("-inf")
+        self._used = 0
+        self.suppressed = 0
+
+    def take(self, now: float) -> bool:
+        if now - self._started >= self._window:
+            self._started, self._used = now, 0
+        if self._used < self._burst:
+            self._used += 1
+            return True
+        self.suppressed += 1
+        return False
+
+    def flush(self, now: float) -> int:
+        """Lines held back, once their window has ended (then forgotten); 0 before that."""
+        if not self.suppressed or now - self._started < self._window:
+            return 0
+        n, self.suppressed = self.suppressed, 0
+        return n
 
 
 class Sampler:
@@ -114,6 +151,10 @@ class Sampler:
         self._stop = threading.Event()
         self._xids_allowed = threading.Event()  # set while the backend is open
         self._xid_thread: threading.Thread | None = None
+        # Whether an Xid batch has been rendered since the last fast tick (at most one is).
+        self._xid_rendered = False
+        self._xid_log = LogBudget(XID_LOG_BURST, XID_LOG_WINDOW_SECONDS)
+        self._health_log = LogBudget(HEALTH_LOG_BURST, XID_LOG_WINDOW_SECONDS)
         self.snapshot: Snapshot | None = None
         self.rendered: RenderedMetrics | None = None
         self.renders = 0
@@ -212,6 +253,11 @@ class Sampler:
                 self._metrics.last_sample.labels("fast").set(now)
         else:
             self._complete = False
+        if suppressed := self._xid_log.flush(self._now_monotonic()):
+            log.warning("Xid events not logged (rate limit)", extra={"suppressed": suppressed})
+        if suppressed := self._health_log.flush(self._now_monotonic()):
+            log.warning("GPU health changes not logged (rate limit)", extra={"suppressed": suppressed})
+        self._xid_rendered = False
         self._publish(attribute=True)
         self._metrics.sample_duration.labels("fast").observe(self._now_monotonic() - started)
 
@@ -372,16 +418,24 @@ class Sampler:
                     return
 
     def ingest_xids(self, events: Sequence[XidEvent]) -> None:
-        """Count Xid events and publish at once (on the event loop)."""
+        """Count Xid events (on the event loop); publish at once if no Xid has since the last
+        tick, else leave them to the next tick's render."""
         by_uuid = {s.identity.uuid: i for i, s in self._states.items()}
+        now = self._now_monotonic()
+        by_gpu: dict[int, list[XidEvent]] = {}
         for ev in events:
             index = by_uuid.get(ev.uuid, ev.index)
             if index is None or index not in self._states:
                 self._metrics.record_error(f"{self._backend.name}.wait_xids", "unknown_gpu")
                 continue
-            self._states[index] = with_xid(self._states[index], ev)
-            log.warning("Xid event", extra={"gpu": index, "uuid": ev.uuid, "xid": ev.xid})
-        self._publish()
+            by_gpu.setdefault(index, []).append(ev)
+            if self._xid_log.take(now):
+                log.warning("Xid event", extra={"gpu": index, "uuid": ev.uuid, "xid": ev.xid})
+        for index, gpu_events in by_gpu.items():
+            self._states[index] = with_xids(self._states[index], gpu_events)
+        if not self._xid_rendered:
+            self._xid_rendered = True
+            self._publish()
 
     # -- publish -----------------------------------------------------------------------------------
 
@@ -412,8 +466,14 @@ class Sampler:
             log.exception("rendering the snapshot failed; serving the previous payload")
         self.renders += 1
         events = watch_events(previous, snapshot, hot_celsius=self._policy.temperature_degraded_celsius)
+        logged_at = self._now_monotonic()
         for ev in events:
-            if isinstance(ev, HealthChange) and ev.verdict_changed and ev.previous is not None:
+            if (
+                isinstance(ev, HealthChange)
+                and ev.verdict_changed
+                and ev.previous is not None
+                and self._health_log.take(logged_at)
+            ):
                 log.warning(
                     "GPU health changed",
                     extra={

@@ -23,10 +23,11 @@ from gpumon.devices.model import (
     XidEvent,
 )
 from gpumon.devices.simulated import SimulatedBackend, parse_fault
-from gpumon.exporter.sampler import Sampler, reopen_delay
+from gpumon.exporter.sampler import XID_LOG_BURST, XID_LOG_WINDOW_SECONDS, Sampler, reopen_delay
 from gpumon.exporter.self_metrics import SelfMetrics
 from gpumon.exporter.watch_events import BackendChange, HealthChange
 from gpumon.gpu_health import HealthPolicy
+from gpumon.wire.v1 import MAX_XIDS_PER_GPU
 
 T0 = 1_800_000_000.0
 POLICY = HealthPolicy()
@@ -404,3 +405,37 @@ async def _running(sampler: Sampler) -> AsyncIterator[None]:
 
 def test_reopen_backoff_doubles_up_to_a_cap() -> None:
     assert [reopen_delay(n) for n in (1, 2, 3, 4, 5, 6, 7, 50)] == [1, 2, 4, 8, 16, 30, 30, 30]
+
+
+async def test_an_xid_storm_renders_once_per_tick_and_logs_a_bounded_count(
+    backend, executor, clocks, caplog
+) -> None:
+    # Issue #18: every Xid batch re-rendered the whole exposition on the loop and logged a
+    # warning per Xid; 5,000 Xids in a second stopped /metrics for 37 s.
+    sampler = make_sampler(backend, executor, clocks)
+    await sample(sampler)
+    uuid = backend.devices()[0].uuid
+    renders = sampler.renders
+    with caplog.at_level("WARNING", logger="gpumon.exporter.sampler"):
+        for i in range(5000):
+            sampler.ingest_xids([XidEvent(uuid, 1 + i % 999, clocks.wall)])
+        assert sampler.renders == renders + 1, "the first batch at once, the rest at the next tick"
+        assert sampler.snapshot is not None and sum(sampler.snapshot.gpus[0].xid_counts.values()) == 1
+        clocks.advance(1.0)
+        await sampler.sample_fast()
+        assert sampler.snapshot is not None and sum(sampler.snapshot.gpus[0].xid_counts.values()) == 5000
+        assert value(sampler, "gpumon_gpu_xid_errors_total", gpu="0", xid="other") is not None
+        assert sampler.rendered is not None
+        text = sampler.rendered.text.decode()
+        xid_series = [line for line in text.splitlines() if line.startswith("gpumon_gpu_xid_errors_total{")]
+        assert len(xid_series) == MAX_XIDS_PER_GPU + 1
+        assert len([r for r in caplog.records if r.getMessage() == "Xid event"]) == XID_LOG_BURST
+        clocks.advance(XID_LOG_WINDOW_SECONDS)
+        await sampler.sample_fast()
+    suppressed = [r for r in caplog.records if r.getMessage().startswith("Xid events not logged")]
+    assert [r.suppressed for r in suppressed] == [5000 - XID_LOG_BURST]  # type: ignore[attr-defined]
+    # Quiet again: the next Xid is rendered (and logged) at once.
+    renders = sampler.renders
+    sampler.ingest_xids([XidEvent(uuid, 79, clocks.wall)])
+    assert sampler.renders == renders + 1
+    assert sampler.snapshot is not None and sum(sampler.snapshot.gpus[0].xid_counts.values()) == 5001

@@ -328,3 +328,18 @@ def test_scenario_must_fit_the_node(tmp_path: Path) -> None:
 
 def test_every_model_is_known_by_name() -> None:
     assert {"A100-SXM4-80GB", "H100-80GB-HBM3", "T4", "L40S"} <= set(MODELS)
+
+
+def test_an_xid_storm_delivers_its_rate_as_events_fall_due_then_ends() -> None:
+    b, clock = backend(4)
+    b.inject(parse_fault({"fault": "xid_storm", "rate": 5000, "seconds": 2, "min_code": 1, "max_code": 999}))
+    clock.t += 0.5
+    first = b.wait_xids(0)
+    assert len(first) == 2500
+    assert {e.index for e in first} == {0, 1, 2, 3} and all(1 <= e.xid <= 999 for e in first)
+    assert len({e.xid for e in first}) > 500, "codes are spread over the range"
+    clock.t += 10  # past the end: the rest of the storm, then nothing
+    assert len(b.wait_xids(0)) == 7500
+    assert b.wait_xids(0) == []
+    with pytest.raises(SimulationError, match="min_code"):
+        parse_fault({"fault": "xid_storm", "rate": 1, "seconds": 1, "min_code": 9, "max_code": 1})
