@@ -1,7 +1,13 @@
 """Serve an aiohttp app until SIGTERM or SIGINT: the shell both long-running commands share.
 
 Portable to Windows (the HostProcess exporter): no loop signal handlers there, and no
-SO_REUSEADDR."""
+SO_REUSEADDR.
+
+Clients are held to the ``server`` section's limits (:class:`gpumon.config.ServerConfig`): a
+request's headers must arrive within ``header_timeout_seconds`` of its first byte, a connection
+idle between requests is closed after ``idle_timeout_seconds``, and past ``max_connections`` the
+oldest connection that is not serving a request is closed. aiohttp has only the idle timeout
+(which it also applies before the first request), so the others are :class:`GuardedHandler`'s."""
 
 from __future__ import annotations
 
@@ -17,7 +23,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
+from gpumon.config import ServerConfig
 from gpumon.configfile import field_error
 
 log = logging.getLogger(__name__)
@@ -117,11 +125,97 @@ def stop_on_signals() -> Iterator[asyncio.Event]:
             signal.signal(sig, previous)
 
 
+class GuardedHandler(RequestHandler):
+    """aiohttp's connection handler with the two limits it lacks: a header-read timeout, and a
+    connection cap that makes room by closing the oldest connection not serving a request.
+
+    Closing the oldest idle one rather than refusing the newest is what lets a scrape through a
+    flood of half-open connections: the flood only ever displaces itself, and a scraper, which
+    sends its request as soon as it connects, is serving by the time the next one arrives."""
+
+    def __init__(self, manager: web.Server, *, limits: ServerConfig, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._limits = limits
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        manager = self._manager
+        assert manager is not None
+        connections = manager.connections
+        if len(connections) > self._limits.max_connections:
+            idle = (h for h in connections if not h._request_in_progress)
+            next(idle, self).force_close()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._messages or self._request_in_progress:  # a whole request head has arrived
+            self._stop_header_timer()
+        elif self._header_timer is None and not self._force_close:
+            self._header_timer = self._loop.call_later(
+                self._limits.header_timeout_seconds, self._header_timed_out
+            )
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._stop_header_timer()
+        super().connection_lost(exc)
+
+    def _header_timed_out(self) -> None:
+        self._header_timer = None
+        if not (self._messages or self._request_in_progress):
+            self.force_close()
+
+    def _stop_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+
+class GuardedSite(web.SockSite):
+    """A :class:`web.SockSite` whose connections are :class:`GuardedHandler`'s."""
+
+    def __init__(
+        self, runner: web.AppRunner, sock: socket.socket, *, limits: ServerConfig, **kwargs: Any
+    ) -> None:
+        super().__init__(runner, sock, **kwargs)
+        self._limits = limits
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+
+        def handler() -> GuardedHandler:
+            return GuardedHandler(server, loop=loop, limits=self._limits, **server._kwargs)
+
+        self._server = await loop.create_server(
+            handler,
+            sock=self._sock,
+            ssl=self._ssl_context,
+            backlog=self._backlog,
+            # A TLS client that stalls its handshake is a slow client too.
+            ssl_handshake_timeout=self._limits.header_timeout_seconds if self._ssl_context else None,
+        )
+
+
+def app_runner(app: web.Application, limits: ServerConfig) -> web.AppRunner:
+    """The runner both commands serve with: no access log, ``limits``' idle timeout."""
+    return web.AppRunner(
+        app,
+        handle_signals=False,
+        access_log=None,
+        shutdown_timeout=5,
+        keepalive_timeout=limits.idle_timeout_seconds,
+    )
+
+
 async def serve_until_signalled(
     build_app: Callable[[], web.Application],
     address: str,
     port: int,
     *,
+    limits: ServerConfig,
     ssl_context: ssl.SSLContext | None = None,
     on_listening: Callable[[str], None],
 ) -> int:
@@ -133,7 +227,7 @@ async def serve_until_signalled(
     picks a free one)."""
     sockets = bind(address, port)
     try:
-        runner = web.AppRunner(build_app(), handle_signals=False, access_log=None, shutdown_timeout=5)
+        runner = app_runner(build_app(), limits)
     except BaseException:
         for sock in sockets:
             sock.close()
@@ -144,7 +238,7 @@ async def serve_until_signalled(
         try:
             await runner.setup()
             for sock in sockets:
-                await web.SockSite(runner, sock, ssl_context=ssl_context).start()
+                await GuardedSite(runner, sock, limits=limits, ssl_context=ssl_context).start()
             on_listening(metrics_url(runner.addresses, tls=ssl_context is not None))
             await stop.wait()
             log.info("stopping")

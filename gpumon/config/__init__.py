@@ -132,6 +132,21 @@ class AuthConfig(Section):
         return self
 
 
+class ServerConfig(Section):
+    """What the HTTP server allows one client (docs/exporter.md, "Slow clients"): a client that
+    sends its headers a byte at a time, or opens connections and sends nothing, must not hold
+    the server that Prometheus, the kubelet's probes and the controller need."""
+
+    # From a request's first byte to the end of its headers. A scraper sends them at once.
+    header_timeout_seconds: Float = Field(10.0, gt=0, le=3600)
+    # A kept-alive connection with no request for this long is closed (as is one that never sends
+    # any); a scraper reconnects at no cost.
+    idle_timeout_seconds: Float = Field(75.0, gt=0, le=86400)
+    # Open connections at most; past it the oldest one not serving a request is closed. Watch
+    # streams (one per controller replica) count as serving.
+    max_connections: Int = Field(256, ge=1, le=65536)
+
+
 class PodsConfig(Section):
     """Per-pod attribution (kubelet pod-resources, /proc cgroups, pod annotations)."""
 
@@ -169,6 +184,7 @@ class ExporterConfig(_Settings):
     pods: PodsConfig = PodsConfig()
     tls: TlsConfig = TlsConfig()
     auth: AuthConfig = AuthConfig()
+    server: ServerConfig = ServerConfig()
     log: LogConfig = LogConfig()
 
     @field_validator("listen_address")
@@ -436,6 +452,7 @@ class ControllerConfig(_Settings):
     leader: LeaderConfig = Field(default_factory=LeaderConfig)
     # GPU node pools to autoscale (docs/autoscaling.md); none by default.
     pools: list[PoolConfig] = Field(default_factory=list)
+    server: ServerConfig = Field(default_factory=ServerConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
     @field_validator("pools")

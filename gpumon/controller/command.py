@@ -89,6 +89,7 @@ async def _serve(config: ControllerConfig, ssl_context: ssl.SSLContext | None) -
             lambda: make_app(config, api),
             config.listen_address,
             config.port,
+            limits=config.server,
             ssl_context=ssl_context,
             on_listening=lambda url: log.info(
                 "controller running", extra={"metrics": url, "dry_run": config.dry_run}

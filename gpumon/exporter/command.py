@@ -161,6 +161,7 @@ async def _serve(app: web.Application, config: ExporterConfig, ssl_context: ssl.
         lambda: app,
         config.listen_address,
         config.port,
+        limits=config.server,
         ssl_context=ssl_context,
         on_listening=lambda url: log.info("serving metrics at %s", url),
     )
