@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup tools pin-tools system-packages demo test test-unit lint bench clean dashboards image
+.PHONY: setup tools pin-tools system-packages demo test test-unit test-fuzz lint bench clean dashboards image
 
 setup: $(STAMP) system-packages tools
 
@@ -39,6 +39,9 @@ test: setup lint
 
 test-unit: $(STAMP)
 	@$(VENV)/bin/pytest -q -m unit $(PYTEST_ARGS)
+
+test-fuzz: $(STAMP)
+	@$(VENV)/bin/pytest -q -m fuzz $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	@$(VENV)/bin/ruff check .

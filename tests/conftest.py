@@ -1,6 +1,6 @@
-"""Test tiers by folder: tests/unit -> `unit`, tests/pins -> `pins`, tests/nvml -> `nvml`,
-tests/prometheus -> `prometheus`, tests/cluster -> `cluster`, tests/e2e -> `e2e`, tests/image ->
-`image`. Run one tier with `-m NAME`."""
+"""Test tiers by folder: tests/unit -> `unit`, tests/fuzz -> `fuzz`, tests/pins -> `pins`,
+tests/nvml -> `nvml`, tests/prometheus -> `prometheus`, tests/cluster -> `cluster`, tests/e2e ->
+`e2e`, tests/image -> `image`. Run one tier with `-m NAME`."""
 
 from __future__ import annotations
 

@@ -1,3 +1,3 @@
 """The test tiers, one per folder of tests/ and named as the folder (the pytest marker)."""
 
-TIERS = ("unit", "pins", "nvml", "prometheus", "cluster", "e2e", "image")
+TIERS = ("unit", "fuzz", "pins", "nvml", "prometheus", "cluster", "e2e", "image")

@@ -296,3 +296,9 @@ async def test_a_pod_evicted_once_is_not_evicted_again_until_the_cache_sees_it_g
     assert len(api.writes()) == 1
     ev.forget("uid-a")  # the cache saw it go: nothing is remembered about it any more
     assert (await ev.run(target(), now=800.0, delete=False, dry_run=False)).result is EvictionResult.EVICTED
+
+
+def test_a_pdb_with_a_null_disruptions_allowed_allows_none() -> None:
+    # Found by the fuzz tier: a null status.disruptionsAllowed raised TypeError in the converter.
+    pdb = pdb_from_json({"metadata": {"name": "b"}, "status": {"disruptionsAllowed": None}})
+    assert pdb.disruptions_allowed == 0

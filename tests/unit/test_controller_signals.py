@@ -526,3 +526,44 @@ async def test_a_snapshot_is_read_no_further_than_its_limit():
     with pytest.raises(wire.WireError) as refused:
         await read_bounded(chunks(), 9_999)
     assert refused.value.kind == "oversize"
+
+
+def test_a_gpu_or_xid_label_of_non_ascii_digits_is_not_an_index() -> None:
+    # Found by the fuzz tier: "²".isdigit() is True and int("²") raises, which cost the round.
+    rules = load_rules()
+    results = {
+        FRESHNESS: [
+            Sample({"node": "a", "uuid": "A0", "gpu": "0"}, 1.0),
+            Sample({"node": "a", "uuid": "A1", "gpu": "²"}, 1.0),
+        ],
+        "xid": [
+            Sample({"node": "a", "uuid": "A0", "gpu": "0", "xid": "٣"}, 1.0),
+            Sample({"node": "a", "gpu": "0", "xid": "other"}, 1.0),
+        ],
+    }
+    nodes = readings_from_results(results, rules, now=5.0)
+    assert [g.uuid for g in nodes["a"].gpus] == ["A0"]
+    assert not nodes["a"].gpus[0].xids
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"status": "success", "data": {"resultType": "vector", "result": 7}},
+        {"status": "success", "data": []},
+        {
+            "status": "success",
+            "data": {"resultType": "vector", "result": [{"metric": {}, "value": [0, 10**400]}]},
+        },
+        {
+            "status": "success",
+            "data": {"resultType": "vector", "result": [{"metric": {"gpu": 1}, "value": [0, "1"]}]},
+        },
+    ],
+    ids=["result-not-a-list", "data-not-an-object", "value-too-large", "label-not-text"],
+)
+def test_an_odd_query_answer_is_refused_or_skipped_not_a_crash(doc: dict[str, Any]) -> None:
+    # Found by the fuzz tier: each of these escaped parse_vector as TypeError, AttributeError or
+    # OverflowError, which the source's retry loop does not catch.
+    with contextlib.suppress(ValueError):
+        assert parse_vector(doc) == []

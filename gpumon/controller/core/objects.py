@@ -188,7 +188,8 @@ def pdb_from_json(obj: Mapping[str, Any]) -> PdbView:
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
         selector=LabelSelector.from_json((obj.get("spec") or {}).get("selector")),
-        disruptions_allowed=int((obj.get("status") or {}).get("disruptionsAllowed", 0)),
+        # Null as well as absent before the disruption controller has counted (fuzz tier).
+        disruptions_allowed=int((obj.get("status") or {}).get("disruptionsAllowed") or 0),
     )
 
 

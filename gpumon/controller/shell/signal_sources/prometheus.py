@@ -89,19 +89,35 @@ class Sample:
 
 
 def parse_vector(doc: Mapping[str, Any]) -> list[Sample]:
-    """The samples of an instant-vector answer; raises ValueError for anything else."""
+    """The samples of an instant-vector answer; raises ValueError for anything else.
+
+    A sample that is not ``{"metric": {label: text}, "value": [time, number]}`` is skipped: one
+    odd series must not cost the round (the fuzz tier found a ``result`` that is no list, and a
+    value too large for a float, each escaping as another exception)."""
     if doc.get("status") != "success":
         raise ValueError(f"query failed: {doc.get('errorType', '')} {doc.get('error', '')}".strip())
-    data = doc.get("data") or {}
-    if data.get("resultType") != "vector":
-        raise ValueError(f"expected a vector, got {data.get('resultType')!r}")
+    data = doc.get("data")
+    if not isinstance(data, Mapping) or data.get("resultType") != "vector":
+        kind = data.get("resultType") if isinstance(data, Mapping) else type(data).__name__
+        raise ValueError(f"expected a vector, got {kind!r}")
+    result = data.get("result") or []
+    if not isinstance(result, list):
+        raise ValueError(f"expected a list of samples, got {type(result).__name__}")
     out = []
-    for item in data.get("result") or ():
+    for item in result:
         try:
-            out.append(Sample(MappingProxyType(dict(item["metric"])), float(item["value"][1])))
-        except (KeyError, IndexError, TypeError, ValueError):
+            metric, value = item["metric"], float(item["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError, OverflowError):
             continue
+        if isinstance(metric, Mapping) and all(isinstance(v, str) for v in metric.values()):
+            out.append(Sample(MappingProxyType({str(k): v for k, v in metric.items()}), value))
     return out
+
+
+def _number(label: str) -> int | None:
+    """A label that holds a GPU index or an Xid code. ASCII digits only: str.isdigit accepts
+    "²" and "٣", which int() then refuses (found by the fuzz tier)."""
+    return int(label) if label.isascii() and label.isdigit() else None
 
 
 @dataclass
@@ -123,17 +139,17 @@ def readings_from_results(
     gpus: dict[tuple[str, str], _GpuSeries] = {}
     by_index: dict[tuple[str, int], str] = {}
     for s in results.get(FRESHNESS, ()):
-        node, uuid, index = s.labels.get(node_label), s.labels.get("uuid"), s.labels.get("gpu", "")
-        if not node or not uuid or not index.isdigit():
+        node, uuid, index = s.labels.get(node_label), s.labels.get("uuid"), _number(s.labels.get("gpu", ""))
+        if not node or not uuid or index is None:
             continue
-        gpus[(node, uuid)] = _GpuSeries(uuid, int(index), min(s.value, now), {})
-        by_index[(node, int(index))] = uuid
+        gpus[(node, uuid)] = _GpuSeries(uuid, index, min(s.value, now), {})
+        by_index[(node, index)] = uuid
 
     def target(labels: Mapping[str, str]) -> _GpuSeries | None:
         node = labels.get(node_label, "")
         uuid = labels.get("uuid")
-        if uuid is None and labels.get("gpu", "").isdigit():
-            uuid = by_index.get((node, int(labels["gpu"])))
+        if uuid is None and (index := _number(labels.get("gpu", ""))) is not None:
+            uuid = by_index.get((node, index))
         return gpus.get((node, uuid)) if uuid else None
 
     # Only GPUs Prometheus scrapes (they have a freshness sample) get readings. A series a GPU
@@ -167,9 +183,10 @@ def readings_from_results(
             g.fields["health"] = HealthVerdict(state, tuple(HealthReason(code, d, state) for code, d in why))
     for s in results.get(Signal.XID.value, ()):
         g = target(s.labels)
-        code = s.labels.get("xid", "")
-        if g is not None and code.isdigit():
-            g.fields["xids"].add(int(code))
+        # xid="other" (undocumented codes, gpumon.devices.model.XID_OTHER) names no code to judge.
+        code = _number(s.labels.get("xid", ""))
+        if g is not None and code is not None:
+            g.fields["xids"].add(code)
     attributed: set[str] = set()
     for s in results.get(PODS, ()):
         g = target(s.labels)

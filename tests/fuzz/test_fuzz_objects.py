@@ -1,0 +1,173 @@
+"""Kubernetes objects with missing, null and odd fields through the controller's converters
+(gpumon.controller.core.objects, demand.pending_gpu_pod, pools.pool_node_from_json). The API
+server guarantees each kind's structure and types (an object where the schema has one, a list of
+objects, an integer, a string), not which fields are set nor what their strings say: so the
+objects here are real ones with fields dropped or nulled, list items dropped, and scalars given
+another value of their type (any string: a quantity "abc", a time "not a time"), and each
+converter returns a value."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import FUZZ, scalars, strings
+
+from gpumon.controller.core.demand import GPU_RESOURCES, Template, pending_gpu_pod
+from gpumon.controller.core.objects import from_rfc3339, node_from_json, pdb_from_json, pod_from_json
+from gpumon.controller.core.pools import pool_node_from_json
+
+NODE: dict[str, Any] = {
+    "metadata": {
+        "name": "gpu-1",
+        "uid": "u",
+        "resourceVersion": "7",
+        "creationTimestamp": "2026-01-01T00:00:00Z",
+        "labels": {"pool": "a", "nvidia.com/gpu.product": "A100"},
+        "annotations": {"gpumon.io/quarantined-at": "2026-01-01T00:00:00Z", "gpumon.io/removing": "x"},
+    },
+    "spec": {
+        "unschedulable": True,
+        "providerID": "kwok://gpu-1",
+        "taints": [{"key": "gpumon.io/unhealthy", "value": "x", "effect": "NoSchedule", "timeAdded": "x"}],
+    },
+    "status": {
+        "allocatable": {"nvidia.com/gpu": "8", "cpu": "64", "memory": "512Gi", "pods": "110"},
+        "conditions": [
+            {
+                "type": "GpuHealthy",
+                "status": "False",
+                "reason": "Xid",
+                "message": "m",
+                "lastTransitionTime": "t",
+            },
+            {"type": "Ready", "status": "True"},
+        ],
+    },
+}
+
+POD: dict[str, Any] = {
+    "metadata": {
+        "name": "p",
+        "namespace": "ml",
+        "uid": "u",
+        "labels": {"app": "train"},
+        "annotations": {"kubernetes.io/config.mirror": "x"},
+        "ownerReferences": [{"kind": "Job", "name": "j", "controller": True}],
+        "deletionTimestamp": None,
+        "creationTimestamp": "2026-01-01T00:00:00Z",
+    },
+    "spec": {
+        "nodeName": "gpu-1",
+        "nodeSelector": {"pool": "a"},
+        "tolerations": [{"key": "k", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]}
+                    ]
+                }
+            }
+        },
+        "containers": [
+            {
+                "name": "c",
+                "resources": {
+                    "requests": {"nvidia.com/gpu": "1", "cpu": "1"},
+                    "limits": {"nvidia.com/gpu": "1"},
+                },
+            }
+        ],
+        "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "2"}}}],
+    },
+    "status": {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ],
+    },
+}
+
+PDB: dict[str, Any] = {
+    "metadata": {"name": "b", "namespace": "ml"},
+    "spec": {
+        "selector": {
+            "matchLabels": {"app": "train"},
+            "matchExpressions": [{"key": "app", "operator": "In", "values": ["x"]}],
+        }
+    },
+    "status": {"disruptionsAllowed": 1},
+}
+
+TEMPLATE = Template(resources={"nvidia.com/gpu": 8000, "cpu": 64000, "pods": 110000})
+
+
+def _scalar_paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    if isinstance(doc, dict):
+        return [prefix] + [p for k, v in doc.items() for p in _scalar_paths(v, (*prefix, k))]
+    if isinstance(doc, list):
+        return [prefix] + [p for i, v in enumerate(doc) for p in _scalar_paths(v, (*prefix, i))]
+    return [prefix]
+
+
+def _edit(doc: Any, path: tuple[Any, ...], how: str, value: Any) -> Any:
+    if len(path) == 1:
+        copy = dict(doc) if isinstance(doc, dict) else list(doc)
+        key = path[0]
+        if how == "drop" or (how == "null" and isinstance(doc, list)):  # lists hold no nulls
+            del copy[key]
+        elif how == "null":
+            copy[key] = None
+        elif type(doc[key]) is type(value):  # a scalar gets another value of its type
+            copy[key] = value
+        return copy
+    copy = dict(doc) if isinstance(doc, dict) else list(doc)
+    copy[path[0]] = _edit(doc[path[0]], path[1:], how, value)
+    return copy
+
+
+@st.composite
+def damaged(draw: st.DrawFn, base: dict[str, Any]) -> dict[str, Any]:
+    doc = base
+    for _ in range(draw(st.integers(1, 6))):
+        paths = [p for p in _scalar_paths(doc) if p]
+        if not paths:
+            break
+        path = draw(st.sampled_from(paths))
+        how = draw(st.sampled_from(["drop", "null", "scalar"]))
+        value = draw(st.one_of(strings, st.integers(-(2**63), 2**63 - 1), st.booleans()))
+        doc = _edit(doc, path, how, value)
+    return doc
+
+
+@FUZZ
+@given(damaged(NODE))
+def test_a_node_converts(obj: dict[str, Any]) -> None:
+    node_from_json(obj)
+    pool_node_from_json(obj, TEMPLATE)
+
+
+@FUZZ
+@given(damaged(POD))
+def test_a_pod_converts(obj: dict[str, Any]) -> None:
+    pod_from_json(obj, GPU_RESOURCES)
+    pending_gpu_pod(obj, GPU_RESOURCES, from_rfc3339)
+
+
+@FUZZ
+@given(damaged(PDB))
+def test_a_pdb_converts(obj: dict[str, Any]) -> None:
+    pdb_from_json(obj)
+
+
+@FUZZ
+@given(st.one_of(scalars, st.text()))
+def test_a_timestamp_is_a_time_or_none(text: Any) -> None:
+    assert from_rfc3339(str(text)) is None or isinstance(from_rfc3339(str(text)), float)
