@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import tempfile
 import time
@@ -89,7 +90,7 @@ async def one(label: str, cwd: Path, scenario_file: Path, seconds: float, workdi
     print(f"{label}: measured over {waited:.1f} s", file=sys.stderr)
     return StormResult(
         label,
-        len(run.seconds),
+        0 if math.isinf(lat.max) else len(run.seconds),
         run.errors,
         lat.p50,
         lat.p99,
@@ -109,9 +110,9 @@ async def _metrics(client: Client) -> bytes:
 def table(results: list[StormResult], *, rate: int, seconds: float) -> str:
     rows = [
         ("scrapes answered / errors (10 s timeout)", lambda r: f"{r.scrapes} / {r.errors}"),
-        ("scrape p50", lambda r: format_ms(r.p50)),
-        ("scrape p99 (target ≤ 2 ms)", lambda r: format_ms(r.p99)),
-        ("slowest scrape", lambda r: format_ms(r.worst)),
+        ("scrape p50", lambda r: format_ms(r.p50) if r.scrapes else "none answered"),
+        ("scrape p99 (target ≤ 2 ms)", lambda r: format_ms(r.p99) if r.scrapes else "none answered"),
+        ("slowest scrape", lambda r: format_ms(r.worst) if r.scrapes else "over 10 s"),
         (
             "payload after the storm, text 0.0.4",
             lambda r: f"{r.payload_bytes:,} B" if r.payload_bytes else "no answer in 60 s",
