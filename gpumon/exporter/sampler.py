@@ -4,10 +4,11 @@ Fast fields (memory, utilization, temperature, power, clocks, processes) are rea
 ``sampling.fast_interval_seconds``, slow ones (ECC, remapped rows, PCIe replays, MIG) every
 ``sampling.slow_interval_seconds``. Every backend call runs in the sampler's own thread pool with
 a timeout; a GPU whose earlier call is still hung is skipped (and counted) rather than given
-another thread. Xid events come from one dedicated thread blocked in ``wait_xids``. The first
-batch after a tick is published at once, without waiting for the next tick; later ones are
-folded into the state and ride the next tick's render, so a storm of Xids costs at most one
-extra render per tick, and logs at most ``XID_LOG_BURST`` lines per ``XID_LOG_WINDOW_SECONDS``.
+another thread. Xid events come from one dedicated thread blocked in ``wait_xids``. A batch
+after a quiet fast interval is published at once, without waiting for the next tick; batches
+that follow it within the interval are folded into the state and ride the next tick's render,
+so a storm of Xids costs no render of its own, and logs at most ``XID_LOG_BURST`` lines per
+``XID_LOG_WINDOW_SECONDS``.
 
 This is the imperative shell: clocks, threads, timeouts and logs. What a reading does to a GPU's
 state is :mod:`gpumon.exporter.gpu_state`, what a watcher is told is
@@ -151,8 +152,8 @@ class Sampler:
         self._stop = threading.Event()
         self._xids_allowed = threading.Event()  # set while the backend is open
         self._xid_thread: threading.Thread | None = None
-        # Whether an Xid batch has been rendered since the last fast tick (at most one is).
-        self._xid_rendered = False
+        # When the last Xid batch came (loop time): one after a quiet interval renders at once.
+        self._last_xid_at = float("-inf")
         self._xid_log = LogBudget(XID_LOG_BURST, XID_LOG_WINDOW_SECONDS)
         self._health_log = LogBudget(HEALTH_LOG_BURST, XID_LOG_WINDOW_SECONDS)
         self.snapshot: Snapshot | None = None
@@ -257,7 +258,6 @@ class Sampler:
             log.warning("Xid events not logged (rate limit)", extra={"suppressed": suppressed})
         if suppressed := self._health_log.flush(self._now_monotonic()):
             log.warning("GPU health changes not logged (rate limit)", extra={"suppressed": suppressed})
-        self._xid_rendered = False
         self._publish(attribute=True)
         self._metrics.sample_duration.labels("fast").observe(self._now_monotonic() - started)
 
@@ -418,8 +418,9 @@ class Sampler:
                     return
 
     def ingest_xids(self, events: Sequence[XidEvent]) -> None:
-        """Count Xid events (on the event loop); publish at once if no Xid has since the last
-        tick, else leave them to the next tick's render."""
+        """Count Xid events (on the event loop); publish at once after a quiet fast interval,
+        else leave them to the next tick's render: in a storm, each render on the loop is a
+        scrape kept waiting."""
         by_uuid = {s.identity.uuid: i for i, s in self._states.items()}
         now = self._now_monotonic()
         by_gpu: dict[int, list[XidEvent]] = {}
@@ -433,8 +434,9 @@ class Sampler:
                 log.warning("Xid event", extra={"gpu": index, "uuid": ev.uuid, "xid": ev.xid})
         for index, gpu_events in by_gpu.items():
             self._states[index] = with_xids(self._states[index], gpu_events)
-        if not self._xid_rendered:
-            self._xid_rendered = True
+        quiet = now - self._last_xid_at >= self._sampling.fast_interval_seconds
+        self._last_xid_at = now
+        if quiet:
             self._publish()
 
     # -- publish -----------------------------------------------------------------------------------
