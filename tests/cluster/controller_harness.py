@@ -42,6 +42,7 @@ from gpumon.exporter.server import make_app as make_exporter_app
 REPO = Path(__file__).resolve().parents[2]
 RBAC = REPO / "deploy" / "rbac" / "controller.yaml"
 RBAC_DELETE = REPO / "deploy" / "rbac" / "controller-escalation-delete.yaml"
+RBAC_AUTOSCALING = REPO / "deploy" / "rbac" / "controller-autoscaling.yaml"
 TEST_LABEL = "test.gpumon.io/id"
 POOL_LABEL = "gpumon.io/pool"
 SA = "gpumon-controller"
@@ -86,8 +87,8 @@ async def _apply(api: client.ApiClient, doc: dict[str, Any]) -> None:
             await rbac.replace_cluster_role(meta["name"], doc)  # shared by tests: keep it current
 
 
-def _rbac_docs(delete: bool) -> list[dict[str, Any]]:
-    paths = (RBAC, RBAC_DELETE) if delete else (RBAC,)
+def _rbac_docs(delete: bool, autoscaling: bool) -> list[dict[str, Any]]:
+    paths = (RBAC, *((RBAC_DELETE,) if delete else ()), *((RBAC_AUTOSCALING,) if autoscaling else ()))
     return [doc for path in paths for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
@@ -113,11 +114,12 @@ async def service_account_kubeconfig(
     out: Path,
     *,
     delete: bool = False,
+    autoscaling: bool = False,
 ) -> tuple[Path, list[str]]:
     """Apply the shipped RBAC in ``namespace`` and return a kubeconfig holding a token of its
     ServiceAccount, plus the names of the ClusterRoleBindings to delete afterwards."""
     bindings = []
-    for doc in _rbac_docs(delete):
+    for doc in _rbac_docs(delete, autoscaling):
         local = _localised(doc, namespace, test_id)
         await _apply(api, local)
         if local["kind"] == "ClusterRoleBinding":
@@ -330,12 +332,15 @@ KubeconfigFactory = Callable[..., Awaitable[Path]]
 async def sa_kubeconfig_for_fixture(
     api: client.ApiClient, devcluster: DevCluster, namespace: str, test_id: str, tmp_path: Path
 ) -> AsyncIterator[KubeconfigFactory]:
-    """``await sa_kubeconfig_for(delete=False)``: a kubeconfig of the shipped ServiceAccount."""
+    """``await sa_kubeconfig_for(delete=False, autoscaling=False)``: a kubeconfig of the shipped
+    ServiceAccount, with the optional RBAC files applied as asked."""
     bindings: list[str] = []
 
-    async def make(*, delete: bool = False) -> Path:
+    async def make(*, delete: bool = False, autoscaling: bool = False) -> Path:
         out = tmp_path / f"sa-{len(bindings)}.yaml"
-        path, made = await service_account_kubeconfig(api, devcluster, namespace, test_id, out, delete=delete)
+        path, made = await service_account_kubeconfig(
+            api, devcluster, namespace, test_id, out, delete=delete, autoscaling=autoscaling
+        )
         bindings.extend(made)
         return path
 

@@ -102,7 +102,7 @@ async def make_pool(api: client.ApiClient, namespace: str, test_id: str) -> Asyn
 @pytest.fixture
 async def kubeconfig(sa_kubeconfig_for: KubeconfigFactory) -> Path:
     """The shipped ServiceAccount and its RBAC, autoscaling rules included."""
-    return await sa_kubeconfig_for()
+    return await sa_kubeconfig_for(autoscaling=True)
 
 
 def pool_config(pool: Pool, test_id: str, **over: Any) -> dict[str, Any]:

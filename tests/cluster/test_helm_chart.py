@@ -11,6 +11,7 @@ control plane:
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -217,22 +218,41 @@ def _kubectl(devcluster: DevCluster, *args: str, check: bool = True) -> subproce
     return _run(devcluster.tools.kubectl, f"--kubeconfig={devcluster.kubeconfig}", *args, check=check)
 
 
+# One pool is enough to make the chart render the autoscaler's rights.
+WITH_POOL = {
+    "controller.config.pools[0].name": "a100",
+    "controller.config.pools[0].target.kind": "MachineDeployment",
+    "controller.config.pools[0].target.name": "a100",
+}
+
+
+@contextlib.contextmanager
+def _rbac_applied(
+    helm: Path, devcluster: DevCluster, namespace: str, release: str, values: dict[str, str], tmp_path: Path
+) -> Iterator[str]:
+    """The chart's service accounts and RBAC (no workloads) applied for real; the release name."""
+    docs = [
+        d
+        for d in _template(helm, release, namespace, values)
+        if d["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    ]
+    manifest = tmp_path / f"rbac-{release}.yaml"
+    manifest.write_text(yaml.safe_dump_all(docs))
+    _kubectl(devcluster, "apply", "--server-side", "--field-manager=gpumon-test", "-f", str(manifest))
+    try:
+        yield release
+    finally:
+        _kubectl(devcluster, "delete", "--ignore-not-found", "--wait=false", "-f", str(manifest), check=False)
+
+
 @pytest.fixture
 def installed_rbac(
     helm: Path, devcluster: DevCluster, namespace: str, test_id: str, tmp_path: Path
 ) -> Iterator[str]:
-    """The chart's service accounts and RBAC (no workloads) applied for real; the release name."""
-    release = f"r{test_id[-6:]}"  # test_id ends in random hex; short keeps names within 63
-    docs = [
-        d
-        for d in _template(helm, release, namespace, EVERYTHING)
-        if d["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
-    ]
-    manifest = tmp_path / "rbac.yaml"
-    manifest.write_text(yaml.safe_dump_all(docs))
-    _kubectl(devcluster, "apply", "--server-side", "--field-manager=gpumon-test", "-f", str(manifest))
-    yield release
-    _kubectl(devcluster, "delete", "--ignore-not-found", "--wait=false", "-f", str(manifest), check=False)
+    # test_id ends in random hex; short keeps names within 63
+    release = f"r{test_id[-6:]}"
+    with _rbac_applied(helm, devcluster, namespace, release, EVERYTHING | WITH_POOL, tmp_path):
+        yield release
 
 
 def _can(devcluster: DevCluster, account: str, namespace: str, verb: str, resource: str, *extra: str) -> bool:
@@ -253,7 +273,14 @@ def _can(devcluster: DevCluster, account: str, namespace: str, verb: str, resour
 
 
 def _review(
-    devcluster: DevCluster, account: str, namespace: str, verb: str, group: str, resource: str
+    devcluster: DevCluster,
+    account: str,
+    namespace: str,
+    verb: str,
+    group: str,
+    resource: str,
+    *,
+    subresource: str = "",
 ) -> bool:
     """A SubjectAccessReview, for a resource whose CRD the local control plane does not serve
     (``kubectl auth can-i`` needs discovery to find a resource's group; Machine's CRD is not
@@ -272,6 +299,7 @@ def _review(
                 "verb": verb,
                 "group": group,
                 "resource": resource,
+                "subresource": subresource,
                 "namespace": namespace,
             },
         },
@@ -336,9 +364,27 @@ def test_controller_rbac_is_what_it_needs_and_no_more(
     assert [c for c in must_not if _can(devcluster, sa, namespace, *c)] == []
     # Its Lease and ConfigMap live in its own namespace only.
     assert not _can(devcluster, sa, "default", "create", "leases.coordination.k8s.io")
-    # Machines: marked for deletion on scale-down, never deleted by the controller itself.
+    # Machines: marked for deletion on scale-down, never read or deleted by the controller.
     assert _review(devcluster, sa, namespace, "patch", "cluster.x-k8s.io", "machines")
     assert not _review(devcluster, sa, namespace, "delete", "cluster.x-k8s.io", "machines")
+    assert not _review(devcluster, sa, namespace, "get", "cluster.x-k8s.io", "machines")
+
+
+def test_without_pools_the_controller_has_no_cluster_api_rights(
+    helm: Path, devcluster: DevCluster, namespace: str, test_id: str, tmp_path: Path
+) -> None:
+    with _rbac_applied(helm, devcluster, namespace, f"n{test_id[-6:]}", EVERYTHING, tmp_path) as release:
+        sa = f"{release}-gpumon-controller"
+        assert _can(devcluster, sa, namespace, "patch", "nodes"), "the rest of its rights stay"
+        kinds = ("machinedeployments", "machinesets", "machinepools", "machines")
+        allowed = [
+            (verb, kind, sub)
+            for verb in ("get", "patch")
+            for kind in kinds
+            for sub in ("", "scale")
+            if _review(devcluster, sa, namespace, verb, "cluster.x-k8s.io", kind, subresource=sub)
+        ]
+        assert allowed == []
 
 
 def test_exporter_rbac_reads_pods_and_nothing_else(
