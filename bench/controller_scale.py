@@ -72,6 +72,8 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "RESULTS.md"
 SECTION = "controller-scale"
 RBAC = REPO / "deploy" / "rbac" / "controller.yaml"
+# The bench configures a pool, so the controller needs the autoscaler's rights too.
+RBAC_AUTOSCALING = REPO / "deploy" / "rbac" / "controller-autoscaling.yaml"
 CONTROLLER_SA = "gpumon-controller"
 NAIVE_SA = "gpumon-naive"
 FAULT_GPU = 2
@@ -304,7 +306,7 @@ class Cluster:
         kubeconfigs of the controller's and the naive client's ServiceAccounts."""
         for ns in (NAMESPACE, PENDING_NAMESPACE, POOL_NAMESPACE, CONTROLLER_NAMESPACE):
             await create(self.api, "/api/v1/namespaces", {"metadata": {"name": ns}})
-        await self.kubectl("apply", "-f", str(RBAC))
+        await self.kubectl("apply", "-f", str(RBAC), "-f", str(RBAC_AUTOSCALING))
         await self.kubectl("create", "serviceaccount", NAIVE_SA, "-n", CONTROLLER_NAMESPACE)
         # The naive controller reads what the controller reads: the same ClusterRole.
         await self.kubectl(
