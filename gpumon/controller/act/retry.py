@@ -74,14 +74,14 @@ async def write_replanned(
     when the re-plan found nothing left to write. Any other error propagates to the caller,
     which asks :func:`outcome` what it means."""
     current: W | None = write
-    for attempt in range(1, policy.conflict_attempts + 1):
-        if current is None:
-            return None
+    attempt = 1
+    while current is not None:
         try:
             return await apply(current)
         except Conflict:
-            if attempt == policy.conflict_attempts:
+            if attempt >= policy.conflict_attempts:
                 raise
             log.info("object changed while writing; re-planning", extra={"object": what})
+            attempt += 1
             current = await reread_and_replan()
     return None
