@@ -64,6 +64,10 @@ class ProcessSample:
     sm_utilization_ratio: float | None = None
     memory_utilization_ratio: float | None = None
     name: str | None = None
+    # The MIG instance the process runs in (NVML's gpuInstanceId/computeInstanceId); None on a
+    # GPU without MIG.
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +217,7 @@ class PodGpuUsage:
 
     ref: PodRef
     gpu_index: int
-    gpu_uuid: str
+    gpu_uuid: str  # the card's, also for a MIG device: the card is what fails and is drained
     used_memory_bytes: int | None = None
     utilization_ratio: float | None = None
     allocated_memory_bytes: int | None = None
@@ -223,6 +227,13 @@ class PodGpuUsage:
     # True when the container's processes use this GPU although no source allocated it to the
     # pod (only set when the allocation view is authoritative for the pod).
     unallocated: bool = False
+    # The MIG device on the card, when the use or allocation is of one (identity only: memory None).
+    mig: MigInstance | None = None
+
+    @property
+    def device_uuid(self) -> str:
+        """The UUID of what the container holds: the MIG device's, else the card's."""
+        return self.mig.uuid if self.mig is not None else self.gpu_uuid
 
 
 @dataclass(frozen=True, slots=True)

@@ -237,23 +237,47 @@ def process_samples(
     compute: Sequence[Any],
     graphics: Sequence[Any],
     utilization: Mapping[int, tuple[float, float]] | None,
+    *,
+    mig: bool = False,
 ) -> tuple[ProcessSample, ...]:
     """One sample per pid from the running-process lists (``c_nvmlProcessInfo_v3_t``).
 
     ``utilization`` is None when per-process utilization is unsupported (ratios left out); a
-    pid without new samples in it was idle (ratios 0)."""
+    pid without new samples in it was idle (ratios 0). On a GPU in MIG mode (``mig``) each
+    process carries the GPU and compute instance it runs in; elsewhere those IDs mean nothing
+    (NVML writes 0xFFFFFFFF, NVIDIA's mock library 0) and are left out."""
     not_available = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
     memory: dict[int, int | None] = {}
+    instances: dict[int, tuple[int | None, int | None]] = {}
     for info in (*compute, *graphics):
         used = None if info.usedGpuMemory == not_available else int(info.usedGpuMemory)
         known = memory.get(info.pid)
         # A process that is both compute and graphics is listed twice with the same memory.
         memory[info.pid] = used if known is None else max(known, used or 0)
+        if mig:
+            instances[info.pid] = (_instance_id(info.gpuInstanceId), _instance_id(info.computeInstanceId))
     out = []
     for pid in sorted(memory):
         sm, mem = (None, None) if utilization is None else utilization.get(pid, (0.0, 0.0))
-        out.append(ProcessSample(pid, memory[pid], sm_utilization_ratio=sm, memory_utilization_ratio=mem))
+        gi, ci = instances.get(pid, (None, None))
+        out.append(
+            ProcessSample(
+                pid,
+                memory[pid],
+                sm_utilization_ratio=sm,
+                memory_utilization_ratio=mem,
+                gpu_instance=gi,
+                compute_instance=ci,
+            )
+        )
     return tuple(out)
+
+
+_NO_INSTANCE = 0xFFFFFFFF
+
+
+def _instance_id(value: int) -> int | None:
+    return None if value == _NO_INSTANCE else int(value)
 
 
 def mig_memory_gb(device_memory_bytes: int, instance_memory_mb: int) -> int:
@@ -742,7 +766,9 @@ class NvmlBackend:
         )
         if not compute and not graphics:
             return ()
-        return process_samples(compute or (), graphics or (), self._utilization_by_pid(gpu))
+        return process_samples(
+            compute or (), graphics or (), self._utilization_by_pid(gpu), mig=gpu.identity.mig_mode is True
+        )
 
     def _utilization_by_pid(self, gpu: _Gpu) -> dict[int, tuple[float, float]] | None:
         try:

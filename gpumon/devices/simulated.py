@@ -14,6 +14,7 @@ GPUs run MIG instances::
       - {at: 30, gpu: 2, fault: clear}
     processes:
       - {gpu: 0, pid: 4242, name: python, used_memory_mib: 20480, sm_share: 0.6}
+      - {gpu: 3, pid: 4343, used_memory_mib: 8192, sm_share: 0.2, gpu_instance: 2}
     mig:
       - {gpu: 3, profiles: [3g.40gb, 3g.40gb]}
 """
@@ -172,6 +173,7 @@ class SimProcess:
     used_memory_bytes: int
     sm_share: float  # fraction of the SM it keeps busy, 0..1
     name: str = "python"
+    gpu_instance: int | None = None  # the MIG GPU instance it runs in (compute instance 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +224,8 @@ def _stated_load(processes: Sequence[SimProcess]) -> _Load:
             sm_utilization_ratio=p.sm_share,
             memory_utilization_ratio=round(p.sm_share * 0.6, 4),
             name=p.name,
+            gpu_instance=p.gpu_instance,
+            compute_instance=None if p.gpu_instance is None else 0,
         )
         for p in processes
     )
@@ -377,6 +381,8 @@ class ScenarioProcess(BaseModel):
     name: str = "python"
     used_memory_mib: Int = Field(ge=0)
     sm_share: Float = Field(ge=0, le=1)
+    # The MIG GPU instance it runs in (its compute instance is 0), on a GPU listed under `mig`.
+    gpu_instance: Int | None = Field(default=None, ge=0)
 
 
 class ScenarioMig(BaseModel):
@@ -396,7 +402,9 @@ class FaultScenario(BaseModel):
     def stated_processes(self) -> dict[int, tuple[SimProcess, ...]]:
         out: dict[int, list[SimProcess]] = {}
         for p in self.processes:
-            out.setdefault(p.gpu, []).append(SimProcess(p.pid, p.used_memory_mib * MiB, p.sm_share, p.name))
+            out.setdefault(p.gpu, []).append(
+                SimProcess(p.pid, p.used_memory_mib * MiB, p.sm_share, p.name, p.gpu_instance)
+            )
         return {gpu: tuple(procs) for gpu, procs in out.items()}
 
 
@@ -486,6 +494,13 @@ class SimulatedBackend:
             self.set_processes(gpu, procs)
         for m in self._scenario.mig:
             self._mig[self._check_gpu(m.gpu)] = self._mig_instances(m.gpu, m.profiles)
+        for gpu, procs in self._stated.items():
+            instances = {m.gpu_instance for m in self._mig.get(gpu, ())}
+            for p in procs:
+                if p.gpu_instance is not None and p.gpu_instance not in instances:
+                    raise SimulationError(
+                        f"process {p.pid} runs in MIG instance {p.gpu_instance}, not on gpu {gpu}"
+                    )
 
     # -- identity and configuration ----------------------------------------------------------
 

@@ -20,11 +20,11 @@ import contextlib
 import logging
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from gpumon.config import PodsConfig
-from gpumon.devices.model import GpuIdentity, GpuSample, PodGpuUsage, PodRef
+from gpumon.devices.model import GpuIdentity, GpuSample, MigInstance, PodGpuUsage, PodRef, ProcessSample
 from gpumon.exporter import sharing
 from gpumon.exporter.attribution_metrics import AttributionMetrics, SourceState
 from gpumon.exporter.cgroups import ContainerKey
@@ -71,8 +71,8 @@ class Allocation:
     resources: tuple[str, ...]
 
 
-SeriesKey = tuple[PodRef, int]
-"""(container, GPU index)."""
+SeriesKey = tuple[PodRef, int, MigInstance | None]
+"""(container, GPU index, the MIG device on that GPU or None for the whole card)."""
 
 
 def build_view(
@@ -137,38 +137,51 @@ def _device_grants(
                 yield Grant(ref, device, a.resource)
 
 
-def device_table(gpus: Sequence[GpuSample]) -> dict[str, GpuIdentity]:
-    """Every name a device plugin may give a GPU: UUID, index, and its MIG instances' UUIDs."""
-    table: dict[str, GpuIdentity] = {}
+Device = tuple[GpuIdentity, MigInstance | None]
+"""A card, or one MIG device on it (its identity: memory None)."""
+
+
+def _mig_identity(m: MigInstance) -> MigInstance:
+    return replace(m, memory=None) if m.memory is not None else m
+
+
+def device_table(gpus: Sequence[GpuSample]) -> dict[str, Device]:
+    """Every name a device plugin may give a device: a card's UUID and index; a MIG device's
+    UUID and the old drivers' ``GPU-<uuid>/<gi>/<ci>`` (its ``MIG-`` prefix removed)."""
+    table: dict[str, Device] = {}
     for g in gpus:
-        table[g.identity.uuid] = g.identity
-        table[str(g.identity.index)] = g.identity
+        ident = g.identity
+        table[ident.uuid] = table[str(ident.index)] = (ident, None)
         for mig in g.slow.mig_instances if g.slow is not None else ():
-            table[mig.uuid] = g.identity
+            device = (ident, _mig_identity(mig))
+            table[mig.uuid] = table[f"{ident.uuid}/{mig.gpu_instance}/{mig.compute_instance}"] = device
     return table
 
 
-def find_gpu(device: str, table: Mapping[str, GpuIdentity]) -> GpuIdentity | None:
-    # Time-slicing replicas are "<uuid>::<n>"; MIG devices of old drivers "MIG-GPU-<uuid>/<gi>/<ci>".
+def find_device(device: str, table: Mapping[str, Device]) -> Device | None:
+    # Time-slicing replicas are "<uuid>::<n>"; MIG devices of old drivers "MIG-GPU-<uuid>/<gi>/<ci>",
+    # which name the parent card when its instance is not (yet) known.
     name = device.split("::", 1)[0]
     if name.startswith("MIG-GPU-"):
-        name = name.removeprefix("MIG-").split("/", 1)[0]
+        name = name.removeprefix("MIG-")
+        return table.get(name) or table.get(name.split("/", 1)[0])
     return table.get(name)
 
 
 def resolve_grants(
     grants: Iterable[Grant], gpus: Sequence[GpuSample]
 ) -> tuple[dict[SeriesKey, Allocation], list[Grant]]:
-    """Grants per (container, GPU index), merged; and the grants naming no GPU of this node."""
+    """Grants per (container, GPU index, MIG device), merged; and the grants naming no device of
+    this node."""
     table = device_table(gpus)
     merged: dict[SeriesKey, Allocation] = {}
     unknown = []
     for g in grants:
-        gpu = find_gpu(g.device, table)
-        if gpu is None:
+        found = find_device(g.device, table)
+        if found is None:
             unknown.append(g)
             continue
-        key = (g.ref, gpu.index)
+        key = (g.ref, found[0].index, found[1])
         prev = merged.get(key)
         resources = (g.resource,) if g.resource else ()
         if prev is None:
@@ -198,21 +211,52 @@ class _Use:
     sm_ratio: float = 0.0
 
 
+def _process_mig(g: GpuSample, p: ProcessSample) -> MigInstance | None:
+    """The MIG device a process runs in, by NVML's instance IDs; None on a card without MIG."""
+    if p.gpu_instance is None or g.slow is None:
+        return None
+    same_gi = [m for m in g.slow.mig_instances if m.gpu_instance == p.gpu_instance]
+    exact = [m for m in same_gi if m.compute_instance == p.compute_instance]
+    found = exact or same_gi
+    return _mig_identity(found[0]) if found else None
+
+
+def card_shares(raw: Mapping[SeriesKey, float], card: Mapping[int, float | None]) -> dict[SeriesKey, float]:
+    """Per-container SM ratios scaled so that a card's containers add up to at most the card's
+    measured use (1.0 when the card reports none). NVML's per-process samples of concurrent
+    processes cover overlapping windows, so their raw sum can exceed the card: scaling keeps
+    each container's share of what was measured."""
+    totals: dict[int, float] = {}
+    for (_, index, _), v in raw.items():
+        totals[index] = totals.get(index, 0.0) + v
+    out = {}
+    for key, v in raw.items():
+        index = key[1]
+        measured = card.get(index)
+        limit = 1.0 if measured is None else min(max(measured, 0.0), 1.0)
+        total = totals[index]
+        out[key] = v * limit / total if total > limit else v
+    return out
+
+
 def usages(
     gpus: Sequence[GpuSample],
     lookup: Lookup | None,
     view: AttributionView,
     allocations: Mapping[SeriesKey, Allocation],
 ) -> list[PodGpuUsage]:
-    """One tick: every container's use of every GPU, with what it was allocated there.
+    """One tick: every container's use of every GPU (or MIG device), with what it was allocated
+    there.
 
     Memory is the sum of the container's processes; SM utilization the sum of their samples,
-    capped at 1.0 (samples of concurrent processes cover overlapping windows and can add up to
-    more than the whole GPU). An allocated container without processes shows 0 when processes
-    are visible at all (``lookup`` given, GPU answered), nothing otherwise."""
+    scaled by :func:`card_shares` so that a card's containers never add up to more than the card.
+    A process in a MIG instance counts for that MIG device. An allocated container without
+    processes shows 0 when processes are visible at all (``lookup`` given, GPU answered),
+    nothing otherwise."""
     used: dict[SeriesKey, _Use] = {}
     measured: set[int] = set()
     sampled: set[int] = set()
+    card_util: dict[int, float | None] = {}
     uuids = {g.identity.index: g.identity.uuid for g in gpus}
     if lookup is not None:
         for g in gpus:
@@ -220,6 +264,7 @@ def usages(
                 continue
             index = g.identity.index
             measured.add(index)
+            card_util[index] = g.fast.utilization_ratio
             for p in g.fast.processes:
                 if p.sm_utilization_ratio is not None:
                     sampled.add(index)
@@ -231,12 +276,13 @@ def usages(
                 )
                 if ref is None:
                     continue
-                acc = used.setdefault((ref, index), _Use())
+                acc = used.setdefault((ref, index, _process_mig(g, p)), _Use())
                 acc.memory_bytes = _add(acc.memory_bytes, p.used_memory_bytes)
                 acc.sm_ratio += p.sm_utilization_ratio or 0.0
+    shares = card_shares({k: u.sm_ratio for k, u in used.items() if k[1] in sampled}, card_util)
     out = []
     for key in used.keys() | allocations.keys():
-        ref, index = key
+        ref, index, mig = key
         if index not in uuids:
             continue
         alloc = allocations.get(key)
@@ -244,7 +290,7 @@ def usages(
         memory: int | None
         util: float | None
         if use is not None:
-            memory, util = use.memory_bytes, (min(use.sm_ratio, 1.0) if index in sampled else None)
+            memory, util = use.memory_bytes, shares.get(key)
         elif index in measured:
             memory, util = 0, 0.0
         else:
@@ -262,6 +308,7 @@ def usages(
                 unallocated=use is not None
                 and alloc is None
                 and (ref.namespace, ref.pod) in view.authoritative,
+                mig=mig,
             )
         )
     return out
@@ -276,6 +323,7 @@ def cap(series: list[PodGpuUsage], limit: int) -> tuple[list[PodGpuUsage], list[
             u.ref.pod,
             u.ref.container,
             u.gpu_index,
+            u.device_uuid,
         )
     )
     return series[:limit], series[limit:]
@@ -410,7 +458,7 @@ class PodAttribution:
         lookup = self._processes.lookup if self._processes is not None else None
         series = usages(gpus, lookup, view, self._allocations)
         kept, dropped = cap(series, self._config.max_series)
-        dropped_keys = {(u.ref, u.gpu_index) for u in dropped}
+        dropped_keys = {(u.ref, u.gpu_index, u.mig) for u in dropped}
         self.metrics.dropped_total += len(dropped_keys - self._dropped)
         self._dropped = dropped_keys
         self.metrics.series = len(kept)

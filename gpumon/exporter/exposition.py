@@ -382,21 +382,17 @@ def _native(snap: Snapshot) -> list[Metric]:
     _emit_mig_memory(
         _NATIVE_MEMORY,
         per_gpu,
-        (
-            (
-                mig,
-                {
-                    **base,
-                    "gpu_instance": str(mig.gpu_instance),
-                    "compute_instance": str(mig.compute_instance),
-                    "mig_profile": mig.profile,
-                },
-            )
-            for g, base in present
-            for mig in _migs(g)
-        ),
+        ((mig, {**base, **_mig_labels(mig)}) for g, base in present for mig in _migs(g)),
     )
     return [info, *per_gpu, throttled, xids, health, health_info, *_native_pods(snap)]
+
+
+def _mig_labels(mig: MigInstance) -> Labels:
+    return {
+        "gpu_instance": str(mig.gpu_instance),
+        "compute_instance": str(mig.compute_instance),
+        "mig_profile": mig.profile,
+    }
 
 
 def _native_pods(snap: Snapshot) -> list[Metric]:
@@ -435,10 +431,12 @@ def _native_pods(snap: Snapshot) -> list[Metric]:
         labels = dict(
             zip(
                 _POD_LABELS,
-                (snap.node, p.ref.namespace, p.ref.pod, p.ref.container, str(p.gpu_index), p.gpu_uuid),
+                (snap.node, p.ref.namespace, p.ref.pod, p.ref.container, str(p.gpu_index), p.device_uuid),
                 strict=True,
             )
         )
+        if p.mig is not None:
+            labels |= _mig_labels(p.mig)
         for family, value in (
             (used, p.used_memory_bytes),
             (util, p.utilization_ratio),
@@ -601,7 +599,7 @@ def _dcgm(snap: Snapshot) -> list[Metric]:
             "device": f"nvidia{ident.index}",
             "modelName": ident.model,
         }
-        row = (g, {**device, **host, **holders.get(ident.uuid, {})})
+        row = (g, {**device, **host, **holders.get((ident.uuid, None), {})})
         if not g.lost:
             present.append(row)
             mig_rows.extend(
@@ -612,7 +610,7 @@ def _dcgm(snap: Snapshot) -> list[Metric]:
                         "GPU_I_PROFILE": mig.profile,
                         "GPU_I_ID": str(mig.gpu_instance),
                         **host,
-                        **holders.get(mig.uuid, {}),
+                        **holders.get((ident.uuid, mig.gpu_instance), {}),
                     },
                 )
                 for mig in _migs(g)
@@ -627,18 +625,22 @@ def _dcgm(snap: Snapshot) -> list[Metric]:
     return families
 
 
-def _sole_holders(snap: Snapshot) -> dict[str, Labels]:
-    """pod/namespace/container labels for each device (GPU or MIG uuid) one container uses.
+def _sole_holders(snap: Snapshot) -> dict[tuple[str, int | None], Labels]:
+    """pod/namespace/container labels for each device one container uses: a card (its UUID,
+    None) or a MIG instance on it (the card's UUID and its GPU instance id, which is how
+    dcgm-exporter tells MIG series apart: ``UUID`` stays the card's, ``GPU_I_ID`` names the
+    instance).
 
     dcgm-exporter puts the pod assigned a device on every series of that device. A device several
     containers share keeps no pod labels, so sums over devices stay right; per-container shares are
     in the native profile's gpumon_pod_* families."""
-    users: dict[str, set[tuple[str, str, str]]] = {}
+    users: dict[tuple[str, int | None], set[tuple[str, str, str]]] = {}
     for p in snap.pods:
-        users.setdefault(p.gpu_uuid, set()).add((p.ref.pod, p.ref.namespace, p.ref.container))
+        device = (p.gpu_uuid, None if p.mig is None else p.mig.gpu_instance)
+        users.setdefault(device, set()).add((p.ref.pod, p.ref.namespace, p.ref.container))
     return {
-        uuid: {"pod": pod, "namespace": ns, "container": container}
-        for uuid, refs in users.items()
+        device: {"pod": pod, "namespace": ns, "container": container}
+        for device, refs in users.items()
         if len(refs) == 1
         for pod, ns, container in refs
     }

@@ -265,6 +265,7 @@ class PodUsage(_Model):
     allocated_core_ratio: Number | None = None
     allocated_resources: tuple[Text, ...] = Field(default=(), max_length=64)
     unallocated: bool = False
+    mig: Mig | None = None  # the MIG device on the card gpu_uuid names, when it is one
 
 
 class SnapshotDoc(_Model):
@@ -518,6 +519,7 @@ def _pod_usage(p: PodGpuUsage) -> PodUsage:
         allocated_core_ratio=p.allocated_core_ratio,
         allocated_resources=p.allocated_resources,
         unallocated=p.unallocated,
+        mig=None if p.mig is None else _mig(p.mig),
     )
 
 

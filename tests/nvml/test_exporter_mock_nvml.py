@@ -237,7 +237,15 @@ def node(
     procs[0].append({"pid": HOST_PID, "type": "G", "name": "Xorg", "used_memory_mib": 512, "sm_util": 5})
     profile = a100
     for gpu, listed in procs.items():
-        profile = with_device(profile, gpu, processes=listed)
+        # The card's own figure is at least what its processes' samples add up to: per-pod
+        # ratios are scaled down to the card's measured use (docs/pod-attribution.md).
+        busy = sum(p["sm_util"] for p in listed)
+        profile = with_device(
+            profile,
+            gpu,
+            processes=listed,
+            utilization={**a100["device_defaults"]["utilization"], "gpu": busy},
+        )
     profile = with_device(profile, 3, mig=mig_block(a100["device_defaults"], A100_MIG))
     configs = device_configs(profile)
     uuids = [c["uuid"] for c in configs]
@@ -325,6 +333,18 @@ def test_mig_devices_in_the_scrape(node: Node) -> None:
             assert select(s, family, **labels) == {frozenset(labels.items()): expected}, family
         assert value(s, "DCGM_FI_DEV_FB_USED", gpu="3", GPU_I_ID=str(m["gpu_instance_id"]),
                      GPU_I_PROFILE=m["profile"]) == used // MiB  # fmt: skip
+    # The pod given MIG device 1g.5gb (instance 13) has series of that device, not of the card,
+    # with dcgm-exporter's labels in the dcgm profile: the card's UUID, GPU_I_ID 13.
+    mig = A100_MIG[3]
+    (labels,) = select(s, "gpumon_pod_gpu_allocated", pod="mig-user")
+    assert dict(labels) == {"node": NODE, "namespace": NAMESPACE, "pod": "mig-user", "container": "app",
+                            "gpu": "3", "uuid": mig["uuid"], "gpu_instance": "13", "compute_instance": "0",
+                            "mig_profile": "1g.5gb", "resource": "nvidia.com/mig-1g.5gb"}  # fmt: skip
+    holders = {
+        dict(ls).get("GPU_I_ID", ""): dict(ls).get("pod") for ls in select(s, "DCGM_FI_DEV_FB_USED", gpu="3")
+    }
+    assert holders == {"": None, "1": None, "5": None, "13": "mig-user"}
+    assert dict(next(iter(select(s, "DCGM_FI_DEV_FB_USED", GPU_I_ID="13"))))["UUID"] == uuid
     # NVML gives a MIG device no reserved figure; the GPU's own series stays.
     assert len(select(s, "gpumon_gpu_memory_reserved_bytes", gpu="3")) == 1
     assert value(s, "gpumon_gpu_health", gpu="3", state="healthy") == 1

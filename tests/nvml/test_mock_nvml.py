@@ -57,6 +57,9 @@ def processes(cfg: dict[str, Any]) -> list[dict[str, Any]]:
             "sm_utilization_ratio": p.get("sm_util", 0) / 100,
             "memory_utilization_ratio": p.get("mem_util", 0) / 100,
             "name": None,
+            # Read only on a GPU in MIG mode (the mock's processes carry no instance of their own).
+            "gpu_instance": None,
+            "compute_instance": None,
         }
         for p in sorted(cfg.get("processes") or (), key=lambda p: p["pid"])
     ]

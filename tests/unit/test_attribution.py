@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,10 @@ from gpumon.devices.model import (
     PodRef,
     ProcessSample,
     SlowFields,
+    Snapshot,
 )
-from gpumon.exporter import sharing
+from gpumon.devices.simulated import FaultScenario, SimulatedBackend, SimulationError
+from gpumon.exporter import exposition, sharing
 from gpumon.exporter.attribution import (
     AttributionView,
     PodAttribution,
@@ -47,10 +50,16 @@ MIG0 = "MIG-11111111-2222-4333-8444-555555555555"
 UID_A, UID_B, UID_H, UID_X, UID_BAD = (f"00000000-0000-4000-8000-{n:012d}" for n in range(1, 6))
 
 
-def gpu(index: int, *procs: ProcessSample, fast: bool = True, migs: tuple[str, ...] = ()) -> GpuSample:
+def gpu(
+    index: int,
+    *procs: ProcessSample,
+    fast: bool = True,
+    migs: tuple[str, ...] = (),
+    util: float | None = None,
+) -> GpuSample:
     return GpuSample(
         identity=GpuIdentity(index, UUIDS[index], "A100-SXM4-80GB", f"0000:0{index}:00.0"),
-        fast=FastFields(processes=procs) if fast else None,
+        fast=FastFields(utilization_ratio=util, processes=procs) if fast else None,
         slow=SlowFields(mig_instances=tuple(MigInstance(1, 0, "1g.10gb", m) for m in migs)),
         health=HEALTHY,
         sampled_at=0.0,
@@ -192,15 +201,23 @@ def test_shared_and_exclusive_pods() -> None:
 
 
 def test_per_pod_usage_adds_up_to_at_most_the_card() -> None:
-    gpus = [gpu(0, proc(100, 3000, 0.6), proc(101, 1000, 0.3), proc(200, 8000, 0.4), proc(999, 500, 0.1))]
-    got = run(gpus)
-    total_util = sum(u.utilization_ratio or 0 for u in got.values())
+    # Raw samples: share-a 0.9, share-b 0.4 (1.3 together) on a card measured at 0.8 busy.
+    procs = (proc(100, 3000, 0.6), proc(101, 1000, 0.3), proc(200, 8000, 0.4), proc(999, 500, 0.1))
+    got = run([gpu(0, *procs, util=0.8)])
     assert sum(u.used_memory_bytes or 0 for u in got.values()) == 12000 * MIB  # pid 999 is no pod's
-    assert got[("share-a", "main", 0)].utilization_ratio == pytest.approx(0.9)
-    assert total_util == pytest.approx(1.3)  # each container capped, not the card: see docs
+    a, b = got[("share-a", "main", 0)].utilization_ratio, got[("share-b", "main", 0)].utilization_ratio
+    assert a == pytest.approx(0.8 * 0.9 / 1.3) and b == pytest.approx(0.8 * 0.4 / 1.3)
+    assert a + b == pytest.approx(0.8)
+    # Below the card's figure the samples stand as measured.
+    got = run([gpu(0, proc(100, 1, 0.2), proc(200, 1, 0.3), util=0.6)])
+    assert [got[("share-a", "main", 0)].utilization_ratio, got[("share-b", "main", 0)].utilization_ratio] == [
+        0.2,
+        0.3,
+    ]
 
 
 def test_sm_utilization_of_a_container_is_capped_at_one() -> None:
+    # A card that reports no utilization of its own: its containers add up to at most 1.
     got = run([gpu(0, proc(100, 1, 0.8), proc(101, 1, 0.7))])
     assert got[("share-a", "main", 0)].utilization_ratio == 1.0
 
@@ -477,3 +494,112 @@ def render(metrics: AttributionMetrics) -> str:
 
 def test_view_default_is_empty() -> None:
     assert usages([gpu(0, proc(1, 1))], {}.get, AttributionView(), {}) == []
+
+
+# --- MIG ------------------------------------------------------------------------------------------
+
+MIG_1 = MigInstance(1, 0, "3g.40gb", "MIG-11111111-0000-4000-8000-000000000001")
+MIG_2 = MigInstance(2, 0, "3g.40gb", "MIG-11111111-0000-4000-8000-000000000002")
+
+
+def mig_gpu(index: int, *procs: ProcessSample) -> GpuSample:
+    return replace(gpu(index, *procs), slow=SlowFields(mig_instances=(MIG_1, MIG_2)))
+
+
+def test_a_mig_device_is_attributed_to_its_instance_not_the_card() -> None:
+    # Two pods, each given one MIG device of GPU 1 by pod-resources; NVML lists their processes
+    # on the card with the instance they run in.
+    pods = {
+        UID_A: meta("ml", "mig-a", UID_A, {"main": "a" * 64}),
+        UID_B: meta("ml", "mig-b", UID_B, {"main": "b" * 64}),
+    }
+    pr = {
+        ("ml", "mig-a"): {"main": (DeviceAssignment("nvidia.com/mig-3g.40gb", (MIG_1.uuid,)),)},
+        # An old driver's name for the same kind of device.
+        ("ml", "mig-b"): {"main": (DeviceAssignment("nvidia.com/mig-3g.40gb", (f"MIG-{UUIDS[1]}/2/0",)),)},
+    }
+    on_1 = ProcessSample(100, 3 * GIB, None, gpu_instance=1, compute_instance=0)
+    on_2 = ProcessSample(200, 5 * GIB, None, gpu_instance=2, compute_instance=0)
+    got = {u.ref.pod: u for u in usages_of([gpu(0), mig_gpu(1, on_1, on_2)], pods, pr)}
+    a, b = got["mig-a"], got["mig-b"]
+    assert (a.gpu_index, a.gpu_uuid, a.mig, a.device_uuid) == (1, UUIDS[1], MIG_1, MIG_1.uuid)
+    assert (a.used_memory_bytes, a.allocated_resources, a.unallocated) == (
+        3 * GIB,
+        ("nvidia.com/mig-3g.40gb",),
+        False,
+    )
+    assert (b.mig, b.used_memory_bytes, b.unallocated) == (MIG_2, 5 * GIB, False)
+    assert len(got) == 2  # nothing left over on the card itself
+
+
+def test_use_of_another_mig_instance_is_flagged() -> None:
+    pods = {UID_A: meta("ml", "mig-a", UID_A, {"main": "a" * 64})}
+    pr = {("ml", "mig-a"): {"main": (DeviceAssignment("nvidia.com/mig-3g.40gb", (MIG_1.uuid,)),)}}
+    rogue = ProcessSample(100, GIB, None, gpu_instance=2, compute_instance=0)
+    out = {u.mig: u for u in usages_of([mig_gpu(1, rogue)], pods, pr)}
+    assert out[MIG_2].unallocated and out[MIG_2].used_memory_bytes == GIB
+    assert not out[MIG_1].unallocated and out[MIG_1].used_memory_bytes == 0
+
+
+def test_mig_through_the_simulated_backend() -> None:
+    """The simulated backend runs MIG instances and processes in them (NVIDIA's mock NVML
+    enumerates no MIG instance, so the nvml tier cannot): per-pod series name the MIG device."""
+    scenario = FaultScenario.model_validate(
+        {
+            "mig": [{"gpu": 1, "profiles": ["3g.40gb", "3g.40gb"]}],
+            "processes": [
+                {"gpu": 1, "pid": 100, "used_memory_mib": 2048, "sm_share": 0.3, "gpu_instance": 2}
+            ],
+        }
+    )
+    backend = SimulatedBackend(gpus=2, scenario=scenario, clock=lambda: 1000.0)
+    backend.open()
+    gpus = [
+        GpuSample(ident, backend.read_fast(ident.index), backend.read_slow(ident.index), HEALTHY, 1000.0)
+        for ident in backend.devices()
+    ]
+    second = gpus[1].slow.mig_instances[1] if gpus[1].slow else None
+    assert second is not None and second.gpu_instance == 2
+    pods = {UID_A: meta("ml", "mig-a", UID_A, {"main": "a" * 64})}
+    pr = {("ml", "mig-a"): {"main": (DeviceAssignment("nvidia.com/mig-3g.40gb", (second.uuid,)),)}}
+    (u,) = usages_of(gpus, pods, pr)
+    assert (u.gpu_index, u.gpu_uuid, u.device_uuid, u.used_memory_bytes) == (
+        1,
+        gpus[1].identity.uuid,
+        second.uuid,
+        2048 * MIB,
+    )
+    assert u.mig is not None and (u.mig.gpu_instance, u.mig.compute_instance, u.mig.profile) == (
+        2,
+        0,
+        "3g.40gb",
+    )
+    snap = Snapshot("n", None, tuple(gpus), (u,), 1000.0, True, True)
+    text = exposition.render(snap, profile="native").text.decode()
+    assert (
+        'gpumon_pod_gpu_memory_used_bytes{compute_instance="0",container="main",gpu="1",gpu_instance="2",'
+        f'mig_profile="3g.40gb",namespace="ml",node="n",pod="mig-a",uuid="{second.uuid}"}} 2.147483648e+09'
+    ) in text
+    with pytest.raises(SimulationError, match="MIG instance 3"):
+        SimulatedBackend(
+            gpus=2,
+            scenario=FaultScenario.model_validate(
+                {
+                    "mig": [{"gpu": 1, "profiles": ["3g.40gb"]}],
+                    "processes": [
+                        {"gpu": 1, "pid": 1, "used_memory_mib": 1, "sm_share": 0, "gpu_instance": 3}
+                    ],
+                }
+            ),
+        )
+
+
+def usages_of(
+    gpus: list[GpuSample],
+    pods: Mapping[str, PodMeta],
+    pr: Mapping[tuple[str, str], Mapping[str, tuple[DeviceAssignment, ...]]],
+) -> list[PodGpuUsage]:
+    view = build_view(pods, shares(pods), pr, True)
+    allocations, unknown = resolve_grants(view.grants, gpus)
+    assert unknown == []
+    return usages(gpus, PIDS.get, view, allocations)

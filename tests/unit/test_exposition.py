@@ -116,6 +116,7 @@ def pod(
 
 
 DRIVER = DriverInfo("550.54.15", "12.4")
+MIG_A = MigInstance(1, 0, "1g.10gb", "MIG-aaaa")
 
 
 def snapshot(
@@ -522,11 +523,16 @@ def test_dcgm_pod_labels_on_a_device_one_container_uses_and_none_on_a_shared_one
 
 
 def test_dcgm_mig_instances() -> None:
-    migs = (MigInstance(1, 0, "1g.10gb", "MIG-aaaa", MemoryInfo(10 * GiB, 2 * GiB, 8 * GiB)),)
-    snap = snapshot([gpu(slow=full_slow(mig_instances=migs))], [pod("m", used_memory_bytes=GiB)])
-    snap = replace(snap, pods=(replace(snap.pods[0], gpu_uuid="MIG-aaaa"),))
+    # The pod holds MIG instance 1 of GPU 0, as the attributor reports it: the card's UUID, the
+    # MIG device beside it. dcgm-exporter puts the pod on that instance's series (UUID stays the
+    # card's, GPU_I_ID names the instance), not on the card's.
+    migs = (
+        MigInstance(1, 0, "1g.10gb", "MIG-aaaa", MemoryInfo(10 * GiB, 2 * GiB, 8 * GiB)),
+        MigInstance(2, 0, "1g.10gb", "MIG-bbbb", MemoryInfo(10 * GiB, 1 * GiB, 9 * GiB)),
+    )
+    snap = snapshot([gpu(slow=full_slow(mig_instances=migs))], [pod("m", used_memory_bytes=GiB, mig=MIG_A)])
     s = series(render(snap, profile="dcgm").text)
-    mig_rows = [(lab, v) for lab, v in s["DCGM_FI_DEV_FB_USED"] if "GPU_I_ID" in lab]
+    mig_rows = [(lab, v) for lab, v in s["DCGM_FI_DEV_FB_USED"] if lab.get("GPU_I_ID") == "1"]
     assert mig_rows == [
         (
             {
@@ -546,6 +552,28 @@ def test_dcgm_mig_instances() -> None:
             2048.0,
         )
     ]
+    other = [lab for lab, _ in s["DCGM_FI_DEV_FB_USED"] if lab.get("GPU_I_ID") != "1"]
+    assert len(other) == 2 and all("pod" not in lab for lab in other)  # the card and instance 2
+
+
+def test_native_pod_series_of_a_mig_device() -> None:
+    snap = snapshot(
+        [gpu()], [pod("m", used_memory_bytes=GiB, allocated_resources=("nvidia.com/mig-1g.10gb",), mig=MIG_A)]
+    )
+    s = series(render(snap, profile="native").text)
+    want = {
+        "node": NODE,
+        "namespace": "team-a",
+        "pod": "m",
+        "container": "main",
+        "gpu": "0",
+        "uuid": "MIG-aaaa",
+        "gpu_instance": "1",
+        "compute_instance": "0",
+        "mig_profile": "1g.10gb",
+    }
+    assert s["gpumon_pod_gpu_memory_used_bytes"] == [(want, GiB)]
+    assert s["gpumon_pod_gpu_allocated"] == [(want | {"resource": "nvidia.com/mig-1g.10gb"}, 1)]
 
 
 def test_unknown_driver_leaves_the_version_labels_empty() -> None:

@@ -326,6 +326,16 @@ def test_process_samples_without_utilization_support() -> None:
     assert samples == (ProcessSample(42, None, sm_utilization_ratio=None, memory_utilization_ratio=None),)
 
 
+def test_process_samples_carry_their_mig_instance_on_a_mig_gpu() -> None:
+    inside, outside = _process(100, GiB), _process(200, GiB)
+    inside.gpuInstanceId, inside.computeInstanceId = 7, 0
+    outside.gpuInstanceId = outside.computeInstanceId = 0xFFFFFFFF
+    samples = process_samples([inside, outside], [], None, mig=True)
+    assert [(s.pid, s.gpu_instance, s.compute_instance) for s in samples] == [(100, 7, 0), (200, None, None)]
+    # Without MIG the IDs mean nothing (NVIDIA's mock library writes 0 there).
+    assert process_samples([inside], [], None)[0].gpu_instance is None
+
+
 # -- MIG ----------------------------------------------------------------------------------------
 
 
