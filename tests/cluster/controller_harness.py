@@ -87,7 +87,7 @@ async def _apply(api: client.ApiClient, doc: dict[str, Any]) -> None:
             await rbac.replace_cluster_role(meta["name"], doc)  # shared by tests: keep it current
 
 
-def _rbac_docs(delete: bool, autoscaling: bool) -> list[dict[str, Any]]:
+def rbac_docs(delete: bool, autoscaling: bool) -> list[dict[str, Any]]:
     paths = (RBAC, *((RBAC_DELETE,) if delete else ()), *((RBAC_AUTOSCALING,) if autoscaling else ()))
     return [doc for path in paths for doc in yaml.safe_load_all(path.read_text()) if doc]
 
@@ -106,6 +106,33 @@ def _write_kubeconfig(admin_kubeconfig: Path, token: str, out: Path) -> Path:
     return out
 
 
+async def apply_rbac(
+    api: client.ApiClient, docs: Sequence[dict[str, Any]], namespace: str, test_id: str
+) -> list[str]:
+    """Apply shipped RBAC documents (see :func:`rbac_docs`) moved into ``namespace``; returns
+    the names of the ClusterRoleBindings made, to delete afterwards."""
+    bindings = []
+    for doc in docs:
+        local = _localised(doc, namespace, test_id)
+        await _apply(api, local)
+        if local["kind"] == "ClusterRoleBinding":
+            bindings.append(local["metadata"]["name"])
+    return bindings
+
+
+async def token_kubeconfig(api: client.ApiClient, devcluster: DevCluster, namespace: str, out: Path) -> Path:
+    """A kubeconfig holding a token of the ServiceAccount in ``namespace`` (which must exist)."""
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 3600},
+    }
+    token = (
+        await client.CoreV1Api(api).create_namespaced_service_account_token(SA, namespace, request)
+    ).status.token
+    return _write_kubeconfig(devcluster.kubeconfig, token, out)
+
+
 async def service_account_kubeconfig(
     api: client.ApiClient,
     devcluster: DevCluster,
@@ -118,21 +145,8 @@ async def service_account_kubeconfig(
 ) -> tuple[Path, list[str]]:
     """Apply the shipped RBAC in ``namespace`` and return a kubeconfig holding a token of its
     ServiceAccount, plus the names of the ClusterRoleBindings to delete afterwards."""
-    bindings = []
-    for doc in _rbac_docs(delete, autoscaling):
-        local = _localised(doc, namespace, test_id)
-        await _apply(api, local)
-        if local["kind"] == "ClusterRoleBinding":
-            bindings.append(local["metadata"]["name"])
-    request = {
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 3600},
-    }
-    token = (
-        await client.CoreV1Api(api).create_namespaced_service_account_token(SA, namespace, request)
-    ).status.token
-    return _write_kubeconfig(devcluster.kubeconfig, token, out), bindings
+    bindings = await apply_rbac(api, rbac_docs(delete, autoscaling), namespace, test_id)
+    return await token_kubeconfig(api, devcluster, namespace, out), bindings
 
 
 # --- simulated exporters ----------------------------------------------------------------------

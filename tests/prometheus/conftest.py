@@ -12,7 +12,7 @@ per session, nothing scraped until a test configures it) and ``exporter`` (simul
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -68,30 +68,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 # ---------------------------------------------------------------------------------------------
-# A small simulated fleet (dashboards, adapter rules): two exporters scraped under the job name
-# the alerts and dashboards expect, a `cluster` label added by the scrape config as relabeling
-# would, GPUs broken in the ways the dashboards show, and pods holding whole GPUs as the
-# kubelet's pod-resources API reports them (a real gRPC server per node). Without the API
-# server, no process is attributed to a pod: allocated containers show 0 memory and 0 % busy.
+# A small simulated fleet (adapter rules): two exporters scraped under the job name the alerts
+# and dashboards expect, and pods holding whole GPUs as the kubelet's pod-resources API reports
+# them (a real gRPC server per node). Without the API server, no process is attributed to a pod:
+# allocated containers show 0 memory and 0 % busy. (The dashboards are tested against a whole
+# fleet on the local control plane: tests/cluster/test_dashboards_live.py.)
 
 FLEET_JOB = "gpumon-exporter"
-FLEET_CLUSTER = "prom-test"
-# node -> (model, faults injected at start through POST /api/v1/faults,
-#          pods: (namespace, pod, container, GPU indexes)).
+# node -> (model, pods: (namespace, pod, container, GPU indexes)).
 FleetPod = tuple[str, str, str, tuple[int, ...]]
-FLEET_NODES: dict[str, tuple[str, tuple[dict[str, Any], ...], tuple[FleetPod, ...]]] = {
+FLEET_NODES: dict[str, tuple[str, tuple[FleetPod, ...]]] = {
     "gpu-node-a": (
         "A100-SXM4-80GB",
-        (
-            {"gpu": 1, "fault": "xid", "code": 79},
-            {"gpu": 2, "fault": "overheat", "celsius": 97},
-            {"gpu": 3, "fault": "ecc", "count": 2},
-        ),
         (("ml", "inference-7d9f8-abcde", "inference", (0,)), ("ml", "trainer-0", "trainer", (2, 3))),
     ),
     "gpu-node-b": (
         "H100-80GB-HBM3",
-        (),
         (
             ("ml", "inference-7d9f8-fghij", "inference", (0,)),
             ("research", "notebook-alice", "notebook", (1,)),
@@ -108,7 +100,7 @@ def gpu_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ex
     with contextlib.ExitStack() as stack:
         sockets = stack.enter_context(short_socket_dir())
         try:
-            for seed, (node, (model, _, pods)) in enumerate(FLEET_NODES.items(), start=1):
+            for seed, (node, (model, pods)) in enumerate(FLEET_NODES.items(), start=1):
                 workdir = tmp_path_factory.mktemp(node)
                 kubelet = stack.enter_context(serve(sockets / f"{node}.sock"))
                 kubelet.pods = [
@@ -146,38 +138,19 @@ def gpu_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ex
                     "1",
                 )
                 fleet[node].start()
-            for node, (_, faults, _) in FLEET_NODES.items():
-                for fault in faults:
-                    fleet[node].inject(fault)
             yield fleet
         finally:
             for process in fleet.values():
                 process.stop()
 
 
-def fleet_scrape_config(
-    prometheus: PrometheusProcess, fleet: Mapping[str, ExporterProcess]
-) -> dict[str, Any]:
-    config = prometheus.config({FLEET_JOB: [p.target for p in fleet.values()]})
-    for job in config["scrape_configs"]:
-        for static in job["static_configs"]:
-            static["labels"] = {"cluster": FLEET_CLUSTER}
-    return config
-
-
 @pytest.fixture(scope="module")
 def fleet_prometheus(
     prometheus: PrometheusProcess, gpu_fleet: dict[str, ExporterProcess]
 ) -> PrometheusProcess:
-    """The session Prometheus scraping the fleet, once every node's series and faults are in."""
-    prometheus.configure(fleet_scrape_config(prometheus, gpu_fleet))
-    prometheus.wait_for(
-        f'count(count by (node) (gpumon_gpu_info{{cluster="{FLEET_CLUSTER}"}}))',
-        until=lambda r: bool(r) and int(r[0]["value"][1]) == len(FLEET_NODES),
-    )
-    prometheus.wait_for('gpumon_gpu_throttled{reason="hw_thermal"} == 1')
-    prometheus.wait_for('gpumon_gpu_xid_errors_total{xid="79"}')
-    pods = sum(len(gpus) for _, _, node_pods in FLEET_NODES.values() for *_, gpus in node_pods)
+    """The session Prometheus scraping the fleet, once every node's pods are in."""
+    prometheus.configure(prometheus.config({FLEET_JOB: [p.target for p in gpu_fleet.values()]}))
+    pods = sum(len(gpus) for _, node_pods in FLEET_NODES.values() for *_, gpus in node_pods)
     prometheus.wait_for(
         "count(gpumon_pod_gpu_allocated)", until=lambda r: bool(r) and int(r[0]["value"][1]) == pods
     )
