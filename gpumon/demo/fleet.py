@@ -38,7 +38,6 @@ SHARED_GIB_PER_POD = 4
 WINDOWS_MODEL = "L40S"
 EXPORTER_JOB = "gpumon-exporter"
 CONTROLLER_JOB = "gpumon-controller"
-_NODE_BASICS = {"cpu": "96", "memory": "1Ti", "pods": "110"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,8 +204,6 @@ def exporter_config(
 
 def controller_config(fleet: Fleet, scenario: Scenario, *, kubeconfig: Path, port: int) -> dict[str, Any]:
     f, t = scenario.fleet, scenario.controller
-    template_labels = {"kubernetes.io/os": "linux", **nodes.labels("", fleet.pool_template)}
-    del template_labels["kubernetes.io/hostname"]
     return {
         "dry_run": False,
         "kubeconfig": str(kubeconfig),
@@ -233,10 +230,7 @@ def controller_config(fleet: Fleet, scenario: Scenario, *, kubeconfig: Path, por
                 "name": POOL,
                 "target": {"namespace": NAMESPACE, "name": POOL},
                 "node_selector": f"{POOL_LABEL}={POOL}",
-                "template": {
-                    "resources": {nodes.GPU: f.gpus_per_node, **_NODE_BASICS},
-                    "labels": template_labels,
-                },
+                "template": nodes.pool_template(fleet.pool_template),
                 "min_replicas": 1,
                 "max_replicas": f.pool_nodes + f.max_extra_nodes,
                 "scale_down_unneeded_seconds": t.scale_down_unneeded_seconds,

@@ -87,6 +87,15 @@ def labels(name: str, template: NodeTemplate) -> dict[str, str]:
     return out | dict(template.labels)
 
 
+def pool_template(template: NodeTemplate) -> dict[str, Any]:
+    """A controller pool's ``template`` (``pools[].template`` in its config) for nodes made from
+    ``template``: what each offers and the labels it carries, but its own name."""
+    basics = {"cpu": template.cpu, "memory": template.memory, "pods": template.pods}
+    node_labels = labels("", template)
+    del node_labels["kubernetes.io/hostname"]
+    return {"resources": basics | gpu_resources(template), "labels": node_labels}
+
+
 def manifest(
     name: str,
     template: NodeTemplate,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import re
@@ -98,6 +99,12 @@ KINDS = (
         {GPUSHARE_MEMORY_RESOURCE: "3", CGPU_CORE_RESOURCE: "30"},
     ),
 )
+# The exporter's per-pod allocation series for each resource a pod holds: one per pod here.
+ALLOCATION_SERIES = {
+    nodes.GPU: "gpumon_pod_gpu_allocated",
+    GPUSHARE_MEMORY_RESOURCE: "gpumon_pod_gpu_memory_allocated_bytes",
+    CGPU_CORE_RESOURCE: "gpumon_pod_gpu_core_allocated_ratio",
+}
 # On the pool node holding a pod on GPU 0: what the dashboards show and the controller acts on.
 FAULTS = (
     {"gpu": 0, "fault": "xid", "code": 79},
@@ -111,6 +118,12 @@ class Fleet:
     prometheus: PrometheusProcess
     exporters: Mapping[str, ExporterProcess]
     broken: str  # the pool node the faults went to
+
+
+def _labelled(kind: NodeKind, test_id: str) -> nodes.NodeTemplate:
+    """The kind's template with this run's labels: the test's, the kind's and the pool's."""
+    labels = {TEST_LABEL: test_id, KIND_LABEL: kind.name, **({POOL_LABEL: POOL} if kind.pool else {})}
+    return dataclasses.replace(kind.template, labels=labels)
 
 
 def _exporter_config(node: str, kind: NodeKind, seed: int, socket: Path, workdir: Path) -> dict[str, Any]:
@@ -127,7 +140,6 @@ def _exporter_config(node: str, kind: NodeKind, seed: int, socket: Path, workdir
 def _controller_config(
     kubeconfig: Path, namespace: str, test_id: str, endpoints: Mapping[str, str]
 ) -> dict[str, Any]:
-    pool = KINDS[0].template
     return {
         "dry_run": False,
         "kubeconfig": str(kubeconfig),
@@ -146,10 +158,7 @@ def _controller_config(
                 "name": POOL,
                 "target": {"namespace": namespace, "name": POOL},
                 "node_selector": f"{POOL_LABEL}={POOL}",
-                "template": {
-                    "resources": {nodes.GPU: pool.gpus, "cpu": pool.cpu, "memory": pool.memory},
-                    "labels": {TEST_LABEL: test_id, KIND_LABEL: "pool", POOL_LABEL: POOL},
-                },
+                "template": nodes.pool_template(_labelled(KINDS[0], test_id)),
                 "min_replicas": 1,
                 "max_replicas": 6,
             }
@@ -225,9 +234,7 @@ async def _build(
     for kind in KINDS:
         maker = NodeMaker(api, f"{test_id}-{kind.name}")
         stack.push_async_callback(maker.delete_all)
-        labels = {TEST_LABEL: test_id, KIND_LABEL: kind.name, **({POOL_LABEL: POOL} if kind.pool else {})}
-        template = nodes.NodeTemplate(gpus=kind.template.gpus, shared=kind.template.shared, labels=labels)
-        kinds |= dict.fromkeys(await maker(kind.count, template), kind)
+        kinds |= dict.fromkeys(await maker(kind.count, _labelled(kind, test_id)), kind)
 
     sockets = stack.enter_context(short_socket_dir())
     kubelets: dict[str, podresources_server.PodResourcesFixture] = {}
@@ -302,15 +309,9 @@ async def _build(
             placed.setdefault(pod.spec.node_name, []).append(pod)
     for name, kubelet in kubelets.items():
         kubelet.pods = _kubelet_answer(placed.get(name, []))
-    for metric, pods_holding in (
-        ("gpumon_pod_gpu_allocated", lambda k: nodes.GPU in k.limits),
-        ("gpumon_pod_gpu_memory_allocated_bytes", lambda k: GPUSHARE_MEMORY_RESOURCE in k.limits),
-        ("gpumon_pod_gpu_core_allocated_ratio", lambda k: CGPU_CORE_RESOURCE in k.limits),
-    ):
-        count = sum(k.replicas for k in KINDS if pods_holding(k))
-        prometheus.wait_for(
-            f"count({metric})", until=lambda r, n=count: bool(r) and float(r[0]["value"][1]) == n
-        )
+    for resource, metric in ALLOCATION_SERIES.items():
+        count = sum(k.replicas for k in KINDS if resource in k.limits)
+        prometheus.wait_for(f"count({metric}) == {count}")
 
     # A pool node breaks under a pod: quarantine, eviction, a replacement asked of the pool.
     broken = sorted(n for n, k in kinds.items() if k.pool and placed.get(n))[0]
