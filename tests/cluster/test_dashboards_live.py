@@ -3,7 +3,7 @@ returns data. The Prometheus scrapes a real controller (``gpumon controller --ac
 shipped ServiceAccount) and one real exporter process per node on the session's local control
 plane: three whole-GPU nodes of a Cluster API pool, a gpushare node and a cGPU node, with pods
 the real scheduler placed (whole GPUs, ``aliyun.com/gpu-mem`` shares, ``gpu-mem`` plus
-``gpu-core.percentage``). The test plays what kwok has not: the kubelet's pod-resources answer
+``gpu-core.percentage``). The test plays what kwok does not: the kubelet's pod-resources answer
 and the gpushare extender's annotations. One pool node gets a lost GPU (Xid 79) under a pod,
 an overheating GPU and ECC errors: the controller quarantines it, evicts the pod and asks the
 pool for a replacement. It is started before its RBAC is bound (as a release applied out of
