@@ -28,7 +28,7 @@ from gpumon.devices.model import GpuIdentity, GpuSample, MigInstance, PodGpuUsag
 from gpumon.exporter import sharing
 from gpumon.exporter.attribution_metrics import AttributionMetrics, SourceState
 from gpumon.exporter.cgroups import ContainerKey
-from gpumon.exporter.pod_metadata import Lister, PodMeta, PodMetadataWatch
+from gpumon.exporter.pod_metadata import PodMeta, PodMetadataWatch, PodsApi
 from gpumon.exporter.podresources_client import (
     DeviceAssignment,
     PodKey,
@@ -36,6 +36,7 @@ from gpumon.exporter.podresources_client import (
     PodResourcesView,
 )
 from gpumon.exporter.process_pods import ProcessPods
+from gpumon.kubeclient import CredentialsError, KubeClient, load_credentials
 from gpumon.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -350,7 +351,7 @@ class PodAttribution:
         processes: ProcessPods | None,
         call_timeout_seconds: float,
         initial_states: Mapping[str, SourceState],
-        list_pods: Lister | None = None,
+        pods_api: PodsApi | None = None,
     ) -> None:
         self._config = config
         self.metrics = metrics
@@ -366,7 +367,7 @@ class PodAttribution:
         self._allocations: dict[SeriesKey, Allocation] = {}
         self._dropped: set[SeriesKey] = set()
         self._resolving: asyncio.Future[None] | None = None
-        self._list_pods = list_pods
+        self._pods_api = pods_api
         metrics.states.update(initial_states)
 
     async def lifespan(self, _app: object = None) -> AsyncIterator[None]:
@@ -376,9 +377,9 @@ class PodAttribution:
             if self._pod_resources is not None:
                 stack.push_async_callback(self._pod_resources.close)
             if self._pods is not None:
-                lister = self._list_pods or await _api_lister(stack, self.metrics)
-                if lister is not None:
-                    task = asyncio.create_task(self._pods.run(lister), name="gpumon-pod-watch")
+                api = self._pods_api or await _api_client(stack, self.metrics)
+                if api is not None:
+                    task = asyncio.create_task(self._pods.run(api), name="gpumon-pod-watch")
                     stack.push_async_callback(_cancel, task)
             yield
 
@@ -488,12 +489,12 @@ def build_attribution(
     node: str,
     *,
     call_timeout_seconds: float,
-    list_pods: Lister | None = None,
+    pods_api: PodsApi | None = None,
 ) -> PodAttribution:
     """The attributor and its sources, not started: run :meth:`PodAttribution.lifespan` (an
-    aiohttp ``cleanup_ctx``) around its use. Without ``list_pods``
-    (``CoreV1Api.list_pod_for_all_namespaces`` of a client the caller owns), the API client is
-    made from the in-cluster service account, else ``KUBECONFIG``."""
+    aiohttp ``cleanup_ctx``) around its use. Without ``pods_api`` (a client the caller owns),
+    a :class:`~gpumon.kubeclient.KubeClient` is made from the pod's service account, else the
+    kubeconfig."""
     metrics = AttributionMetrics()
     processes, proc_state = _process_source(config, metrics)
     return PodAttribution(
@@ -513,25 +514,18 @@ def build_attribution(
             "pod_resources": SourceState.DOWN,
             "api": SourceState.DOWN if config.api else SourceState.DISABLED,
         },
-        list_pods=list_pods,
+        pods_api=pods_api,
     )
 
 
-async def _api_lister(stack: contextlib.AsyncExitStack, metrics: AttributionMetrics) -> Lister | None:
-    from kubernetes_asyncio import client, config
-
+async def _api_client(stack: contextlib.AsyncExitStack, metrics: AttributionMetrics) -> PodsApi | None:
     try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        try:
-            await config.load_kube_config()
-        except (config.ConfigException, OSError) as e:
-            log.warning("no Kubernetes credentials; pod names come from pod-resources only: %s", e)
-            metrics.error("api", "no_credentials")
-            return None
-    api = await stack.enter_async_context(client.ApiClient())
-    lister: Lister = client.CoreV1Api(api).list_pod_for_all_namespaces
-    return lister
+        credentials = load_credentials()
+    except CredentialsError as e:
+        log.warning("no Kubernetes credentials; pod names come from pod-resources only: %s", e)
+        metrics.error("api", "no_credentials")
+        return None
+    return await stack.enter_async_context(KubeClient(credentials))
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -1,4 +1,5 @@
 """This node's pods, kept current by one list+watch (``fieldSelector=spec.nodeName=<node>``).
+The requests go through gpumon.kubeclient (plain aiohttp), not the generated client.
 
 Only a slim projection of each pod is kept (:class:`PodMeta`): what attribution needs to name a
 container and read its shared-GPU allocation. Objects are read as raw JSON, never deserialised
@@ -16,13 +17,15 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
 from gpumon.devices.backend import ErrorSink
 from gpumon.exporter import sharing
+from gpumon.kubeclient import ApiStatusError
 
 log = logging.getLogger(__name__)
 
@@ -96,12 +99,6 @@ class _Expired(Exception):
     """The watch's resourceVersion is gone (410): relist."""
 
 
-class ApiStatusError(Exception):
-    def __init__(self, status: int) -> None:
-        super().__init__(f"API server answered HTTP {status}")
-        self.status = status
-
-
 def error_kind(exc: BaseException) -> str:
     """A short error-metric kind for a failed list or watch."""
     if isinstance(exc, ApiStatusError):
@@ -115,9 +112,15 @@ def error_kind(exc: BaseException) -> str:
     return "error"
 
 
-Lister = Callable[..., Awaitable[Any]]
-"""``CoreV1Api.list_pod_for_all_namespaces``: called with ``_preload_content=False`` it returns
-the raw aiohttp response."""
+PODS = "/api/v1/pods"
+
+
+class PodsApi(Protocol):
+    """GET on the API server, the raw response streamed (:class:`gpumon.kubeclient.KubeClient`)."""
+
+    def get(
+        self, path: str, params: Mapping[str, str], timeout: aiohttp.ClientTimeout
+    ) -> AbstractAsyncContextManager[aiohttp.ClientResponse]: ...
 
 
 class PodMetadataWatch:
@@ -144,15 +147,15 @@ class PodMetadataWatch:
         self.up = False
         self.synced = False
 
-    async def run(self, list_pods: Lister) -> None:
+    async def run(self, api: PodsApi) -> None:
         """List, then watch from the list's resourceVersion, forever."""
         backoff = 1.0
         while True:
             try:
-                version = await self._list(list_pods)
+                version = await self._list(api)
                 backoff = 1.0
                 while True:
-                    version = await self._watch(list_pods, version)
+                    version = await self._watch(api, version)
             except _Expired:
                 self._errors(SOURCE, "expired")
             except Exception as e:
@@ -163,11 +166,9 @@ class PodMetadataWatch:
                 await self._sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
 
-    async def _list(self, list_pods: Lister) -> str:
-        resp = await list_pods(
-            field_selector=self._selector, _preload_content=False, _request_timeout=self._request_timeout
-        )
-        async with resp:
+    async def _list(self, api: PodsApi) -> str:
+        params = {"fieldSelector": self._selector}
+        async with api.get(PODS, params, aiohttp.ClientTimeout(total=self._request_timeout)) as resp:
             _check(resp)
             body = await resp.json(content_type=None)
         pods: dict[str, PodMeta] = {}
@@ -181,19 +182,18 @@ class PodMetadataWatch:
         self.up = self.synced = True
         return str(body["metadata"]["resourceVersion"])
 
-    async def _watch(self, list_pods: Lister, version: str) -> str:
-        resp = await list_pods(
-            field_selector=self._selector,
-            watch=True,
-            resource_version=version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=self._watch_timeout,
-            _preload_content=False,
-            _request_timeout=aiohttp.ClientTimeout(
-                sock_connect=self._request_timeout, sock_read=self._watch_timeout + 30
-            ),
+    async def _watch(self, api: PodsApi, version: str) -> str:
+        params = {
+            "fieldSelector": self._selector,
+            "watch": "true",
+            "resourceVersion": version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(self._watch_timeout),
+        }
+        timeout = aiohttp.ClientTimeout(
+            sock_connect=self._request_timeout, sock_read=self._watch_timeout + 30
         )
-        async with resp:
+        async with api.get(PODS, params, timeout) as resp:
             if resp.status == 410:
                 raise _Expired
             _check(resp)

@@ -27,11 +27,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpumon.config import KubernetesAuthConfig
 from gpumon.configfile import ConfigError
+from gpumon.kubeclient import CredentialsError, KubeClient, load_credentials
 from gpumon.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -210,48 +210,13 @@ class KubernetesReviewer:
         await cancel_and_wait(list(self._inflight.values()))
 
 
-class _ApiClientPoster:
-    """:class:`ReviewApi` over a kubernetes_asyncio ``ApiClient`` (its credentials, CA and token
-    refresh), answers read as plain JSON."""
-
-    def __init__(self, api_client: Any) -> None:
-        self._client = api_client
-
-    async def post(self, path: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
-        resp: aiohttp.ClientResponse = await self._client.call_api(
-            path,
-            "POST",
-            header_params={"Accept": "application/json", "Content-Type": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-        )
-        async with resp:
-            if resp.status >= 400:
-                text = (await resp.text(errors="replace"))[:300]
-                raise RuntimeError(f"POST {path}: HTTP {resp.status}: {text}")
-            data = await resp.json(content_type=None)
-        if not isinstance(data, dict):
-            raise RuntimeError(f"POST {path}: not a JSON object")
-        return data
-
-
 @asynccontextmanager
 async def connect_reviews() -> AsyncIterator[ReviewApi]:
     """An API client for a process that has none of its own (the exporter): the pod's service
-    account, else $KUBECONFIG or ~/.kube/config."""
-    from kubernetes_asyncio import client, config
-
-    configuration = client.Configuration()
+    account, else $KUBECONFIG or ~/.kube/config (:mod:`gpumon.kubeclient`)."""
     try:
-        config.load_incluster_config(client_configuration=configuration)
-    except config.ConfigException as in_cluster:
-        try:
-            await config.load_kube_config(client_configuration=configuration)
-        except (config.ConfigException, OSError, TypeError, ValueError) as e:
-            raise ConfigError(
-                "auth.mode: kubernetes needs credentials for the API server: "
-                f"not in a cluster ({in_cluster}), and no usable kubeconfig ({e})"
-            ) from None
-    async with client.ApiClient(configuration) as api_client:
-        yield _ApiClientPoster(api_client)
+        credentials = load_credentials()
+    except CredentialsError as e:
+        raise ConfigError(f"auth.mode: kubernetes needs credentials for the API server: {e}") from None
+    async with KubeClient(credentials) as api:
+        yield api

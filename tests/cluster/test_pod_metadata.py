@@ -1,21 +1,29 @@
-"""The exporter's pod list+watch against the real API server: this node's pods only, their
-sharing annotations, container IDs as the kubelet reports them, deletion, and an RBAC refusal
-that heals once the exporter's role is granted."""
+"""The exporter's pod list+watch on its own API client (gpumon.kubeclient) against the real API
+server: this node's pods only, their sharing annotations, container IDs as the kubelet reports
+them, deletion, and an RBAC refusal that heals once the exporter's role is granted; credentials
+from a kubeconfig (client certificate; service account token) and as a pod finds them (the
+service host and port, the mounted token and CA)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import aiohttp
 import pytest
-from kubernetes_asyncio import client, config
+import yaml
+from kubernetes_asyncio import client
 
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
 from gpumon.exporter import sharing
 from gpumon.exporter.pod_metadata import PodMetadataWatch
+from gpumon.kubeclient import Credentials, KubeClient, from_kubeconfig, in_cluster
 
 CONTAINER_ID = "4d" * 32
 
@@ -44,10 +52,12 @@ class Watches:
     def __init__(self) -> None:
         self.errors: list[tuple[str, str]] = []
         self.tasks: list[asyncio.Task[None]] = []
+        self.clients: list[KubeClient] = []
 
-    def start(self, node: str, api: client.ApiClient) -> PodMetadataWatch:
+    def start(self, node: str, credentials: Credentials) -> PodMetadataWatch:
+        self.clients.append(KubeClient(credentials))
         watch = PodMetadataWatch(node, lambda source, kind: self.errors.append((source, kind)), sleep=quick)
-        self.tasks.append(asyncio.create_task(watch.run(client.CoreV1Api(api).list_pod_for_all_namespaces)))
+        self.tasks.append(asyncio.create_task(watch.run(self.clients[-1])))
         return watch
 
 
@@ -58,14 +68,31 @@ async def watches() -> AsyncIterator[Watches]:
     for task in w.tasks:
         task.cancel()
     await asyncio.gather(*w.tasks, return_exceptions=True)
+    for c in w.clients:
+        await c.close()
+
+
+async def service_account_token(core: client.CoreV1Api, namespace: str) -> str:
+    await core.create_namespaced_service_account(namespace, {"metadata": {"name": "exporter"}})
+    token = await core.create_namespaced_service_account_token(
+        "exporter", namespace, {"spec": {"expirationSeconds": 3600}}
+    )
+    return str(token.status.token)
+
+
+def admin_cluster(devcluster: DevCluster) -> dict[str, Any]:
+    doc = yaml.safe_load(devcluster.kubeconfig.read_text())
+    cluster: dict[str, Any] = doc["clusters"][0]["cluster"]
+    return cluster
 
 
 async def test_this_nodes_pods_with_annotations_ids_and_deletion(
-    api: client.ApiClient, namespace: str, make_nodes: NodeMaker, watches: Watches
+    devcluster: DevCluster, api: client.ApiClient, namespace: str, make_nodes: NodeMaker, watches: Watches
 ) -> None:
     mine, other = await make_nodes(2)
     core = client.CoreV1Api(api)
-    watch = watches.start(mine, api)
+    # The admin kubeconfig: its client certificate and CA embedded (the data fields).
+    watch = watches.start(mine, from_kubeconfig(devcluster.kubeconfig))
 
     gpushare = {sharing.GPUSHARE_INDEX: "0", sharing.GPUSHARE_ASSIGNED: "true", "unrelated": "x"}
     await core.create_namespaced_pod(
@@ -125,51 +152,100 @@ async def test_rbac_refusal_is_counted_and_heals_when_granted(
     namespace: str,
     make_nodes: NodeMaker,
     watches: Watches,
+    tmp_path: Path,
 ) -> None:
     (node,) = await make_nodes(1)
     core = client.CoreV1Api(api)
-    await core.create_namespaced_service_account(namespace, {"metadata": {"name": "exporter"}})
-    token = await core.create_namespaced_service_account_token(
-        "exporter", namespace, {"spec": {"expirationSeconds": 3600}}
+    token = await service_account_token(core, namespace)
+    # A kubeconfig of the service account: the CA as a file beside it, the token in a tokenFile.
+    (tmp_path / "ca.crt").write_bytes(
+        base64.b64decode(admin_cluster(devcluster)["certificate-authority-data"])
     )
-    cfg = client.Configuration()
-    await config.load_kube_config(config_file=str(devcluster.kubeconfig), client_configuration=cfg)
-    cfg.cert_file = cfg.key_file = None  # authenticate as the service account, not as admin
-    cfg.api_key = {"BearerToken": f"Bearer {token.status.token}"}
-    cfg.api_key_prefix = {}
-
-    async with client.ApiClient(cfg) as exporter_api:
-        watch = watches.start(node, exporter_api)
-        await eventually(
-            _async(lambda: True if ("api", "forbidden") in watches.errors else None), what="403 counted"
-        )
-        assert not watch.synced
-
-        rbac = client.RbacAuthorizationV1Api(api)
-        role = f"{namespace}-pod-reader"
-        await rbac.create_cluster_role(
+    (tmp_path / "token").write_text(token)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
             {
-                "metadata": {"name": role},
-                "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+                "clusters": [
+                    {
+                        "name": "c",
+                        "cluster": {
+                            "server": admin_cluster(devcluster)["server"],
+                            "certificate-authority": "ca.crt",
+                        },
+                    }
+                ],
+                "users": [{"name": "exporter", "user": {"tokenFile": "token"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "exporter"}}],
+                "current-context": "x",
             }
         )
-        try:
-            await rbac.create_cluster_role_binding(
-                {
-                    "metadata": {"name": role},
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-                    "subjects": [{"kind": "ServiceAccount", "name": "exporter", "namespace": namespace}],
-                }
-            )
-            await core.create_namespaced_pod(namespace, gpu_pod("late", node, {}, {}))
-            await eventually(
-                _async(lambda: True if any(p.name == "late" for p in watch.pods.values()) else None),
-                what="pods listed once the role is granted",
-            )
-            assert watch.up
-        finally:
-            await rbac.delete_cluster_role_binding(role)
-            await rbac.delete_cluster_role(role)
+    )
+    watch = watches.start(node, from_kubeconfig(kubeconfig))
+    await eventually(
+        _async(lambda: True if ("api", "forbidden") in watches.errors else None), what="403 counted"
+    )
+    assert not watch.synced
+
+    rbac = client.RbacAuthorizationV1Api(api)
+    role = f"{namespace}-pod-reader"
+    await rbac.create_cluster_role(
+        {
+            "metadata": {"name": role},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+        }
+    )
+    try:
+        await rbac.create_cluster_role_binding(
+            {
+                "metadata": {"name": role},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": "exporter", "namespace": namespace}],
+            }
+        )
+        await core.create_namespaced_pod(namespace, gpu_pod("late", node, {}, {}))
+        await eventually(
+            _async(lambda: True if any(p.name == "late" for p in watch.pods.values()) else None),
+            what="pods listed once the role is granted",
+        )
+        assert watch.up
+    finally:
+        await rbac.delete_cluster_role_binding(role)
+        await rbac.delete_cluster_role(role)
+
+
+async def test_in_a_pod_the_service_account_and_the_service_address(
+    devcluster: DevCluster,
+    api: client.ApiClient,
+    namespace: str,
+    make_nodes: NodeMaker,
+    watches: Watches,
+    tmp_path: Path,
+) -> None:
+    """What a pod has: KUBERNETES_SERVICE_HOST/PORT and the token and CA the kubelet mounts. The
+    service account is refused (as it is without the chart's ClusterRole): the request reached
+    the API server over verified TLS and was authenticated as that account, not as anonymous."""
+    (node,) = await make_nodes(1)
+    token = await service_account_token(client.CoreV1Api(api), namespace)
+    (tmp_path / "token").write_text(token)
+    (tmp_path / "ca.crt").write_bytes(
+        base64.b64decode(admin_cluster(devcluster)["certificate-authority-data"])
+    )
+    server = urlsplit(admin_cluster(devcluster)["server"])
+    env = {"KUBERNETES_SERVICE_HOST": str(server.hostname), "KUBERNETES_SERVICE_PORT": str(server.port)}
+    credentials = in_cluster(env, tmp_path)
+    assert credentials is not None
+    async with (
+        KubeClient(credentials) as kube,
+        kube.get("/api/v1/namespaces/" + namespace + "/pods", {}, aiohttp.ClientTimeout(total=10)) as r,
+    ):
+        assert r.status == 403
+        assert f"system:serviceaccount:{namespace}:exporter" in (await r.json())["message"]
+    # And the watch with those credentials counts the refusal, as the exporter's would.
+    watches.start(node, credentials)
+    await eventually(
+        _async(lambda: True if ("api", "forbidden") in watches.errors else None), what="403 counted"
+    )
 
 
 def _async(check: Any) -> Any:

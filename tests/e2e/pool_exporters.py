@@ -27,6 +27,7 @@ import contextlib
 import io
 import json
 import shutil
+import ssl
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from gpumon.devices.simulated import SimProcess, SimulatedBackend
 from gpumon.exporter.attribution import build_attribution
 from gpumon.exporter.self_metrics import SelfMetrics
 from gpumon.exporter.server import make_app
+from gpumon.kubeclient import Credentials, KubeClient
 
 GIB = 1 << 30
 POD_GPU_MEMORY = 16 * GIB
@@ -112,6 +114,7 @@ class PoolExporters:
 
     def __post_init__(self) -> None:
         self._core = client.CoreV1Api(self.api)
+        self._kube = KubeClient(_credentials(self.api))  # the exporters' own client, on our identity
         self._sockets = Path(tempfile.mkdtemp(prefix="gpumon-e2e-"))  # a socket path holds 107 bytes
         self._write_targets()
 
@@ -139,7 +142,7 @@ class PoolExporters:
             config.pods,
             node,
             call_timeout_seconds=config.sampling.call_timeout_seconds,
-            list_pods=self._core.list_pod_for_all_namespaces,
+            pods_api=self._kube,
         )
         metrics.registry.register(attributor.metrics)
         app = make_app(config, backend, metrics=metrics, attributor=attributor)
@@ -233,4 +236,13 @@ class PoolExporters:
                 for exporter in list(self.running.values()):
                     await self._stop(exporter)
                 self.running.clear()
+                await self._kube.close()
                 shutil.rmtree(self._sockets, ignore_errors=True)
+
+
+def _credentials(api: client.ApiClient) -> Credentials:
+    """The test's own API identity (its client certificate and CA) for gpumon's client."""
+    c = api.configuration
+    context = ssl.create_default_context(cafile=c.ssl_ca_cert)
+    context.load_cert_chain(c.cert_file, c.key_file)
+    return Credentials(c.host, context)

@@ -1,5 +1,5 @@
 """The pod list+watch: projection, and the loop against recorded API responses served over HTTP
-to the real kubernetes-asyncio client (tests/cluster has it against the real API server)."""
+to gpumon's own API client (tests/cluster has it against the real API server)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from kubernetes_asyncio import client
 
 from gpumon.exporter import sharing
 from gpumon.exporter.pod_metadata import ContainerMeta, PodMetadataWatch, project_pod
+from gpumon.kubeclient import Credentials, KubeClient
 
 NODE = "gpu-node-1"
 
@@ -91,10 +91,12 @@ class FakeApi:
     def __init__(self, script: list[Callable[[web.Request], Awaitable[web.StreamResponse]]]) -> None:
         self.script = script
         self.requests: list[dict[str, str]] = []
+        self.auth: list[str] = []
         self.release = asyncio.Event()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.requests.append(dict(request.query))
+        self.auth.append(request.headers.get("Authorization", ""))
         if not self.script:
             await self.release.wait()
             return web.Response(status=503)
@@ -133,19 +135,18 @@ def status(code: int) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[[FakeApi], Awaitable[client.CoreV1Api]]]:
+async def serve() -> AsyncIterator[Callable[[FakeApi], Awaitable[KubeClient]]]:
     servers: list[TestServer] = []
-    clients: list[client.ApiClient] = []
+    clients: list[KubeClient] = []
 
-    async def start(api: FakeApi) -> client.CoreV1Api:
+    async def start(api: FakeApi) -> KubeClient:
         app = web.Application()
         app.router.add_get("/api/v1/pods", api.handle)
         server = TestServer(app)
         await server.start_server()
         servers.append(server)
-        config = client.Configuration(host=str(server.make_url("")).rstrip("/"))
-        clients.append(client.ApiClient(config))
-        return client.CoreV1Api(clients[-1])
+        clients.append(KubeClient(Credentials(str(server.make_url("")).rstrip("/"), None, token="t0ken")))
+        return clients[-1]
 
     yield start
     for c in clients:
@@ -184,7 +185,7 @@ async def test_list_watch_resume_bookmark_and_relist_on_410(serve: Any) -> None:
     errors = Errors()
     watch = PodMetadataWatch(NODE, errors)
     generations = []
-    task = asyncio.create_task(watch.run(core.list_pod_for_all_namespaces))
+    task = asyncio.create_task(watch.run(core))
     try:
         await until(lambda: len(api.requests) == 6)
         generations.append(watch.generation)
@@ -194,9 +195,9 @@ async def test_list_watch_resume_bookmark_and_relist_on_410(serve: Any) -> None:
         await asyncio.gather(task, return_exceptions=True)
     assert [r.get("resourceVersion") for r in api.requests] == [None, "10", "15", None, "20", "21"]
     assert all(r["fieldSelector"] == f"spec.nodeName={NODE}" for r in api.requests)
-    # The client spells booleans "True"; the API server parses them like Go's strconv.ParseBool.
-    assert [r.get("watch", "").lower() for r in api.requests] == ["", "true", "true", "", "true", "true"]
-    assert api.requests[1]["allowWatchBookmarks"].lower() == "true"
+    assert [r.get("watch", "") for r in api.requests] == ["", "true", "true", "", "true", "true"]
+    assert api.requests[1]["allowWatchBookmarks"] == "true"
+    assert set(api.auth) == {"Bearer t0ken"}
     assert sorted(p.name for p in watch.pods.values()) == ["b", "c"]
     # list, ADDED b, (MODIFIED a changed nothing), relist adds c, DELETED a
     assert generations == [4]
@@ -217,7 +218,7 @@ async def test_rbac_refusal_backs_off_and_keeps_the_last_view(serve: Any) -> Non
             await parked.wait()
 
     watch = PodMetadataWatch(NODE, errors, sleep=sleep)
-    task = asyncio.create_task(watch.run(core.list_pod_for_all_namespaces))
+    task = asyncio.create_task(watch.run(core))
     try:
         await until(lambda: len(delays) == 3)
     finally:
@@ -231,7 +232,6 @@ async def test_rbac_refusal_backs_off_and_keeps_the_last_view(serve: Any) -> Non
 
 
 async def test_unreachable_api_is_counted() -> None:
-    config = client.Configuration(host="http://127.0.0.1:9")
     errors = Errors()
     delays: list[float] = []
     parked = asyncio.Event()
@@ -240,9 +240,9 @@ async def test_unreachable_api_is_counted() -> None:
         delays.append(seconds)
         await parked.wait()
 
-    async with client.ApiClient(config) as api:
+    async with KubeClient(Credentials("http://127.0.0.1:9", None)) as api:
         watch = PodMetadataWatch(NODE, errors, sleep=sleep)
-        task = asyncio.create_task(watch.run(client.CoreV1Api(api).list_pod_for_all_namespaces))
+        task = asyncio.create_task(watch.run(api))
         try:
             await until(lambda: len(delays) == 1)
         finally:
@@ -257,7 +257,7 @@ async def test_malformed_objects_are_skipped(serve: Any) -> None:
     core = await serve(api)
     errors = Errors()
     watch = PodMetadataWatch(NODE, errors)
-    task = asyncio.create_task(watch.run(core.list_pod_for_all_namespaces))
+    task = asyncio.create_task(watch.run(core))
     try:
         await until(lambda: len(api.requests) == 2)
     finally:
