@@ -65,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import controller_scale
 
         return controller_scale.main(argv[1:])
+    if argv[:1] == ["footprint"]:
+        from bench import footprint
+
+        return footprint.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
         "--quick", action="store_true", help="short windows (about a minute); print, do not write"

@@ -80,10 +80,10 @@ class Client:
         try:
             writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
             status, response_headers, keep_alive = parse_head(await reader.readuntil(b"\r\n\r\n"))
-            if "chunked" in response_headers.get("transfer-encoding", ""):
-                raise HttpError("chunked responses are not supported")
             length = response_headers.get("content-length")
-            if length is not None:
+            if "chunked" in response_headers.get("transfer-encoding", ""):
+                data = await _chunked(reader)  # Go's net/http streams a large body so
+            elif length is not None:
                 data = await reader.readexactly(int(length))
             else:
                 data, keep_alive = await reader.read(), False
@@ -104,3 +104,16 @@ class Client:
         for _, writer in self._idle:
             writer.close()
         self._idle.clear()
+
+
+async def _chunked(reader: asyncio.StreamReader) -> bytes:
+    """A chunked body (RFC 9112 7.1), trailers skipped."""
+    parts: list[bytes] = []
+    while True:
+        size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0].strip(), 16)
+        if size == 0:
+            while await reader.readuntil(b"\r\n") != b"\r\n":
+                pass
+            return b"".join(parts)
+        parts.append(await reader.readexactly(size))
+        await reader.readexactly(2)

@@ -10,7 +10,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -72,6 +72,7 @@ class Server:
         log: Path,
         cwd: Path,
         noop_path: str,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
         self.port = port
@@ -80,7 +81,12 @@ class Server:
         self.noop_path = noop_path
         with log.open("wb") as out:
             self._proc = subprocess.Popen(
-                pinned(argv, cpus), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd
+                pinned(argv, cpus),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=cwd,
+                env=None if env is None else dict(env),
             )
 
     @property

@@ -21,6 +21,7 @@ class Table:
     title: str
     method: str
     rows: tuple[Row, ...]
+    baseline: str = "naive"  # what gpumon is compared with: the column's name
 
 
 _HEADER = ("figure", "target", "gpumon", "naive", "ratio", "target met")
@@ -31,7 +32,8 @@ def _cells(values: Sequence[str]) -> str:
 
 
 def table_markdown(table: Table) -> str:
-    lines = [f"## {table.title}", "", table.method, "", _cells(_HEADER), _cells(["---"] * len(_HEADER))]
+    header = (*_HEADER[:3], table.baseline, *_HEADER[4:])
+    lines = [f"## {table.title}", "", table.method, "", _cells(header), _cells(["---"] * len(header))]
     lines += [_cells((r.figure, r.target, r.measured, r.naive, r.ratio, r.met)) for r in table.rows]
     return "\n".join(lines)
 
