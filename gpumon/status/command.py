@@ -4,20 +4,29 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import aiohttp
     from rich.console import RenderableType
     from rich.live import Live
 
     from gpumon.config import ControllerConfig
     from gpumon.controller.core.policy import Policy
+    from gpumon.controller.kube import KubeApi
+    from gpumon.status.allocation import AllocationView
     from gpumon.status.model import Explanation, FleetStatus
     from gpumon.status.read import Sources
 
-HELP = "show the fleet's GPU health and what the controller did; `status node NAME` explains one node"
+    View = FleetStatus | Explanation | AllocationView
+
+HELP = (
+    "show the fleet's GPU health and what the controller did; `status node NAME` explains one node; "
+    "`status allocation` shows what each GPU card is given and to whom"
+)
 
 DEFAULT_INTERVAL_SECONDS = 5.0
 
@@ -28,7 +37,22 @@ class Failed(Exception):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "target", nargs="*", metavar="node NAME", help="explain one node instead of showing the fleet"
+        "target",
+        nargs="*",
+        metavar="node NAME | allocation",
+        help="explain one node, or show the GPU allocation, instead of the fleet",
+    )
+    parser.add_argument(
+        "--node",
+        dest="allocation_node",
+        metavar="NAME",
+        help="with `allocation`: only this node",
+    )
+    parser.add_argument(
+        "--no-usage",
+        dest="usage",
+        action="store_false",
+        help="with `allocation`: do not ask the exporters what the pods use",
     )
     parser.add_argument(
         "--config",
@@ -66,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="the controller's Service, in its namespace (default: gpumon-controller)",
     )
-    parser.add_argument("--output", choices=("table", "json", "yaml"), default="table")
+    parser.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     parser.add_argument("--watch", action="store_true", help="show again every --interval until Ctrl-C")
     parser.add_argument(
         "--interval",
@@ -77,13 +101,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+ALLOCATION = "allocation"
+
+
 def node_argument(target: list[str]) -> str | None:
-    """None for the fleet, a node's name for ``node NAME``."""
+    """None for the fleet, a node's name for ``node NAME``, :data:`ALLOCATION` for the view."""
     if not target:
         return None
     if len(target) == 2 and target[0] == "node":
         return target[1]
-    raise Failed(f"expected nothing or `node NAME`, got {' '.join(target)!r}")
+    if target == [ALLOCATION]:
+        return ALLOCATION
+    raise Failed(f"expected nothing, `node NAME` or `allocation`, got {' '.join(target)!r}")
 
 
 def load_config(args: argparse.Namespace) -> ControllerConfig:
@@ -119,8 +148,8 @@ def sources(config: ControllerConfig, args: argparse.Namespace) -> Sources:
 
 
 async def rounds(
-    build: Callable[[], Awaitable[FleetStatus | Explanation]],
-    show: Callable[[FleetStatus | Explanation | Failed], None],
+    build: Callable[[], Awaitable[View]],
+    show: Callable[[View | Failed], None],
     *,
     watch: bool,
     interval_seconds: float,
@@ -132,7 +161,7 @@ async def rounds(
     for Ctrl-C) when a watch was stopped."""
     while True:
         try:
-            view: FleetStatus | Explanation | Failed = await build()
+            view: View | Failed = await build()
         except Failed as e:
             view = e
         show(view)
@@ -156,6 +185,12 @@ def run(args: argparse.Namespace) -> int:
     except Failed as e:
         print(f"gpumon status: {e}", file=sys.stderr)
         return 2
+    if args.allocation_node is not None and node != ALLOCATION:
+        print(
+            "gpumon status: --node goes with `allocation` (one node's health: `status node NAME`)",
+            file=sys.stderr,
+        )
+        return 2
     config = load_config(args)
     if not 0.1 <= args.interval <= 3600:
         raise ConfigError(
@@ -175,11 +210,11 @@ async def _main(args: argparse.Namespace, config: ControllerConfig, node: str | 
     from kubernetes_asyncio.config import ConfigException
 
     from gpumon.config import ConfigError
-    from gpumon.controller.kube import KubeError, Unreachable, connect
+    from gpumon.controller.kube import connect
     from gpumon.serving import stop_on_signals
     from gpumon.status.explain import build_explanation
     from gpumon.status.fleet import build_fleet
-    from gpumon.status.read import NodeNotFound, read_cluster
+    from gpumon.status.read import read_cluster
 
     try:
         api = await connect(config.kubeconfig, args.context)
@@ -192,15 +227,11 @@ async def _main(args: argparse.Namespace, config: ControllerConfig, node: str | 
     try:
         async with aiohttp.ClientSession() as session:
 
-            async def build() -> FleetStatus | Explanation:
-                try:
+            async def build() -> View:
+                if node == ALLOCATION:
+                    return await allocation(api, src, args, session)
+                with read_failures(node):
                     state = await read_cluster(api, src, node=node, session=session)
-                except Unreachable as e:
-                    raise Failed(f"cannot reach the API server: {e.message}") from None
-                except NodeNotFound:
-                    raise Failed(f"no node named {node!r}") from None
-                except KubeError as e:
-                    raise Failed(f"the API server refused: {e}") from None
                 if node is None:
                     return build_fleet(state, pool_label=policy.pool_label)
                 return build_explanation(state, pool_label=policy.pool_label, policy=policy)
@@ -225,6 +256,39 @@ async def _main(args: argparse.Namespace, config: ControllerConfig, node: str | 
         await api.close()
 
 
+@contextlib.contextmanager
+def read_failures(node: str | None) -> Iterator[None]:
+    """A round's reads failing as people are told: the API server unreachable or refusing, or
+    an unknown node."""
+    from gpumon.controller.kube import KubeError, Unreachable
+    from gpumon.status.read import NodeNotFound
+
+    try:
+        yield
+    except Unreachable as e:
+        raise Failed(f"cannot reach the API server: {e.message}") from None
+    except NodeNotFound:
+        raise Failed(f"no node named {node!r}") from None
+    except KubeError as e:
+        raise Failed(f"the API server refused: {e}") from None
+
+
+async def allocation(
+    api: KubeApi, src: Sources, args: argparse.Namespace, session: aiohttp.ClientSession
+) -> AllocationView:
+    import time
+
+    from gpumon.controller.core.objects import to_rfc3339
+    from gpumon.status.allocation import build_allocation
+    from gpumon.status.read import read_allocation
+
+    with read_failures(args.allocation_node):
+        reads = await read_allocation(api, src, node=args.allocation_node, session=session, usage=args.usage)
+    if args.allocation_node is not None and not reads.nodes:
+        raise Failed(f"node {args.allocation_node!r} has no GPUs")
+    return build_allocation(to_rfc3339(time.time()), reads.nodes, reads.pods, reads.snapshots, reads.problems)
+
+
 def _fail(message: str) -> int:
     import sys
 
@@ -244,12 +308,13 @@ class Shower:
         self._console = Console()
         self._live: Live | None = None
 
-    def __call__(self, view: FleetStatus | Explanation | Failed) -> None:
+    def __call__(self, view: View | Failed) -> None:
         import sys
 
         from rich.text import Text
 
         from gpumon.status import render
+        from gpumon.status.allocation import AllocationView
         from gpumon.status.model import Explanation
 
         if isinstance(view, Failed) and (self._output != "table" or not self._watch):
@@ -261,6 +326,8 @@ class Shower:
             print(render.dumps(view, self._output, stream=self._watch), end="", flush=True)
         elif isinstance(view, Explanation):
             self._draw(render.explanation(view))
+        elif isinstance(view, AllocationView):
+            self._draw(render.allocation(view))
         else:
             self._draw(render.fleet(view))
 

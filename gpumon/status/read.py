@@ -22,6 +22,7 @@ from gpumon.controller.core.node_plan import is_quarantined
 from gpumon.controller.core.objects import GpuResources, pdb_from_json
 from gpumon.controller.core.pools import Pool
 from gpumon.controller.kube import KubeApi, KubeError, NotFound, Unreachable
+from gpumon.status.allocation import is_gpu_node
 from gpumon.status.state import (
     ClusterState,
     NodeInfo,
@@ -276,3 +277,54 @@ async def _snapshot(
         return wire.parse_snapshot(json.dumps(body).encode()), path, None
     except wire.WireError as e:
         return None, path, _refused(e)
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationReads:
+    """What ``status allocation`` read: raw Nodes and Pods, and each GPU node's exporter snapshot
+    (None, where from, why not) when usage was asked for."""
+
+    nodes: tuple[Mapping[str, Any], ...]
+    pods: tuple[Mapping[str, Any], ...]
+    snapshots: Mapping[str, tuple[wire.SnapshotDoc | None, str, str | None]]
+    problems: tuple[str, ...]
+
+
+# Exporter snapshots read at once: a fleet's worth through the API server's proxy, bounded.
+_SNAPSHOT_CONCURRENCY = 8
+
+
+async def read_allocation(
+    api: KubeApi, src: Sources, *, node: str | None, session: aiohttp.ClientSession, usage: bool
+) -> AllocationReads:
+    """The GPU nodes (or ``node``), the pods bound to them, and with ``usage`` their exporters'
+    snapshots. Raises :class:`Unreachable` and, for an unknown ``node``, :class:`NodeNotFound`."""
+    problems: list[str] = []
+    if node is not None:
+        try:
+            nodes = [await api.get(f"/api/v1/nodes/{node}")]
+        except NotFound:
+            raise NodeNotFound(node) from None
+        query = {"fieldSelector": f"spec.nodeName={node}"}
+    else:
+        params = {"labelSelector": src.node_selector} if src.node_selector else None
+        nodes = await list_all(api, "/api/v1/nodes", params)
+        query = {"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"}
+    gpu_nodes = [n for n in nodes if is_gpu_node(n)]
+    try:
+        pods = await list_all(api, "/api/v1/pods", query)
+    except Unreachable:
+        raise
+    except KubeError as e:
+        problems.append(f"pods: {e}")
+        pods = []
+    snapshots: dict[str, tuple[wire.SnapshotDoc | None, str, str | None]] = {}
+    if usage:
+        gate = asyncio.Semaphore(_SNAPSHOT_CONCURRENCY)
+
+        async def one(name: str) -> None:
+            async with gate:
+                snapshots[name] = await _snapshot(api, src, name, session)
+
+        await asyncio.gather(*(one(str((n.get("metadata") or {}).get("name", ""))) for n in gpu_nodes))
+    return AllocationReads(tuple(gpu_nodes), tuple(pods), snapshots, tuple(problems))

@@ -14,6 +14,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from gpumon.status.allocation import AllocationView, CardAllocation, Holder, NodeAllocation
 from gpumon.status.model import (
     ControllerStatus,
     Explanation,
@@ -46,7 +47,7 @@ def to_jsonable(value: Any) -> Any:
 _SEVERITY_STYLE = {"unhealthy": "bold red", "degraded": "yellow", "lost": "bold red"}
 
 
-def dumps(view: FleetStatus | Explanation, output: str, *, stream: bool = False) -> str:
+def dumps(view: FleetStatus | Explanation | AllocationView, output: str, *, stream: bool = False) -> str:
     """One JSON or YAML document, ending in a newline. In a ``stream`` (``--watch``), JSON takes
     one line per document and YAML documents start with ``---``."""
     doc = to_jsonable(view)
@@ -276,4 +277,87 @@ def explanation(view: Explanation) -> RenderableType:
     parts.append(Text("What would lift the quarantine:", style="bold"))
     parts += [Text(f"  - {line}") for line in view.lift]
     parts += [Text(f"could not read {p}", style="yellow") for p in view.problems]
+    return Group(*parts)
+
+
+def _amount(allocated: float | int, total: float | int | None) -> str:
+    return f"{allocated:g}/{total:g}" if total is not None else f"{allocated:g}/?"
+
+
+def _holder(h: Holder) -> Text:
+    t = Text(h.pod, style="cyan")
+    given = []
+    if h.memory_gib is not None:
+        given.append(f"{h.memory_gib:g} GiB")
+    if h.core_percent is not None:
+        given.append(f"{h.core_percent}%")
+    if h.gpus:
+        given.append(f"{h.gpus} x {h.mig_profile}" if h.mig_profile else f"{h.gpus} GPU")
+    t.append(f" {h.scheme}" + (f" {' '.join(given)}" if given else ""))
+    if h.used_memory_gib is not None or h.utilization_percent is not None:
+        used = "?" if h.used_memory_gib is None else f"{h.used_memory_gib:g} GiB"
+        sm = "?" if h.utilization_percent is None else f"{h.utilization_percent:g}%"
+        t.append(f" (uses {used}, SM {sm})", style="dim")
+    for flag in h.flags:
+        t.append(f" {flag}", style="yellow" if flag == "idle" else "bold red")
+    return t
+
+
+def _card_row(c: CardAllocation) -> list[RenderableType]:
+    used = "" if c.memory_used_gib is None else f"{c.memory_used_gib:g}"
+    sm = "" if c.utilization_percent is None else f"{c.utilization_percent:g}"
+    holders = Text("\n").join(_holder(h) for h in c.holders) if c.holders else Text("-", style="dim")
+    return [
+        "?" if c.index is None else str(c.index),
+        c.uuid or "",
+        _amount(c.memory_allocated_gib, c.memory_total_gib),
+        _amount(c.core_allocated_percent, 100),
+        used,
+        sm,
+        holders,
+        Text(" ".join(c.flags), style="bold red"),
+    ]
+
+
+def _node_allocation(n: NodeAllocation) -> RenderableType:
+    t = _table(
+        f"{n.name} ({', '.join(n.schemes) or 'no shares'})",
+        "GPU",
+        "UUID",
+        "memory GiB",
+        "core %",
+        "used GiB",
+        "SM %",
+        "pods",
+        "flags",
+        short=("GPU", "memory GiB", "core %", "used GiB", "SM %"),
+    )
+    for c in n.cards:
+        t.add_row(*_card_row(c))
+    notes: list[RenderableType] = [t]
+    if n.devices:
+        notes.append(
+            Text(
+                "devices allocated: "
+                + ", ".join(f"{r} {used}/{total}" for r, (used, total) in n.devices.items())
+            )
+        )
+    if n.unplaced:
+        line = Text("card not known (no exporter answer, or not placed yet): ")
+        notes.append(line + Text("; ").join(_holder(h) for h in n.unplaced))
+    if n.usage_error:
+        notes.append(
+            Text(
+                f"usage: not available from {n.usage_source or 'the exporter'}: {n.usage_error}", style="dim"
+            )
+        )
+    return Group(*notes)
+
+
+def allocation(view: AllocationView) -> RenderableType:
+    parts: list[RenderableType] = [Text(f"GPU allocation at {view.taken_at}", style="bold")]
+    parts += [_node_allocation(n) for n in view.nodes]
+    if not view.nodes:
+        parts.append(Text("no GPU nodes", style="dim"))
+    parts += [Text(f"not read: {p}", style="yellow") for p in view.problems]
     return Group(*parts)

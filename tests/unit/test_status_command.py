@@ -44,17 +44,24 @@ def drawn(view: FleetStatus | Explanation) -> str:
     return console.export_text()
 
 
-@pytest.mark.parametrize(("target", "expected"), [([], None), (["node", "gpu-a-1"], "gpu-a-1")])
+@pytest.mark.parametrize(
+    ("target", "expected"), [([], None), (["node", "gpu-a-1"], "gpu-a-1"), (["allocation"], "allocation")]
+)
 def test_fleet_or_one_node(target: list[str], expected: str | None) -> None:
     assert node_argument(target) == expected
 
 
-@pytest.mark.parametrize("target", [["node"], ["nodes", "x"], ["node", "a", "b"]])
+@pytest.mark.parametrize("target", [["node"], ["nodes", "x"], ["node", "a", "b"], ["allocation", "x"]])
 def test_anything_else_is_a_usage_error(target: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(Failed):
         node_argument(target)
     assert main(["status", *target]) == 2
-    assert "expected nothing or `node NAME`" in capsys.readouterr().err
+    assert "expected nothing, `node NAME` or `allocation`" in capsys.readouterr().err
+
+
+def test_node_goes_with_allocation_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--node", "gpu-a-1"]) == 2
+    assert "--node goes with `allocation`" in capsys.readouterr().err
 
 
 async def test_watch_shows_every_round_and_keeps_going_after_a_failed_one() -> None:
