@@ -71,6 +71,40 @@ class ProcessSample:
 
 
 @dataclass(frozen=True, slots=True)
+class Profiling:
+    """NVML GPM (GPU Performance Monitoring, Hopper and newer) over the interval between two
+    samples: activity as 0-1 fractions of the interval, traffic as mean bytes per second. A
+    metric the device does not offer is None."""
+
+    graphics_active_ratio: float | None = None
+    sm_active_ratio: float | None = None
+    sm_occupancy_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    fp64_active_ratio: float | None = None
+    fp32_active_ratio: float | None = None
+    fp16_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
+    nvlink_tx_bytes_per_second: float | None = None
+    nvlink_rx_bytes_per_second: float | None = None
+
+
+# NVML performance policies whose clock-limiting time nvmlDeviceGetViolationStatus reports,
+# by short name, with their NVML_PERF_POLICY_* value.
+VIOLATION_POLICIES: Mapping[str, int] = MappingProxyType(
+    {
+        "power": 0,
+        "thermal": 1,
+        "sync_boost": 2,
+        "board_limit": 3,
+        "low_utilization": 4,
+        "reliability": 5,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
 class MigInstance:
     gpu_instance: int
     compute_instance: int
@@ -115,6 +149,9 @@ class FastFields:
     processes: tuple[ProcessSample, ...] = ()
 
 
+_EMPTY_VIOLATIONS: Mapping[str, float] = MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class SlowFields:
     """Expensive or slowly changing counters (default cadence 10 s)."""
@@ -127,6 +164,16 @@ class SlowFields:
     row_remap_pending: bool | None = None
     row_remap_failure: bool | None = None
     mig_instances: tuple[MigInstance, ...] = ()
+    # None until two GPM samples were taken, and on GPUs without GPM.
+    profiling: Profiling | None = None
+    encoder_utilization_ratio: float | None = None
+    decoder_utilization_ratio: float | None = None
+    fan_speed_ratio: float | None = None
+    # NVML P-state, 0 (most performance) to 15; None when unknown.
+    performance_state: int | None = None
+    # Time clocks were held below their target, by policy (keys of VIOLATION_POLICIES), since
+    # the driver loaded; a policy the device cannot report is left out.
+    violation_seconds: Mapping[str, float] = field(default_factory=lambda: _EMPTY_VIOLATIONS)
 
 
 # Xid codes NVIDIA documents: its Xid catalog

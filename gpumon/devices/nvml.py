@@ -34,12 +34,14 @@ from gpumon.devices.backend import (
 )
 from gpumon.devices.model import (
     CLOCK_EVENT_REASONS,
+    VIOLATION_POLICIES,
     DriverInfo,
     FastFields,
     GpuIdentity,
     MemoryInfo,
     MigInstance,
     ProcessSample,
+    Profiling,
     SlowFields,
     XidEvent,
 )
@@ -127,6 +129,52 @@ def field_value(value: Any) -> float | None:
     """The number in a ``c_nvmlFieldValue_t`` union, read through its ``valueType``."""
     member = _FIELD_VALUE_MEMBER.get(value.valueType)
     return None if member is None else float(getattr(value.value, member))
+
+
+# The GPM metrics gpumon reads, by Profiling field. NVML returns activity in percent of the
+# interval between the two samples and traffic in MiB per second (its header, nvml.h).
+GPM_METRICS: Mapping[str, int] = {
+    "graphics_active_ratio": pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
+    "sm_active_ratio": pynvml.NVML_GPM_METRIC_SM_UTIL,
+    "sm_occupancy_ratio": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+    "tensor_active_ratio": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+    "fp64_active_ratio": pynvml.NVML_GPM_METRIC_FP64_UTIL,
+    "fp32_active_ratio": pynvml.NVML_GPM_METRIC_FP32_UTIL,
+    "fp16_active_ratio": pynvml.NVML_GPM_METRIC_FP16_UTIL,
+    "dram_active_ratio": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+    "pcie_tx_bytes_per_second": pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC,
+    "pcie_rx_bytes_per_second": pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC,
+    "nvlink_tx_bytes_per_second": pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
+    "nvlink_rx_bytes_per_second": pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
+}
+_MIB = 2**20
+
+
+def gpm_value(field_name: str, value: float) -> float:
+    """One GPM metric in gpumon's units: a ratio from NVML's percent, bytes/s from MiB/s."""
+    return ratio(value) if field_name.endswith("_ratio") else value * _MIB
+
+
+def profiling(results: Iterable[tuple[str, int, float]]) -> tuple[Profiling, dict[str, int]]:
+    """The Profiling of one ``nvmlGpmMetricsGet`` answer, given as (field, per-metric return,
+    value), and the fields that were not answered with their NVML return codes."""
+    values: dict[str, float] = {}
+    failed: dict[str, int] = {}
+    for name, code, value in results:
+        if code == pynvml.NVML_SUCCESS:
+            values[name] = gpm_value(name, value)
+        else:
+            failed[name] = code
+    return Profiling(**values), failed
+
+
+def performance_state(pstate: int) -> int | None:
+    """NVML's P-state (0..15); NVML_PSTATE_UNKNOWN (32) is no reading."""
+    return pstate if 0 <= pstate <= 15 else None
+
+
+def seconds(nanoseconds: int) -> float:
+    return nanoseconds / 1e9
 
 
 class ErrorClass(enum.Enum):
@@ -407,6 +455,12 @@ class _Gpu:
     last_seen_us: int = 0  # newest per-process utilization sample taken
     # Which of a field's versioned calls this GPU answers (index into the call chain).
     variant: dict[str, int] = field(default_factory=dict)
+    # GPM: None until asked; two sample buffers, the older one holding the previous tick's
+    # sample while ``gpm_held``, so that each slow tick measures the interval since the last.
+    gpm_supported: bool | None = None
+    gpm_samples: tuple[Any, Any] | None = None
+    gpm_older: int = 0
+    gpm_held: bool = False
 
     @property
     def index(self) -> int:
@@ -442,6 +496,9 @@ class NvmlBackend:
         self._xid_sources: dict[int, GpuIdentity] = {}  # handle address -> GPU, for event data
         self._closing = threading.Event()
         self._library: ctypes.CDLL | None = None
+        # (field source, GPU index) found NOT_SUPPORTED, counted once for the process lifetime.
+        self._unsupported: set[tuple[str, int]] = set()
+        self._unsupported_lock = threading.Lock()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -483,8 +540,10 @@ class NvmlBackend:
         with self._lock:
             if self._gpus is None:
                 return
-            self._gpus = None
+            gpus, self._gpus = self._gpus, None
             self._closing.set()
+            for gpu in gpus.values():
+                _free_gpm_samples(gpu)
             with self._xid_lock:
                 if self._event_set is not None:
                     with contextlib.suppress(pynvml.NVMLError):  # NVML is going away either way
@@ -642,6 +701,16 @@ class NvmlBackend:
             )
             rows = self._read(gpu.index, "remapped_rows", lambda: pynvml.nvmlDeviceGetRemappedRows(h))
             correctable, uncorrectable, pending, failure = (None,) * 4 if rows is None else rows
+            encoder = self._read(
+                gpu.index, "encoder_utilization", lambda: pynvml.nvmlDeviceGetEncoderUtilization(h)
+            )
+            decoder = self._read(
+                gpu.index, "decoder_utilization", lambda: pynvml.nvmlDeviceGetDecoderUtilization(h)
+            )
+            fan = self._read(gpu.index, "fan_speed", lambda: pynvml.nvmlDeviceGetFanSpeed(h))
+            pstate = self._read(
+                gpu.index, "performance_state", lambda: pynvml.nvmlDeviceGetPerformanceState(h)
+            )
             return SlowFields(
                 pcie_replays=replays,
                 ecc_corrected=corrected,
@@ -651,6 +720,13 @@ class NvmlBackend:
                 row_remap_pending=_maybe(bool, pending),
                 row_remap_failure=_maybe(bool, failure),
                 mig_instances=self._mig_instances(gpu),
+                profiling=self._profiling(gpu),
+                # Both answer [utilization %, sampling period in us].
+                encoder_utilization_ratio=None if encoder is None else ratio(encoder[0]),
+                decoder_utilization_ratio=None if decoder is None else ratio(decoder[0]),
+                fan_speed_ratio=_maybe(ratio, fan),
+                performance_state=None if pstate is None else performance_state(pstate),
+                violation_seconds=self._violations(gpu),
             )
 
     def wait_xids(self, timeout_seconds: float) -> list[XidEvent]:
@@ -714,6 +790,17 @@ class NvmlBackend:
             raise outcome
         if outcome is not None:
             self._errors(*outcome)
+        elif index is not None:
+            self._not_supported(index, source)
+
+    def _not_supported(self, index: int, source: str) -> None:
+        """A field this GPU lacks: counted once per field and GPU for the process lifetime (a
+        re-open asks again, and is answered the same), never logged, never exported as 0."""
+        with self._unsupported_lock:
+            if (source, index) in self._unsupported:
+                return
+            self._unsupported.add((source, index))
+        self._errors(f"nvml.{source}", "not_supported")
 
     def _read(self, index: int | None, source: str, call: Callable[[], T]) -> T | None:
         """One field of GPU ``index`` (None: of the system); None when it cannot be read."""
@@ -752,6 +839,63 @@ class NvmlBackend:
             self._failed(gpu.index, "memory_temperature", values[0].nvmlReturn)
             return None
         return field_value(values[0])
+
+    def _violations(self, gpu: _Gpu) -> dict[str, float]:
+        out = {}
+        for policy, value in VIOLATION_POLICIES.items():
+            got = self._read(
+                gpu.index,
+                f"violation.{policy}",
+                functools.partial(pynvml.nvmlDeviceGetViolationStatus, gpu.handle, value),
+            )
+            if got is not None:
+                out[policy] = seconds(got.violationTime)
+        return out
+
+    def _profiling(self, gpu: _Gpu) -> Profiling | None:
+        """GPM over the interval since the previous slow tick: one sample now, held for the
+        next tick, and the metrics between it and the one held from the last. No sleeping
+        between two samples, so the NVML pool's thread is free at once; the first tick after
+        open has no interval yet."""
+        h = gpu.handle
+        if gpu.gpm_supported is None:
+            try:
+                gpu.gpm_supported = bool(pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice)
+            except pynvml.NVMLError as err:
+                self._failed(gpu.index, "gpm", err.value)
+                if classify_error(err.value) is not ErrorClass.UNSUPPORTED:
+                    return None  # ask again next tick
+                gpu.gpm_supported = False
+            else:
+                if not gpu.gpm_supported:
+                    self._not_supported(gpu.index, "gpm")
+        if not gpu.gpm_supported:
+            return None
+        if gpu.gpm_samples is None:
+            first = self._read(gpu.index, "gpm", pynvml.nvmlGpmSampleAlloc)
+            second = None if first is None else self._read(gpu.index, "gpm", pynvml.nvmlGpmSampleAlloc)
+            if first is None or second is None:
+                if first is not None:
+                    self._read(gpu.index, "gpm", functools.partial(pynvml.nvmlGpmSampleFree, first))
+                return None
+            gpu.gpm_samples = (first, second)
+        older, newer = gpu.gpm_samples[gpu.gpm_older], gpu.gpm_samples[1 - gpu.gpm_older]
+        if self._read(gpu.index, "gpm", functools.partial(pynvml.nvmlGpmSampleGet, h, newer)) is None:
+            gpu.gpm_held = False  # a failed sample breaks the interval: start again
+            return None
+        held, gpu.gpm_held, gpu.gpm_older = gpu.gpm_held, True, 1 - gpu.gpm_older
+        if not held:
+            return None
+        request = _gpm_request(older, newer)
+        if self._read(gpu.index, "gpm", functools.partial(pynvml.nvmlGpmMetricsGet, request)) is None:
+            return None
+        names = list(GPM_METRICS)
+        result, failed = profiling(
+            (names[i], request.metrics[i].nvmlReturn, request.metrics[i].value) for i in range(len(names))
+        )
+        for name, code in failed.items():
+            self._failed(gpu.index, f"gpm.{name}", code)
+        return result
 
     def _processes(self, gpu: _Gpu) -> tuple[ProcessSample, ...]:
         compute = self._read(
@@ -874,6 +1018,25 @@ def _mig_instance(mig: Any, device_memory_bytes: int | None) -> MigInstance:
         uuid=text(pynvml.nvmlDeviceGetUUID(mig)),
         memory=memory,
     )
+
+
+def _gpm_request(older: Any, newer: Any) -> Any:
+    request = pynvml.c_nvmlGpmMetricsGet_t()
+    request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = len(GPM_METRICS)
+    request.sample1, request.sample2 = older, newer
+    for i, metric in enumerate(GPM_METRICS.values()):
+        request.metrics[i].metricId = metric
+    return request
+
+
+def _free_gpm_samples(gpu: _Gpu) -> None:
+    if gpu.gpm_samples is None:
+        return
+    for sample in gpu.gpm_samples:
+        with contextlib.suppress(pynvml.NVMLError):  # NVML is shutting down either way
+            pynvml.nvmlGpmSampleFree(sample)
+    gpu.gpm_samples, gpu.gpm_held = None, False
 
 
 def _maybe(convert: Callable[[Any], T], value: Any) -> T | None:

@@ -31,12 +31,14 @@ from prometheus_client.utils import floatToGoString
 
 from gpumon.devices.model import (
     CLOCK_EVENT_REASONS,
+    VIOLATION_POLICIES,
     XID_OTHER,
     FastFields,
     GpuSample,
     HealthState,
     MemoryInfo,
     MigInstance,
+    Profiling,
     SlowFields,
     Snapshot,
 )
@@ -200,6 +202,20 @@ def _slow(get: Callable[[SlowFields], float | bool | None]) -> Getter:
     return lambda g: None if g.slow is None else _number(get(g.slow))
 
 
+def _prof(get: Callable[[Profiling], float | None]) -> Getter:
+    return lambda g: None if g.slow is None or g.slow.profiling is None else get(g.slow.profiling)
+
+
+def _violation(policy: str, *, nanoseconds: bool = False) -> Getter:
+    def get(g: GpuSample) -> float | None:
+        seconds = None if g.slow is None else g.slow.violation_seconds.get(policy)
+        if seconds is None or not nanoseconds:
+            return seconds
+        return float(round(seconds * 1e9))  # dcgm's whole nanoseconds
+
+    return get
+
+
 def _memory(get: MemoryGetter) -> Getter:
     return _fast(lambda f: None if f.memory is None else get(f.memory))
 
@@ -326,6 +342,96 @@ _NATIVE_FIELDS: tuple[_Field, ...] = (
         "gauge",
         "1 when a row remap has failed.",
         _one(_slow(lambda s: s.row_remap_failure)),
+    ),
+    _Field(
+        "gpumon_gpu_video_utilization_ratio",
+        "gauge",
+        "Fraction of the sample period the video engines were busy, by engine.",
+        (
+            ({"engine": "encoder"}, _slow(lambda s: s.encoder_utilization_ratio)),
+            ({"engine": "decoder"}, _slow(lambda s: s.decoder_utilization_ratio)),
+        ),
+        "ratio",
+    ),
+    _Field(
+        "gpumon_gpu_fan_speed_ratio",
+        "gauge",
+        "Fan speed as a fraction of its maximum.",
+        _one(_slow(lambda s: s.fan_speed_ratio)),
+        "ratio",
+    ),
+    _Field(
+        "gpumon_gpu_performance_state",
+        "gauge",
+        "Performance state (P-state): 0 is the most performance, 15 the least.",
+        _one(_slow(lambda s: s.performance_state)),
+    ),
+    _Field(
+        "gpumon_gpu_clock_violation_seconds_total",
+        "counter",
+        "Time clocks were held below target by a policy, since the driver loaded.",
+        tuple(({"policy": p}, _violation(p)) for p in VIOLATION_POLICIES),
+        "seconds",
+    ),
+    _Field(
+        "gpumon_gpu_graphics_engine_active_ratio",
+        "gauge",
+        "Fraction of the interval the graphics or compute engine was active (GPM).",
+        _one(_prof(lambda p: p.graphics_active_ratio)),
+        "ratio",
+    ),
+    _Field(
+        "gpumon_gpu_sm_active_ratio",
+        "gauge",
+        "Fraction of the interval the SMs had at least one warp assigned (GPM).",
+        _one(_prof(lambda p: p.sm_active_ratio)),
+        "ratio",
+    ),
+    _Field(
+        "gpumon_gpu_sm_occupancy_ratio",
+        "gauge",
+        "Resident warps as a fraction of the SMs' maximum (GPM).",
+        _one(_prof(lambda p: p.sm_occupancy_ratio)),
+        "ratio",
+    ),
+    _Field(
+        "gpumon_gpu_pipe_active_ratio",
+        "gauge",
+        "Fraction of the interval a pipe was active, by pipe (GPM).",
+        (
+            ({"pipe": "tensor"}, _prof(lambda p: p.tensor_active_ratio)),
+            ({"pipe": "fp64"}, _prof(lambda p: p.fp64_active_ratio)),
+            ({"pipe": "fp32"}, _prof(lambda p: p.fp32_active_ratio)),
+            ({"pipe": "fp16"}, _prof(lambda p: p.fp16_active_ratio)),
+        ),
+        "ratio",
+    ),
+    _Field(
+        "gpumon_gpu_dram_active_ratio",
+        "gauge",
+        "Device memory bandwidth used as a fraction of its maximum (GPM).",
+        _one(_prof(lambda p: p.dram_active_ratio)),
+        "ratio",
+    ),
+    _Field(
+        "gpumon_gpu_pcie_bytes_per_second",
+        "gauge",
+        "PCIe traffic, headers included, averaged over the interval, by direction (GPM).",
+        (
+            ({"direction": "tx"}, _prof(lambda p: p.pcie_tx_bytes_per_second)),
+            ({"direction": "rx"}, _prof(lambda p: p.pcie_rx_bytes_per_second)),
+        ),
+        "bytes_per_second",
+    ),
+    _Field(
+        "gpumon_gpu_nvlink_bytes_per_second",
+        "gauge",
+        "NVLink traffic over all links, averaged over the interval, by direction (GPM).",
+        (
+            ({"direction": "tx"}, _prof(lambda p: p.nvlink_tx_bytes_per_second)),
+            ({"direction": "rx"}, _prof(lambda p: p.nvlink_rx_bytes_per_second)),
+        ),
+        "bytes_per_second",
     ),
 )
 
@@ -579,6 +685,120 @@ _DCGM_FIELDS: tuple[_Field, ...] = (
         _one(_slow(lambda s: s.row_remap_pending)),
     ),
     _DCGM_XID,
+    _Field(
+        "DCGM_FI_DEV_ENC_UTIL",
+        "gauge",
+        "Encoder utilization (in %).",
+        _one(_slow(lambda s: _scaled(s.encoder_utilization_ratio, 100.0))),
+    ),
+    _Field(
+        "DCGM_FI_DEV_DEC_UTIL",
+        "gauge",
+        "Decoder utilization (in %).",
+        _one(_slow(lambda s: _scaled(s.decoder_utilization_ratio, 100.0))),
+    ),
+    _Field(
+        "DCGM_FI_DEV_FAN_SPEED",
+        "gauge",
+        "Fan speed (in 0-100%).",
+        _one(_slow(lambda s: _scaled(s.fan_speed_ratio, 100.0))),
+    ),
+    _Field(
+        "DCGM_FI_DEV_PSTATE",
+        "gauge",
+        "Performance state (P-State) 0-15.",
+        _one(_slow(lambda s: s.performance_state)),
+    ),
+    *(
+        _Field(
+            f"DCGM_FI_DEV_{name}_VIOLATION",
+            "unknown",
+            f"Throttling duration due to {why} (in ns).",
+            _one(_violation(policy, nanoseconds=True)),
+        )
+        for name, policy, why in (
+            ("POWER", "power", "power constraints"),
+            ("THERMAL", "thermal", "thermal constraints"),
+            ("SYNC_BOOST", "sync_boost", "sync-boost constraints"),
+            ("BOARD_LIMIT", "board_limit", "board limit constraints"),
+            ("LOW_UTIL", "low_utilization", "low utilization"),
+            ("RELIABILITY", "reliability", "reliability constraints"),
+        )
+    ),
+    _Field(
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "gauge",
+        "Ratio of time the graphics engine is active.",
+        _one(_prof(lambda p: p.graphics_active_ratio)),
+    ),
+    _Field(
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "gauge",
+        "The ratio of cycles an SM has at least 1 warp assigned.",
+        _one(_prof(lambda p: p.sm_active_ratio)),
+    ),
+    _Field(
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+        "gauge",
+        "The ratio of number of warps resident on an SM.",
+        _one(_prof(lambda p: p.sm_occupancy_ratio)),
+    ),
+    _Field(
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "gauge",
+        "Ratio of cycles the tensor (HMMA) pipe is active.",
+        _one(_prof(lambda p: p.tensor_active_ratio)),
+    ),
+    _Field(
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "gauge",
+        "Ratio of cycles the device memory interface is active sending or receiving data.",
+        _one(_prof(lambda p: p.dram_active_ratio)),
+    ),
+    _Field(
+        "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+        "gauge",
+        "Ratio of cycles the fp64 pipes are active.",
+        _one(_prof(lambda p: p.fp64_active_ratio)),
+    ),
+    _Field(
+        "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+        "gauge",
+        "Ratio of cycles the fp32 pipes are active.",
+        _one(_prof(lambda p: p.fp32_active_ratio)),
+    ),
+    _Field(
+        "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+        "gauge",
+        "Ratio of cycles the fp16 pipes are active.",
+        _one(_prof(lambda p: p.fp16_active_ratio)),
+    ),
+    _Field(
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "gauge",
+        "The rate of data transmitted over the PCIe bus - including both protocol headers and data"
+        " payloads - in bytes per second.",
+        _one(_prof(lambda p: p.pcie_tx_bytes_per_second)),
+    ),
+    _Field(
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "gauge",
+        "The rate of data received over the PCIe bus - including both protocol headers and data"
+        " payloads - in bytes per second.",
+        _one(_prof(lambda p: p.pcie_rx_bytes_per_second)),
+    ),
+    _Field(
+        "DCGM_FI_PROF_NVLINK_TX_BYTES",
+        "gauge",
+        "The rate of data transmitted over NVLink, not including protocol headers, in bytes per second.",
+        _one(_prof(lambda p: p.nvlink_tx_bytes_per_second)),
+    ),
+    _Field(
+        "DCGM_FI_PROF_NVLINK_RX_BYTES",
+        "gauge",
+        "The rate of data received over NVLink, not including protocol headers, in bytes per second.",
+        _one(_prof(lambda p: p.nvlink_rx_bytes_per_second)),
+    ),
 )
 
 

@@ -32,6 +32,7 @@ from gpumon.devices.model import (
     MigInstance,
     PodGpuUsage,
     PodRef,
+    Profiling,
     SlowFields,
     Snapshot,
 )
@@ -78,6 +79,12 @@ def rich_snapshot() -> Snapshot:
         row_remap_pending=False,
         row_remap_failure=False,
         mig_instances=(mig,),
+        profiling=Profiling(0.9, 0.8, 0.6, 0.45, 0.05, 0.2, 0.3, 0.35, 2.0e9, 1.5e9, 3.0e10, 2.5e10),
+        encoder_utilization_ratio=0.1,
+        decoder_utilization_ratio=0.05,
+        fan_speed_ratio=0.4,
+        performance_state=0,
+        violation_seconds={"power": 12.5, "thermal": 0.25},
     )
     degraded = HealthVerdict(
         HealthState.DEGRADED, (HealthReason("Thermal", "temperature 90 C", HealthState.DEGRADED),)
