@@ -55,10 +55,19 @@ def gpu_labels(series: Series, name: str, gpu: int) -> dict[frozenset[tuple[str,
 
 
 def nvml_errors(series: Series) -> dict[tuple[str, str], float]:
+    """NVML read failures; a field a GPU does not have is no failure (see not_supported)."""
     return {
         (dict(ls)["source"], dict(ls)["kind"]): v
         for ls, v in select(series, "gpumon_exporter_errors_total").items()
-        if dict(ls)["source"].startswith("nvml.")
+        if dict(ls)["source"].startswith("nvml.") and dict(ls)["kind"] != "not_supported"
+    }
+
+
+def not_supported(series: Series) -> dict[str, float]:
+    """By field: how many GPUs lack it (counted once per field and GPU)."""
+    return {
+        dict(ls)["source"]: v
+        for ls, v in select(series, "gpumon_exporter_errors_total", kind="not_supported").items()
     }
 
 
@@ -160,6 +169,138 @@ def test_profile_scraped_family_by_family(
             CLOCK_EVENT_REASONS[r] for r in active
         )
         assert value(s, "DCGM_FI_DEV_XID_ERRORS", gpu=gpu) == 0
+
+
+# -- GPM profiling and the rest of dcgm-exporter's default counters -------------------------------
+
+GPM_PROFILES = ("h100", "b200", "gb200")
+# GPU 0 of each profile is busy; the mock derives every GPM activity from its utilization and
+# scales each pipe by a fixed ratio (engine/gpm.go: SM occupancy 0.75, any tensor 0.50, FP64
+# 0.05, FP32 0.25, FP16 0.35), PCIe from the full-load rate of 2048 MiB/s in each direction.
+BUSY = {"gpu": 80, "memory": 40}
+
+
+@pytest.fixture(scope="module")
+def gpm_exporters(mock: MockNvml, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Exporter]]:
+    tmp = tmp_path_factory.mktemp("gpm")
+    exporters = {}
+    # The shipped profile, GPU 0 made busy by the mock's run-time overrides (deep-merged).
+    busy = tmp / "busy.yaml"
+    busy.write_text(yaml.safe_dump({"version": 1, "devices": {"0": {"utilization": BUSY}}}))
+    for name in (*GPM_PROFILES, "t4"):
+        env = child_env(mock, mock.profile(name), overrides=busy, GPUMON_PODS__ENABLED="false")
+        exporters[name] = Exporter(env, tmp / f"{name}.log", "--metrics-profile", "both")
+    with running(*exporters.values()):
+        yield exporters
+
+
+@pytest.mark.parametrize("name", GPM_PROFILES)
+def test_gpm_series_follow_the_profile(name: str, mock: MockNvml, gpm_exporters: dict[str, Exporter]) -> None:
+    """Every GPU of a Hopper or Blackwell profile gets the GPM families, with the values the
+    profile's utilization implies, in both profiles; no read fails."""
+    gpus = len(device_configs(load_profile(mock, name)))
+    s = gpm_exporters[name].until(
+        lambda s: len(select(s, "gpumon_gpu_sm_active_ratio")) == gpus, f"{name}: GPM on every GPU"
+    )
+    assert nvml_errors(s) == {}
+    assert "nvml.gpm" not in not_supported(s)
+
+    def native(family: str, gpu: int = 0, **labels: str) -> float | None:
+        return value(s, family, gpu=str(gpu), **labels)
+
+    expected = {
+        ("gpumon_gpu_graphics_engine_active_ratio", ()): 0.80,
+        ("gpumon_gpu_sm_active_ratio", ()): 0.80,
+        ("gpumon_gpu_sm_occupancy_ratio", ()): 0.60,
+        ("gpumon_gpu_pipe_active_ratio", ("pipe", "tensor")): 0.40,
+        ("gpumon_gpu_pipe_active_ratio", ("pipe", "fp64")): 0.04,
+        ("gpumon_gpu_pipe_active_ratio", ("pipe", "fp32")): 0.20,
+        ("gpumon_gpu_pipe_active_ratio", ("pipe", "fp16")): 0.28,
+        ("gpumon_gpu_dram_active_ratio", ()): 0.40,
+        ("gpumon_gpu_pcie_bytes_per_second", ("direction", "tx")): 0.8 * 2048 * MiB,
+        ("gpumon_gpu_pcie_bytes_per_second", ("direction", "rx")): 0.8 * 2048 * MiB,
+    }
+    for (family, label), want in expected.items():
+        labels = dict([label]) if label else {}
+        assert native(family, **labels) == pytest.approx(want), family
+        # An idle GPU of the same profile: the same series, at 0.
+        assert native(family, gpu=1, **labels) == 0, family
+    # NVLink traffic is the rate of the mock's fabric counters over the interval, both ways
+    # alike; they run on links to NVSwitches, which the standalone B200 board has none of.
+    tx = native("gpumon_gpu_nvlink_bytes_per_second", direction="tx")
+    switched = bool(load_profile(mock, name)["nvlink"].get("switches"))
+    assert tx is not None and (tx > 0) == switched, (tx, switched)
+    assert native("gpumon_gpu_nvlink_bytes_per_second", direction="rx") == tx
+    # The mock answers 0 for both video engines, whatever the profile says (engine/device.go).
+    assert native("gpumon_gpu_video_utilization_ratio", engine="encoder") == 0
+    assert native("gpumon_gpu_video_utilization_ratio", engine="decoder") == 0
+
+    # dcgm-exporter's names and units: activity as a 0-1 ratio, traffic in bytes per second.
+    dcgm = {"gpu": "0", "modelName": device_configs(load_profile(mock, name))[0]["name"]}
+    assert value(s, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", **dcgm) == pytest.approx(0.40)
+    assert value(s, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", **dcgm) == pytest.approx(0.80)
+    assert value(s, "DCGM_FI_PROF_DRAM_ACTIVE", **dcgm) == pytest.approx(0.40)
+    assert value(s, "DCGM_FI_PROF_PCIE_TX_BYTES", **dcgm) == pytest.approx(0.8 * 2048 * MiB)
+    assert value(s, "DCGM_FI_PROF_NVLINK_TX_BYTES", **dcgm) is not None
+    assert value(s, "DCGM_FI_DEV_ENC_UTIL", **dcgm) == 0
+    assert value(s, "DCGM_FI_DEV_DEC_UTIL", **dcgm) == 0
+    assert len(select(s, "DCGM_FI_PROF_SM_OCCUPANCY")) == gpus
+
+
+def test_no_gpm_on_a_t4_and_no_error_for_it(mock: MockNvml, gpm_exporters: dict[str, Exporter]) -> None:
+    """Turing has no GPM: no profiling series at all, not zeros; the GPM support answer is
+    counted once per GPU as not_supported, not as a failure, however many ticks pass."""
+    gpus = len(device_configs(load_profile(mock, "t4")))
+    exporter = gpm_exporters["t4"]
+    s = exporter.until(lambda s: not_supported(s).get("nvml.gpm") == gpus, "T4: GPM not supported, counted")
+    # Several slow ticks later the count has not grown.
+    ticks = value(s, "gpumon_exporter_sample_duration_seconds_count", cadence="slow") or 0
+    s = exporter.until(
+        lambda s: (
+            (value(s, "gpumon_exporter_sample_duration_seconds_count", cadence="slow") or 0) >= ticks + 3
+        ),
+        "three more slow ticks",
+    )
+    assert not_supported(s)["nvml.gpm"] == gpus
+    assert nvml_errors(s) == {}
+    profiling = {n for (n, _) in s if n.startswith("DCGM_FI_PROF_") or n in GPM_NATIVE}
+    assert profiling == set()
+    # The rest is read as on any GPU.
+    assert value(s, "gpumon_gpu_video_utilization_ratio", gpu="0", engine="encoder") == 0
+    assert "GPM" not in exporter.log_text() and "gpm" not in exporter.log_text()
+
+
+GPM_NATIVE = {
+    "gpumon_gpu_graphics_engine_active_ratio",
+    "gpumon_gpu_sm_active_ratio",
+    "gpumon_gpu_sm_occupancy_ratio",
+    "gpumon_gpu_pipe_active_ratio",
+    "gpumon_gpu_dram_active_ratio",
+    "gpumon_gpu_pcie_bytes_per_second",
+    "gpumon_gpu_nvlink_bytes_per_second",
+}
+
+
+def test_fields_a_gpu_lacks_are_absent_and_counted_once(
+    mock: MockNvml, gpm_exporters: dict[str, Exporter]
+) -> None:
+    """The H100 profile has no fans (SXM, liquid cooled): no fan series in either profile, and
+    nvml.fan_speed counted not_supported once per GPU, not once per tick."""
+    gpus = len(device_configs(load_profile(mock, "h100")))
+    exporter = gpm_exporters["h100"]
+    s = exporter.until(lambda s: not_supported(s).get("nvml.fan_speed") == gpus, "fans counted unsupported")
+    ticks = value(s, "gpumon_exporter_sample_duration_seconds_count", cadence="slow") or 0
+    s = exporter.until(
+        lambda s: (
+            (value(s, "gpumon_exporter_sample_duration_seconds_count", cadence="slow") or 0) >= ticks + 3
+        ),
+        "three more slow ticks",
+    )
+    assert not_supported(s)["nvml.fan_speed"] == gpus
+    assert select(s, "gpumon_gpu_fan_speed_ratio") == {} and select(s, "DCGM_FI_DEV_FAN_SPEED") == {}
+    assert all(v <= gpus for v in not_supported(s).values())
+    assert value(s, "gpumon_gpu_performance_state", gpu="0") == 0  # the profile's P0
+    assert len(select(s, "DCGM_FI_DEV_POWER_VIOLATION")) == gpus
 
 
 # -- one node: pods, MIG, faults at run time ------------------------------------------------------

@@ -249,17 +249,15 @@ def test_every_dashboard_query_returns_data(scraping: PrometheusProcess, exporte
 
     queries = dashboard_queries()
     assert len(queries) >= 8
-    skipped = not_provided_fields()
     empty = []
     for expr in queries:
-        if set(re.findall(r"DCGM_F\w+", expr)) & skipped:
+        # The simulated GPUs are A100s, which have no GPM, as on real NVML: their profiling
+        # panels are empty. test_dcgm_dashboard_mock_nvml.py fills every panel from H100s.
+        if any(m.startswith("DCGM_FI_PROF_") for m in re.findall(r"DCGM_F\w+", expr)):
             continue
         if not scraping.query(substitute(expr, values)):
             empty.append(expr)
     assert empty == []
-    # The skipped queries are exactly those of profiling fields, which NVML cannot give.
-    unanswered = {m for e in queries for m in re.findall(r"DCGM_F\w+", e)} & skipped
-    assert unanswered and all(m.startswith("DCGM_FI_PROF_") for m in unanswered)
 
 
 def test_every_default_dcgm_field_is_exposed_or_documented_as_not_provided() -> None:

@@ -8,8 +8,9 @@ import pynvml
 import pytest
 
 from gpumon.devices.backend import BackendUnavailable, GpuLostError
-from gpumon.devices.model import GpuIdentity, MemoryInfo, ProcessSample, XidEvent
+from gpumon.devices.model import GpuIdentity, MemoryInfo, ProcessSample, Profiling, XidEvent
 from gpumon.devices.nvml import (
+    GPM_METRICS,
     THROTTLE_REASONS,
     ErrorClass,
     canonical_bus_id,
@@ -18,6 +19,7 @@ from gpumon.devices.nvml import (
     error_kind,
     field_value,
     fold_process_utilization,
+    gpm_value,
     hertz,
     init_failure_message,
     joules,
@@ -25,10 +27,13 @@ from gpumon.devices.nvml import (
     merge_enumeration,
     mig_memory_gb,
     mig_profile_name,
+    performance_state,
     placeholder_identity,
     process_samples,
+    profiling,
     ratio,
     read_failure,
+    seconds,
     text,
     throttle_reasons,
     watts,
@@ -450,3 +455,53 @@ def test_a_readable_again_gpu_replaces_its_placeholder() -> None:
     known = tuple(g for g, _ in first if g.pci_bus_id)
     merged = merge_enumeration(known, [_card(0, BUS[0]), _card(1, BUS[1])])
     assert merged == ((_card(0, BUS[0]), 0), (_card(1, BUS[1]), 1))
+
+
+# -- GPM -------------------------------------------------------------------------------------------
+
+
+def test_gpm_activity_is_a_ratio_and_traffic_bytes_per_second() -> None:
+    """NVML answers activity in percent of the interval and traffic in MiB/s (nvml.h)."""
+    assert gpm_value("tensor_active_ratio", 40.0) == 0.4
+    assert gpm_value("pcie_tx_bytes_per_second", 1638.4) == 1638.4 * MiB
+    assert gpm_value("nvlink_rx_bytes_per_second", 0.0) == 0.0
+
+
+def test_every_profiling_field_has_a_gpm_metric() -> None:
+    assert set(GPM_METRICS) == set(Profiling.__slots__)
+    assert len(set(GPM_METRICS.values())) == len(GPM_METRICS)
+
+
+def test_profiling_from_one_metrics_answer() -> None:
+    ok = pynvml.NVML_SUCCESS
+    answer = [(name, ok, 50.0) for name in GPM_METRICS]
+    result, failed = profiling(answer)
+    assert failed == {}
+    assert result.graphics_active_ratio == result.dram_active_ratio == 0.5
+    assert result.pcie_rx_bytes_per_second == result.nvlink_tx_bytes_per_second == 50 * MiB
+
+
+def test_profiling_leaves_unanswered_metrics_out_and_names_them() -> None:
+    """A metric this GPU does not offer (FP64 on a board without it) is absent, not 0."""
+    answer = [
+        ("tensor_active_ratio", pynvml.NVML_SUCCESS, 12.5),
+        ("fp64_active_ratio", pynvml.NVML_ERROR_NOT_SUPPORTED, 0.0),
+        ("fp16_active_ratio", pynvml.NVML_ERROR_UNKNOWN, 99.0),
+    ]
+    result, failed = profiling(answer)
+    assert result == Profiling(tensor_active_ratio=0.125)
+    assert failed == {
+        "fp64_active_ratio": pynvml.NVML_ERROR_NOT_SUPPORTED,
+        "fp16_active_ratio": pynvml.NVML_ERROR_UNKNOWN,
+    }
+
+
+@pytest.mark.parametrize(
+    ("pstate", "expected"), [(0, 0), (8, 8), (15, 15), (pynvml.NVML_PSTATE_UNKNOWN, None)]
+)
+def test_performance_state(pstate: int, expected: int | None) -> None:
+    assert performance_state(pstate) == expected
+
+
+def test_violation_time_is_seconds() -> None:
+    assert seconds(2_500_000_000) == 2.5
