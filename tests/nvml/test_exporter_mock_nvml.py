@@ -254,13 +254,7 @@ def test_no_gpm_on_a_t4_and_no_error_for_it(mock: MockNvml, gpm_exporters: dict[
     exporter = gpm_exporters["t4"]
     s = exporter.until(lambda s: not_supported(s).get("nvml.gpm") == gpus, "T4: GPM not supported, counted")
     # Several slow ticks later the count has not grown.
-    ticks = value(s, "gpumon_exporter_sample_duration_seconds_count", cadence="slow") or 0
-    s = exporter.until(
-        lambda s: (
-            (value(s, "gpumon_exporter_sample_duration_seconds_count", cadence="slow") or 0) >= ticks + 3
-        ),
-        "three more slow ticks",
-    )
+    s = after_slow_ticks(exporter, s, 3)
     assert not_supported(s)["nvml.gpm"] == gpus
     assert nvml_errors(s) == {}
     profiling = {n for (n, _) in s if n.startswith("DCGM_FI_PROF_") or n in GPM_NATIVE}
@@ -268,6 +262,16 @@ def test_no_gpm_on_a_t4_and_no_error_for_it(mock: MockNvml, gpm_exporters: dict[
     # The rest is read as on any GPU.
     assert value(s, "gpumon_gpu_video_utilization_ratio", gpu="0", engine="encoder") == 0
     assert "GPM" not in exporter.log_text() and "gpm" not in exporter.log_text()
+
+
+def after_slow_ticks(exporter: Exporter, now: Series, ticks: int) -> Series:
+    """The first scrape after ``ticks`` more slow ticks than ``now`` shows."""
+
+    def slow_ticks(s: Series) -> float:
+        return value(s, "gpumon_exporter_sample_duration_seconds_count", cadence="slow") or 0
+
+    start = slow_ticks(now)
+    return exporter.until(lambda s: slow_ticks(s) >= start + ticks, f"{ticks} more slow ticks")
 
 
 GPM_NATIVE = {
@@ -289,13 +293,7 @@ def test_fields_a_gpu_lacks_are_absent_and_counted_once(
     gpus = len(device_configs(load_profile(mock, "h100")))
     exporter = gpm_exporters["h100"]
     s = exporter.until(lambda s: not_supported(s).get("nvml.fan_speed") == gpus, "fans counted unsupported")
-    ticks = value(s, "gpumon_exporter_sample_duration_seconds_count", cadence="slow") or 0
-    s = exporter.until(
-        lambda s: (
-            (value(s, "gpumon_exporter_sample_duration_seconds_count", cadence="slow") or 0) >= ticks + 3
-        ),
-        "three more slow ticks",
-    )
+    s = after_slow_ticks(exporter, s, 3)
     assert not_supported(s)["nvml.fan_speed"] == gpus
     assert select(s, "gpumon_gpu_fan_speed_ratio") == {} and select(s, "DCGM_FI_DEV_FAN_SPEED") == {}
     assert all(v <= gpus for v in not_supported(s).values())

@@ -28,6 +28,7 @@ from nvml_mock import (
 )
 
 from gpumon.devcluster.binaries import MockNvml
+from gpumon.devices.model import VIOLATION_POLICIES
 from gpumon.devices.nvml import canonical_bus_id
 
 PROBE = Path(__file__).with_name("mock_probe.py")
@@ -112,6 +113,11 @@ def check_inventory(profile: dict[str, Any], seen: dict[str, Any]) -> None:
         }
         volatile = cfg["ecc"]["errors"]["volatile"]
         rows = cfg["remapped_rows"]
+        fan = cfg.get("fan") or {}
+        # The mock accrues violation time while a clock event reason is on: when read, it is
+        # some figure, for every policy it models.
+        violations = slow.pop("violation_seconds")
+        assert set(violations) == set(VIOLATION_POLICIES) and all(v >= 0 for v in violations.values())
         assert slow == {
             # The mock answers 0 whatever the profile's pcie.replay_counter says.
             "pcie_replays": 0,
@@ -122,6 +128,14 @@ def check_inventory(profile: dict[str, Any], seen: dict[str, Any]) -> None:
             "row_remap_pending": rows["pending"],
             "row_remap_failure": rows["failure_occurred"],
             "mig_instances": [],
+            # One slow read: GPM has no interval to measure yet, on any profile.
+            "profiling": None,
+            # The mock answers 0 for the video engines whatever the profile says.
+            "encoder_utilization_ratio": 0.0,
+            "decoder_utilization_ratio": 0.0,
+            # A board without fans (count 0) answers NOT_SUPPORTED.
+            "fan_speed_ratio": fan["speed_percent"] / 100 if fan.get("count") else None,
+            "performance_state": int(cfg["performance_state"].removeprefix("P")),
         }
 
     assert seen["xids"] == []

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ExporterProcess, PrometheusProcess
-from test_exposition_prometheus import dashboard_queries, dashboard_variables, substitute
+from test_exposition_prometheus import dashboard_queries, substitute, variable_values
 
 from gpumon.devcluster.binaries import MockNvml
 
@@ -54,13 +54,7 @@ def scraping_nvml(
 def test_every_panel_of_nvidias_dashboard_has_data_from_the_mock_library(
     scraping_nvml: PrometheusProcess, nvml_exporter: ExporterProcess
 ) -> None:
-    values: dict[str, list[str]] = {}
-    for name, query in dashboard_variables().items():
-        match = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", query)
-        assert match, f"unsupported variable query {query!r}"
-        metric, label = match.groups()
-        values[name] = scraping_nvml.api(f"label/{label}/values", **{"match[]": metric})
-        assert values[name], f"variable ${name} has no values ({query})"
+    values = variable_values(scraping_nvml)
     # The session's Prometheus may remember the simulated exporter an earlier module scraped:
     # the dashboard is looked at with this exporter chosen, so every panel answers from it.
     assert nvml_exporter.target in values["instance"]

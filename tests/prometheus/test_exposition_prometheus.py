@@ -237,14 +237,20 @@ def substitute(expr: str, values: dict[str, list[str]]) -> str:
     return expr
 
 
-def test_every_dashboard_query_returns_data(scraping: PrometheusProcess, exporter: ExporterProcess) -> None:
+def variable_values(prometheus: PrometheusProcess) -> dict[str, list[str]]:
+    """Each dashboard variable's values, as Grafana asks Prometheus for them."""
     values: dict[str, list[str]] = {}
     for name, query in dashboard_variables().items():
         match = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", query)
         assert match, f"unsupported variable query {query!r}"
         metric, label = match.groups()
-        values[name] = scraping.api(f"label/{label}/values", **{"match[]": metric})
+        values[name] = prometheus.api(f"label/{label}/values", **{"match[]": metric})
         assert values[name], f"variable ${name} has no values ({query})"
+    return values
+
+
+def test_every_dashboard_query_returns_data(scraping: PrometheusProcess, exporter: ExporterProcess) -> None:
+    values = variable_values(scraping)
     assert exporter.target in values["instance"]
 
     queries = dashboard_queries()
