@@ -1,5 +1,6 @@
 """Kubernetes objects with missing, null and odd fields through the controller's converters
-(gpumon.controller.core.objects, demand.pending_gpu_pod, pools.pool_node_from_json). The API
+(gpumon.controller.core.objects, demand.pending_gpu_pod, pools.pool_node_from_json) and the
+allocation view of `gpumon status allocation`. The API
 server guarantees each kind's structure and types (an object where the schema has one, a list of
 objects, an integer, a string), not which fields are set nor what their strings say: so the
 objects here are real ones with fields dropped or nulled, list items dropped, and scalars given
@@ -17,6 +18,7 @@ from strategies import FUZZ, scalars, strings
 from gpumon.controller.core.demand import GPU_RESOURCES, Template, pending_gpu_pod
 from gpumon.controller.core.objects import from_rfc3339, node_from_json, pdb_from_json, pod_from_json
 from gpumon.controller.core.pools import pool_node_from_json
+from gpumon.status.allocation import build_allocation
 
 NODE: dict[str, Any] = {
     "metadata": {
@@ -171,3 +173,53 @@ def test_a_pdb_converts(obj: dict[str, Any]) -> None:
 @given(st.one_of(scalars, st.text()))
 def test_a_timestamp_is_a_time_or_none(text: Any) -> None:
     assert from_rfc3339(str(text)) is None or isinstance(from_rfc3339(str(text)), float)
+
+
+SHARED_NODE: dict[str, Any] = {
+    "metadata": {
+        "name": "gpu-1",
+        "annotations": {
+            "hami.io/node-nvidia-register": "GPU-a,10,32768,100,NVIDIA-A100,0,true,0,hami-core:",
+        },
+    },
+    "status": {
+        "capacity": {"aliyun.com/gpu-count": "2", "aliyun.com/gpu-mem": "32", "nvidia.com/gpu": "4"},
+        "allocatable": {
+            "aliyun.com/gpu-count": "2",
+            "aliyun.com/gpu-mem": "32",
+            "nvidia.com/mig-1g.10gb": "7",
+        },
+    },
+}
+SHARED_POD: dict[str, Any] = {
+    "metadata": {
+        "name": "p",
+        "namespace": "ml",
+        "annotations": {
+            "ALIYUN_COM_GPU_MEM_IDX": "1",
+            "ALIYUN_COM_GPU_MEM_ASSIGNED": "true",
+            "hami.io/vgpu-devices-allocated": "GPU-a,NVIDIA,4096,25:;",
+        },
+    },
+    "spec": {
+        "nodeName": "gpu-1",
+        "containers": [
+            {
+                "name": "c",
+                "resources": {
+                    "limits": {"aliyun.com/gpu-mem": "4", "aliyun.com/gpu-core.percentage": "30"},
+                    "requests": {"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "2"},
+                },
+            }
+        ],
+    },
+    "status": {"phase": "Running"},
+}
+
+
+@FUZZ
+@given(damaged(SHARED_NODE), st.lists(damaged(SHARED_POD), max_size=3))
+def test_the_allocation_view_is_built_from_any_node_and_pods(
+    node: dict[str, Any], pods: list[dict[str, Any]]
+) -> None:
+    build_allocation("2026-01-01T00:00:00Z", [node], pods)
