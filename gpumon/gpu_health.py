@@ -223,6 +223,20 @@ def actionable_xids(codes: Iterable[int], policy: HealthPolicy) -> list[tuple[in
 # The exporter's verdict
 
 
+def _xid_reasons(ranked: list[tuple[int, XidClass]]) -> list[HealthReason]:
+    """One reason per class (reason code and state) naming its codes ("Xid 74, 79"), in
+    ``ranked``'s order: a GPU's reasons are bounded by the classes, not by the codes seen, so a
+    storm of distinct codes neither grows ``gpumon_gpu_health_info`` by a series per code nor
+    pushes the verdict past the wire's ``MAX_REASONS``. The controller names its evidence the
+    same way."""
+    codes: dict[XidClass, list[int]] = {}
+    for code, cls in ranked:
+        codes.setdefault(cls, []).append(code)
+    return [
+        HealthReason(cls.reason, "Xid " + ", ".join(map(str, cs)), cls.state) for cls, cs in codes.items()
+    ]
+
+
 def judge(
     *,
     fast: FastFields | None,
@@ -239,7 +253,7 @@ def judge(
             (HealthReason("GpuLost", "GPU is lost (NVML_ERROR_GPU_IS_LOST)", HealthState.LOST),),
         )
     in_window = (ev.xid for ev in recent_xids if now - ev.timestamp <= policy.xid_window_seconds)
-    reasons = [HealthReason(k.reason, f"Xid {c}", k.state) for c, k in actionable_xids(in_window, policy)]
+    reasons = _xid_reasons(actionable_xids(in_window, policy))
     if slow is not None:
         if slow.ecc_uncorrected:
             reasons.append(

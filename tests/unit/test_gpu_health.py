@@ -25,6 +25,7 @@ from gpumon.gpu_health import (
     judge,
     recommended_action,
 )
+from gpumon.wire import v1 as wire
 
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # The catalog, plus codes it does not know (unknown_xid_state applies to them).
@@ -126,4 +127,19 @@ def test_exporter_verdict_and_controller_rules_agree_on_every_catalog_xid(
     findings = controller.findings
     assert findings[0].reason == exporter.reason
     named = {int(c) for f in findings for c in f.evidence.removeprefix("Xid ").split(", ")}
-    assert named == {int(r.detail.removeprefix("Xid ")) for r in exporter.reasons}
+    assert named == {int(c) for r in exporter.reasons for c in r.detail.removeprefix("Xid ").split(", ")}
+
+
+def test_a_storm_of_distinct_codes_gives_one_reason_per_class_within_the_wire_limit():
+    # Issue #18: 64 distinct codes in the window gave 64 reasons, one gpumon_gpu_health_info
+    # series each (507 on a stormed node), and a verdict the wire refused (MAX_REASONS = 32),
+    # so the stormed GPU's watch lines and snapshot could not be built.
+    storm = [XidEvent("GPU-0", c, 10.0) for c in (*range(200, 262), 79, 74)]
+    verdict = judge(fast=None, slow=None, recent_xids=storm, lost=False, now=10.0, policy=HealthPolicy())
+    assert [(r.code, r.state) for r in verdict.reasons] == [
+        ("XidFatal", HealthState.UNHEALTHY),
+        ("XidUnknown", HealthState.DEGRADED),
+    ]
+    assert verdict.reasons[0].detail == "Xid 74, 79"
+    assert verdict.reasons[1].detail == "Xid " + ", ".join(map(str, range(200, 262)))
+    assert wire.verdict(verdict).reasons[0].detail == "Xid 74, 79", "within the wire's limits"
