@@ -1,4 +1,4 @@
-"""The background sampler: read devices on two cadences, build one snapshot, render it once.
+"""The background sampler: read devices on two cadences, build one snapshot, have it rendered.
 
 Fast fields (memory, utilization, temperature, power, clocks, processes) are read every
 ``sampling.fast_interval_seconds``, slow ones (ECC, remapped rows, PCIe replays, MIG) every
@@ -8,7 +8,8 @@ another thread. Xid events come from one dedicated thread blocked in ``wait_xids
 after a quiet fast interval is published at once, without waiting for the next tick; batches
 that follow it within the interval are folded into the state and ride the next tick's render,
 so a storm of Xids costs no render of its own, and logs at most ``XID_LOG_BURST`` lines per
-``XID_LOG_WINDOW_SECONDS``.
+``XID_LOG_WINDOW_SECONDS``. Each snapshot is rendered off the loop
+(:mod:`gpumon.exporter.render_thread`); scrapes are served the last finished payload.
 
 This is the imperative shell: clocks, threads, timeouts and logs. What a reading does to a GPU's
 state is :mod:`gpumon.exporter.gpu_state`, what a watcher is told is
@@ -41,7 +42,7 @@ from gpumon.devices.model import (
     Snapshot,
     XidEvent,
 )
-from gpumon.exporter.exposition import Profile, RenderedMetrics, render
+from gpumon.exporter.exposition import Profile, RenderedMetrics
 from gpumon.exporter.gpu_state import (
     GpuState,
     carry_over,
@@ -51,6 +52,7 @@ from gpumon.exporter.gpu_state import (
     with_slow,
     with_xids,
 )
+from gpumon.exporter.render_thread import RenderThread
 from gpumon.exporter.self_metrics import SelfMetrics
 from gpumon.exporter.sources import PodAttributor
 from gpumon.exporter.watch_events import HealthChange, watch_events
@@ -130,7 +132,6 @@ class Sampler:
     ) -> None:
         self._backend = backend
         self._node = node
-        self._profile: Profile = profile
         self._sampling = sampling
         self._policy = policy
         self._executor = executor
@@ -146,7 +147,7 @@ class Sampler:
         self._states: dict[int, GpuState] = {}
         self._pods: tuple[PodGpuUsage, ...] = ()
         self._complete = False
-        self._ever_complete = False
+        self._rendered_complete = False  # a complete snapshot's payload has been served
         self._hung: dict[Hashable, Future[Any]] = {}
         self._watchers: set[Watcher] = set()
         self._stop = threading.Event()
@@ -157,16 +158,30 @@ class Sampler:
         self._xid_log = LogBudget(XID_LOG_BURST, XID_LOG_WINDOW_SECONDS)
         self._health_log = LogBudget(HEALTH_LOG_BURST, XID_LOG_WINDOW_SECONDS)
         self.snapshot: Snapshot | None = None
-        self.rendered: RenderedMetrics | None = None
-        self.renders = 0
+        self._render = RenderThread(
+            profile=profile,
+            extra=(metrics.registry,),
+            on_rendered=self._rendered,
+            on_failed=lambda: metrics.record_error("render", "unexpected"),
+        )
+        self.publishes = 0
         metrics.backend_up.set(0)
 
     # -- what the server reads -----------------------------------------------------------------
 
     @property
     def ready(self) -> bool:
-        """After the first complete sample, and not while the backend is down."""
-        return self._ever_complete and self._up
+        """After the first complete sample is rendered, and not while the backend is down."""
+        return self._rendered_complete and self._up
+
+    @property
+    def rendered(self) -> RenderedMetrics | None:
+        """The last payload rendered: what a scrape is served, never waiting for a render."""
+        return self._render.rendered
+
+    async def rendered_latest(self) -> RenderedMetrics | None:
+        """The payload once every snapshot published so far is rendered."""
+        return await self._render.idle()
 
     @property
     def backend_up(self) -> bool:
@@ -212,6 +227,7 @@ class Sampler:
             log.warning("closing the device backend failed: %s", e or type(e).__name__)
         if self._xid_thread is not None:
             await asyncio.to_thread(self._xid_thread.join, _XID_WAIT_SECONDS * 2)
+        self._render.close()
 
     async def _every(self, interval: float, tick: Callable[[], Awaitable[None]]) -> None:
         loop = asyncio.get_running_loop()
@@ -249,7 +265,6 @@ class Sampler:
             self._complete = self._up and all(
                 i in fresh and (s.lost or s.slow is not None) for i, s in self._states.items()
             )
-            self._ever_complete |= self._complete
             if self._up:
                 self._metrics.last_sample.labels("fast").set(now)
         else:
@@ -441,6 +456,10 @@ class Sampler:
 
     # -- publish -----------------------------------------------------------------------------------
 
+    def _rendered(self, snapshot: Snapshot, rendered: RenderedMetrics) -> None:
+        self._rendered_complete |= snapshot.complete
+        self._metrics.scrape_bytes.set(len(rendered.text))
+
     def _publish(self, *, attribute: bool = False) -> None:
         now = self._wall()
         gpus = tuple(to_sample(self._states[i], now=now, policy=self._policy) for i in sorted(self._states))
@@ -460,13 +479,8 @@ class Sampler:
             complete=self._complete,
         )
         previous, self.snapshot = self.snapshot, snapshot
-        try:
-            self.rendered = render(snapshot, profile=self._profile, extra=(self._metrics.registry,))
-            self._metrics.scrape_bytes.set(len(self.rendered.text))
-        except Exception:
-            self._metrics.record_error("render", "unexpected")
-            log.exception("rendering the snapshot failed; serving the previous payload")
-        self.renders += 1
+        self._render.submit(snapshot)
+        self.publishes += 1
         events = watch_events(previous, snapshot, hot_celsius=self._policy.temperature_degraded_celsius)
         logged_at = self._now_monotonic()
         for ev in events:

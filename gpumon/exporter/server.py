@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,7 @@ from gpumon.config import ExporterConfig
 from gpumon.devices.backend import DeviceBackend
 from gpumon.devices.model import Snapshot
 from gpumon.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
+from gpumon.exporter.render_thread import RENDER_SWITCH_INTERVAL
 from gpumon.exporter.sampler import Sampler, reopen_delay
 from gpumon.exporter.self_metrics import SelfMetrics
 from gpumon.exporter.sources import PodAttributor
@@ -160,8 +162,11 @@ def make_app(
 
 async def _sampling(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(RENDER_SWITCH_INTERVAL)
     state.supervisor.start("gpumon-sampler", state.sampler.run)
     yield
+    sys.setswitchinterval(switch_interval)
     await state.supervisor.stop()
     await state.sampler.shutdown()
     # A hung device call cannot be interrupted; do not wait for it.
@@ -213,7 +218,9 @@ async def _readyz(request: web.Request) -> web.Response:
         )
     if sampler.ready:
         return web.Response(text="ready\n")
-    reason = "device backend down" if sampler.renders and not sampler.backend_up else "no complete sample yet"
+    reason = (
+        "device backend down" if sampler.publishes and not sampler.backend_up else "no complete sample yet"
+    )
     return web.Response(status=503, text=f"not ready: {reason}\n")
 
 

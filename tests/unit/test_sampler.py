@@ -88,9 +88,10 @@ def make_sampler(
     )
 
 
-def value(sampler: Sampler, name: str, **labels: str) -> float | None:
-    assert sampler.rendered is not None
-    for family in text_string_to_metric_families(sampler.rendered.text.decode()):
+async def value(sampler: Sampler, name: str, **labels: str) -> float | None:
+    rendered = await sampler.rendered_latest()
+    assert rendered is not None
+    for family in text_string_to_metric_families(rendered.text.decode()):
         for s in family.samples:
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
                 return s.value
@@ -100,6 +101,7 @@ def value(sampler: Sampler, name: str, **labels: str) -> float | None:
 async def sample(sampler: Sampler) -> Snapshot:
     await sampler.sample_slow()
     await sampler.sample_fast()
+    await sampler.rendered_latest()
     assert sampler.snapshot is not None
     return sampler.snapshot
 
@@ -113,22 +115,22 @@ async def test_first_complete_sample_makes_it_ready(backend, executor, clocks) -
     assert [g.identity.index for g in snap.gpus] == [0, 1, 2, 3]
     assert all(g.fast is not None and g.slow is not None and g.sampled_at == T0 for g in snap.gpus)
     assert all(g.health.state is HealthState.HEALTHY for g in snap.gpus)
-    assert value(sampler, "gpumon_gpu_temperature_celsius", gpu="0", sensor="gpu") is not None
-    assert value(sampler, "gpumon_exporter_nvml_up") == 1
-    assert value(sampler, "gpumon_exporter_last_sample_timestamp_seconds", cadence="fast") == T0
-    assert value(sampler, "gpumon_exporter_sample_duration_seconds_count", cadence="slow") == 1
-    assert value(sampler, "gpumon_exporter_build_info", backend="simulated") == 1
+    assert await value(sampler, "gpumon_gpu_temperature_celsius", gpu="0", sensor="gpu") is not None
+    assert await value(sampler, "gpumon_exporter_nvml_up") == 1
+    assert await value(sampler, "gpumon_exporter_last_sample_timestamp_seconds", cadence="fast") == T0
+    assert await value(sampler, "gpumon_exporter_sample_duration_seconds_count", cadence="slow") == 1
+    assert await value(sampler, "gpumon_exporter_build_info", backend="simulated") == 1
     # The payload size is the previous render's, so a second render reports the first one's.
     first_size = len(sampler.rendered.text) if sampler.rendered else 0
     await sampler.sample_fast()
-    assert value(sampler, "gpumon_exporter_scrape_bytes") == first_size
+    assert await value(sampler, "gpumon_exporter_scrape_bytes") == first_size
 
 
 async def test_only_a_fast_sample_is_not_complete(backend, executor, clocks) -> None:
     sampler = make_sampler(backend, executor, clocks)
     await sampler.sample_fast()
     assert sampler.snapshot is not None and not sampler.snapshot.complete and not sampler.ready
-    assert sampler.rendered is not None  # served anyway: partial data beats none
+    assert await sampler.rendered_latest() is not None  # served anyway: partial data beats none
 
 
 async def test_hung_call_times_out_then_the_gpu_is_skipped_not_piled_up(backend, executor, clocks) -> None:
@@ -143,15 +145,21 @@ async def test_hung_call_times_out_then_the_gpu_is_skipped_not_piled_up(backend,
     hung = snap.gpu(1)
     assert hung is not None and hung.sampled_at == T0  # last data kept, stamped when it was read
     assert all(g.sampled_at == T0 + 1 for g in snap.gpus if g.identity.index != 1)
-    assert value(sampler, "gpumon_exporter_errors_total", source="simulated.read_slow", kind="timeout") == 1
-    assert value(sampler, "gpumon_exporter_skipped_reads_total") == 1, "the fast read after the hung slow one"
+    assert (
+        await value(sampler, "gpumon_exporter_errors_total", source="simulated.read_slow", kind="timeout")
+        == 1
+    )
+    assert await value(sampler, "gpumon_exporter_skipped_reads_total") == 1, (
+        "the fast read after the hung slow one"
+    )
     for _ in range(3):
         clocks.advance(1)
         await sampler.sample_fast()
-    assert value(sampler, "gpumon_exporter_skipped_reads_total") == 4
+    assert await value(sampler, "gpumon_exporter_skipped_reads_total") == 4
     assert sampler.hung_calls == 1, "a hung GPU never gets a second thread"
     assert (
-        value(sampler, "gpumon_exporter_errors_total", source="simulated.read_fast", kind="timeout") is None
+        await value(sampler, "gpumon_exporter_errors_total", source="simulated.read_fast", kind="timeout")
+        is None
     )
 
     backend.inject(parse_fault({"gpu": 1, "fault": "clear"}))  # the blocked read returns
@@ -172,8 +180,10 @@ async def test_a_lost_gpu_turns_only_itself_lost(backend, executor, clocks) -> N
     assert lost.fast is None and lost.slow is None
     assert all(g.health.state is HealthState.HEALTHY for g in snap.gpus if g.identity.index != 2)
     assert snap.complete and sampler.ready, "a lost GPU is known, not missing"
-    assert value(sampler, "gpumon_gpu_health", gpu="2", state="lost") == 1
-    assert value(sampler, "gpumon_exporter_errors_total", source="simulated.read_slow", kind="lost") == 1
+    assert await value(sampler, "gpumon_gpu_health", gpu="2", state="lost") == 1
+    assert (
+        await value(sampler, "gpumon_exporter_errors_total", source="simulated.read_slow", kind="lost") == 1
+    )
     backend.inject(parse_fault({"gpu": 2, "fault": "clear"}))
     snap = await sample(sampler)
     back = snap.gpu(2)
@@ -189,23 +199,23 @@ async def test_backend_down_keeps_last_data_and_recovers_with_backoff(backend, e
     down = sampler.snapshot
     assert down is not None and not down.backend_up and not down.complete and not sampler.ready
     assert [g.fast for g in down.gpus] == [g.fast for g in before.gpus], "last data kept"
-    assert value(sampler, "gpumon_exporter_nvml_up") == 0
+    assert await value(sampler, "gpumon_exporter_nvml_up") == 0
     errors = "gpumon_exporter_errors_total"
-    assert value(sampler, errors, source="simulated.read_fast", kind="unavailable") == 1
+    assert await value(sampler, errors, source="simulated.read_fast", kind="unavailable") == 1
 
     # First re-open on the next tick, then 1 s, 2 s, 4 s apart.
     attempts = []
     for _ in range(16):
         clocks.advance(0.5)
         await sampler.sample_fast()
-        attempts.append(value(sampler, errors, source="simulated.open", kind="unavailable"))
+        attempts.append(await value(sampler, errors, source="simulated.open", kind="unavailable"))
     assert attempts == [1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 4, 4]
 
     backend.clear_all()
     clocks.advance(10)
     snap = await sample(sampler)
     assert snap.backend_up and snap.complete and sampler.ready
-    assert value(sampler, "gpumon_exporter_nvml_up") == 1
+    assert await value(sampler, "gpumon_exporter_nvml_up") == 1
     assert [g.identity for g in snap.gpus] == [g.identity for g in before.gpus]
 
 
@@ -214,7 +224,9 @@ async def test_backend_unavailable_from_the_start(backend, executor, clocks) -> 
     sampler = make_sampler(backend, executor, clocks)
     snap = await sample(sampler)
     assert snap.gpus == () and not snap.backend_up and not sampler.ready
-    assert value(sampler, "gpumon_exporter_nvml_up") == 0, "rendered so Prometheus sees the exporter is up"
+    assert await value(sampler, "gpumon_exporter_nvml_up") == 0, (
+        "rendered so Prometheus sees the exporter is up"
+    )
 
 
 async def test_xid_events_from_the_thread_are_counted_and_published(executor, clocks) -> None:
@@ -240,8 +252,8 @@ async def test_xid_events_from_the_thread_are_counted_and_published(executor, cl
         gpu = sampler.snapshot.gpus[1]
         assert dict(gpu.xid_counts) == {79: 2, 13: 1} and gpu.last_xid == 13
         assert [e.xid for e in gpu.xids] == [13, 79]
-        assert value(sampler, "gpumon_gpu_xid_errors_total", gpu="1", xid="79") == 2
-        assert value(sampler, "gpumon_gpu_xid_errors_total", gpu="1", xid="13") == 1
+        assert await value(sampler, "gpumon_gpu_xid_errors_total", gpu="1", xid="79") == 2
+        assert await value(sampler, "gpumon_gpu_xid_errors_total", gpu="1", xid="13") == 1
 
 
 async def test_xid_verdict_expires_after_the_window_but_the_count_stays(backend, executor, clocks) -> None:
@@ -256,7 +268,7 @@ async def test_xid_verdict_expires_after_the_window_but_the_count_stays(backend,
     assert snap.gpus[0].health.state is HealthState.HEALTHY
     assert dict(snap.gpus[0].xid_counts) == {79: 1}
     sampler.ingest_xids([XidEvent("GPU-not-here", 79, 0.0)])
-    assert value(sampler, "gpumon_exporter_errors_total", kind="unknown_gpu") == 1
+    assert await value(sampler, "gpumon_exporter_errors_total", kind="unknown_gpu") == 1
 
 
 async def test_watchers_get_transitions_after_each_render(backend, executor, clocks) -> None:
@@ -320,7 +332,9 @@ async def test_pods_are_attributed_every_fast_tick_and_refreshed_on_the_slow_one
     attributor.fail = True
     await sampler.sample_fast()
     assert sampler.snapshot is not None and [p.ref.pod for p in sampler.snapshot.pods] == ["pod-a"]
-    assert value(sampler, "gpumon_exporter_errors_total", source="pods.attribute", kind="unexpected") == 1
+    assert (
+        await value(sampler, "gpumon_exporter_errors_total", source="pods.attribute", kind="unexpected") == 1
+    )
 
 
 async def test_run_and_shutdown_leave_no_xid_thread(backend, executor, clocks) -> None:
@@ -415,16 +429,16 @@ async def test_an_xid_storm_renders_once_per_tick_and_logs_a_bounded_count(
     sampler = make_sampler(backend, executor, clocks)
     await sample(sampler)
     uuid = backend.devices()[0].uuid
-    renders = sampler.renders
+    publishes = sampler.publishes
     with caplog.at_level("WARNING", logger="gpumon.exporter.sampler"):
         for i in range(5000):
             sampler.ingest_xids([XidEvent(uuid, 1 + i % 999, clocks.wall)])
-        assert sampler.renders == renders + 1, "the first batch at once, the rest at the next tick"
+        assert sampler.publishes == publishes + 1, "the first batch at once, the rest at the next tick"
         assert sampler.snapshot is not None and sum(sampler.snapshot.gpus[0].xid_counts.values()) == 1
         clocks.advance(1.0)
         await sampler.sample_fast()
         assert sampler.snapshot is not None and sum(sampler.snapshot.gpus[0].xid_counts.values()) == 5000
-        assert value(sampler, "gpumon_gpu_xid_errors_total", gpu="0", xid="other") is not None
+        assert await value(sampler, "gpumon_gpu_xid_errors_total", gpu="0", xid="other") is not None
         assert sampler.rendered is not None
         text = sampler.rendered.text.decode()
         xid_series = [line for line in text.splitlines() if line.startswith("gpumon_gpu_xid_errors_total{")]
@@ -435,7 +449,7 @@ async def test_an_xid_storm_renders_once_per_tick_and_logs_a_bounded_count(
     suppressed = [r for r in caplog.records if r.getMessage().startswith("Xid events not logged")]
     assert [r.suppressed for r in suppressed] == [5000 - XID_LOG_BURST]  # type: ignore[attr-defined]
     # Quiet again: the next Xid is rendered (and logged) at once.
-    renders = sampler.renders
+    publishes = sampler.publishes
     sampler.ingest_xids([XidEvent(uuid, 79, clocks.wall)])
-    assert sampler.renders == renders + 1
+    assert sampler.publishes == publishes + 1
     assert sampler.snapshot is not None and sum(sampler.snapshot.gpus[0].xid_counts.values()) == 5001
