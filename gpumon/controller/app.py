@@ -352,6 +352,7 @@ def _build_source(
         wall_clock=wall_clock,
         on_error=lambda kind: metrics.signal_errors.labels("direct", kind).inc(),
         on_refusal=lambda node, kind: metrics.exporter_refusals.labels(node, kind).inc(),
+        on_refusals_forgotten=metrics.forget_refusals,
     )
 
 

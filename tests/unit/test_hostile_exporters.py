@@ -19,8 +19,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from direct_harness import base_url, running_source, wait_for
+from prometheus_client import CollectorRegistry
 
 from gpumon.controller.core.backoff import Backoff
+from gpumon.controller.shell.metrics import ControllerMetrics
 from gpumon.controller.shell.signal_sources import direct
 from gpumon.controller.shell.signal_sources.direct import (
     DirectSettings,
@@ -337,3 +339,52 @@ async def test_a_failure_of_our_own_on_one_node_is_logged_and_that_watch_starts_
         assert src.errors["internal"] == 1
     crashed = [r for r in caplog.records if getattr(r, "node", None) == "n1" and r.exc_info]
     assert len(crashed) == 1 and "a bug downstream" in str(crashed[0].exc_info[1])  # type: ignore[index]
+
+
+class MovingEndpoints:
+    """Endpoints the test changes, as the exporter-pods informer would when a node goes."""
+
+    def __init__(self, urls: dict[str, str]) -> None:
+        self.urls = urls
+        self.changed = asyncio.Event()
+        self.changed.set()
+
+    def current(self) -> dict[str, str]:
+        return dict(self.urls)
+
+
+async def test_a_refused_nodes_series_are_deleted_when_its_exporter_leaves():
+    # Issue #18: per-node refusal series were never deleted, so every hostile node that ever
+    # left the cluster kept its series in the controller's /metrics for good.
+    registry = CollectorRegistry()
+    metrics = ControllerMetrics(registry)
+
+    def count(node: str, kind: str) -> float | None:
+        return registry.get_sample_value(
+            "gpumon_controller_exporter_refusals_total", {"node": node, "kind": kind}
+        )
+
+    async with (
+        exporter(lambda resp, n: resp.write(b"[]\n")) as (bad, _),
+        exporter(good("n2")) as (ok, _),
+        aiohttp.ClientSession() as session,
+    ):
+        endpoints = MovingEndpoints({"n1": bad, "n2": ok})
+        src = DirectSource(
+            DirectSettings(heartbeat_seconds=0.2),
+            endpoints,
+            session,
+            backoff=QUICK,
+            on_refusal=lambda node, kind: metrics.exporter_refusals.labels(node, kind).inc(),
+            on_refusals_forgotten=metrics.forget_refusals,
+        )
+        task = asyncio.create_task(src.run(lambda nodes: None))
+        try:
+            await wait_for(lambda: (count("n1", "invalid") or 0) >= 2, "n1 refused")
+            await wait_for(lambda: "n2" in src.current().nodes, "n2 read")
+            endpoints.urls = {"n2": ok}  # n1's exporter pod is gone (its node left)
+            endpoints.changed.set()
+            await wait_for(lambda: count("n1", "invalid") is None, "n1's series deleted")
+            assert "n1" not in src.current().nodes and "n2" in src.current().nodes
+        finally:
+            await cancel_and_wait([task])

@@ -94,6 +94,11 @@ class ControllerMetrics:
             "gpumon_controller_dry_run", "1 when decisions are only reported.", registry=registry
         )
 
+    def forget_refusals(self, node: str, kinds: frozenset[str]) -> None:
+        """Drop a node's refusal series once its exporter is gone from the endpoints."""
+        for kind in kinds:
+            self.exporter_refusals.remove(node, kind)
+
 
 class ClusterGauges(Collector):
     """Scrape-time gauges from a function returning the current picture."""

@@ -229,6 +229,9 @@ class LogThrottle:
         self._logged[key] = (now, 0)
         return suppressed
 
+    def forget(self, key: str) -> None:
+        self._logged.pop(key, None)
+
 
 # Lines parsed before letting the rest of the loop run, within one buffered chunk.
 _LINES_BETWEEN_YIELDS = 64
@@ -266,6 +269,7 @@ class DirectSource:
         backoff: Backoff = RECONNECT_BACKOFF,
         on_error: Callable[[str], None] = lambda kind: None,
         on_refusal: Callable[[str, str], None] = lambda node, kind: None,
+        on_refusals_forgotten: Callable[[str, frozenset[str]], None] = lambda node, kinds: None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._s = settings
@@ -284,6 +288,11 @@ class DirectSource:
         self.errors: collections.Counter[str] = collections.Counter()
         self._on_error = on_error
         self._on_refusal = on_refusal
+        # The kinds each node has been refused for (what ``on_refusal`` was told), until the
+        # node's exporter leaves the endpoints: then ``on_refusals_forgotten`` is told, so that
+        # per-node series of nodes long gone do not pile up.
+        self._on_refusals_forgotten = on_refusals_forgotten
+        self._refused_kinds: dict[str, set[str]] = {}
         self._monotonic = monotonic
         self._log_throttle = LogThrottle(settings.log_interval_seconds)
 
@@ -321,6 +330,7 @@ class DirectSource:
         # The node broke the wire: what it said is not evidence either way, so its reading is
         # withdrawn (unknown: never unhealthy, never remediated) until a good state line.
         self._on_refusal(node, kind)
+        self._refused_kinds.setdefault(node, set()).add(kind)
         view = self._views.get(node)
         if view is not None and view.heard_at is not None:
             self._views[node] = ExporterView(node)
@@ -436,6 +446,9 @@ class DirectSource:
             del self._views[node]
             self._cache.pop(node, None)
             self._on_change((node,))
+        for node in [n for n in self._refused_kinds if n not in urls]:
+            self._log_throttle.forget(node)
+            self._on_refusals_forgotten(node, frozenset(self._refused_kinds.pop(node)))
         for node, url in urls.items():
             if node not in self._watchers:
                 self._watchers[node] = (
