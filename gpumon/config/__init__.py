@@ -342,6 +342,11 @@ class DirectSignalsConfig(Section):
     # names their Service, as a ServiceMonitor's tlsConfig.serverName does).
     ca_file: Path | None = None
     server_name: str | None = Field(None, min_length=1)
+    # One exporter's watch connection may send line_burst lines at once and lines_per_second
+    # after (a token bucket); past it the connection is dropped and counted as a "flood". An
+    # honest exporter sends a state line per connect, a line per GPU change and a heartbeat.
+    lines_per_second: Float = Field(200.0, gt=0, le=1_000_000)
+    line_burst: Int = Field(2000, ge=1, le=10_000_000)
 
 
 class SignalsConfig(Section):

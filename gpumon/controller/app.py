@@ -346,6 +346,8 @@ def _build_source(
             max_concurrency=d.max_concurrency,
             bearer_token=bearer_token,
             server_name=d.server_name,
+            lines_per_second=d.lines_per_second,
+            line_burst=d.line_burst,
         ),
         endpoints if endpoints is not None else StaticEndpoints(d.endpoints),
         session,

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -21,6 +22,9 @@ from aiohttp.test_utils import TestServer
 from direct_harness import base_url, running_source, wait_for
 from prometheus_client import CollectorRegistry
 
+from gpumon.config import ControllerConfig
+from gpumon.controller.app import _build_source
+from gpumon.controller.configure import build_policy
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.shell.metrics import ControllerMetrics
 from gpumon.controller.shell.signal_sources import direct
@@ -386,5 +390,33 @@ async def test_a_refused_nodes_series_are_deleted_when_its_exporter_leaves():
             endpoints.changed.set()
             await wait_for(lambda: count("n1", "invalid") is None, "n1's series deleted")
             assert "n1" not in src.current().nodes and "n2" in src.current().nodes
+        finally:
+            await cancel_and_wait([task])
+
+
+@pytest.mark.parametrize(("burst", "floods"), [(None, False), (100, True)])
+async def test_the_flood_limits_come_from_the_controller_config(burst: int | None, floods: bool):
+    # 150 lines at once: within the default burst (2,000), a flood under a configured 100.
+    async def eager(resp: web.StreamResponse, n: int) -> None:
+        await resp.write(state("n1") + heartbeat("n1") * 149)
+
+    limits = {} if burst is None else {"line_burst": burst, "lines_per_second": 1}
+    async with exporter(eager) as (url, _), aiohttp.ClientSession() as session:
+        config = ControllerConfig.model_validate(
+            {"signals": {"source": "direct", "direct": {"endpoints": {"n1": url}, **limits}}}
+        )
+        metrics = ControllerMetrics(CollectorRegistry())
+        src = _build_source(config, build_policy(config), None, session, metrics, time.time, None)
+        assert isinstance(src, DirectSource)
+        task = asyncio.create_task(src.run(lambda nodes: None))
+        try:
+            if floods:
+                await wait_for(lambda: src.errors["flood"] >= 1, "a flood under the configured burst")
+            else:
+                await wait_for(lambda: "n1" in src.current().nodes, "n1 read")
+                first = src.current().nodes["n1"].observed_at
+                # A heartbeat after the 150 lines: all of them were read, none was a flood.
+                await wait_for(lambda: src.current().nodes["n1"].observed_at > first, "a later heartbeat")
+                assert src.errors["flood"] == 0
         finally:
             await cancel_and_wait([task])
