@@ -140,6 +140,21 @@ def test_helm_lint_passes(helm: Path, values: dict[str, str]) -> None:
             "at '/networkPolicy/scrapers/0/ipBlock/cidr': got number, want string",
         ),
         ("networkPolicy.enabled", "on", "at '/networkPolicy/enabled': got string, want boolean"),
+        (
+            "exporter.server.headerTimeoutSeconds",
+            "0",
+            "at '/exporter/server/headerTimeoutSeconds': exclusiveMinimum",
+        ),
+        (
+            "controller.server.maxConnections",
+            "many",
+            "at '/controller/server/maxConnections': got string, want integer",
+        ),
+        (
+            "exporter.server.maxConnnections",
+            "9",
+            "at '/exporter/server': additional properties 'maxConnnections'",
+        ),
         # What a mode needs.
         ("auth.mode", "bearer", "at '/auth/secretName': minLength: got 0, want 1"),
         ("tls.certManager.enabled", "true", "at '/tls/certManager/issuerRef/name': minLength: got 0, want 1"),

@@ -59,6 +59,9 @@ CHANGES: dict[str, tuple[Any, Values]] = {
     "exporter.resources": ({"limits": {"memory": "1Gi"}}, {}),
     "exporter.config": ({"sampling": {"fast_interval_seconds": 2}}, {}),
     "exporter.podAnnotations": ({"a": "b"}, {}),
+    "exporter.server.headerTimeoutSeconds": (2.5, {}),
+    "exporter.server.idleTimeoutSeconds": (30, {}),
+    "exporter.server.maxConnections": (64, {}),
     "exporter.windows.enabled": (True, {}),
     "exporter.windows.image.repository": ("registry.example/win", {"exporter.windows.enabled": True}),
     "exporter.windows.image.tag": ("1.2.3", {"exporter.windows.enabled": True}),
@@ -75,6 +78,9 @@ CHANGES: dict[str, tuple[Any, Values]] = {
     "controller.nodeSelector": ({"pool": "system"}, {}),
     "controller.tolerations": ([{"key": "system", "operator": "Exists"}], {}),
     "controller.podAnnotations": ({"a": "b"}, {}),
+    "controller.server.headerTimeoutSeconds": (2.5, {}),
+    "controller.server.idleTimeoutSeconds": (30, {}),
+    "controller.server.maxConnections": (64, {}),
     "tls.enabled": (True, {"tls.secretName": "gpumon-tls"}),
     "tls.secretName": ("other", {"tls.enabled": True, "tls.secretName": "gpumon-tls"}),
     "tls.certManager.enabled": (True, {**TLS_SECRET, "tls.certManager.issuerRef.name": "ca"}),
@@ -144,6 +150,26 @@ def test_every_value_is_in_the_table() -> None:
 def test_every_value_changes_the_render(helm: Path, path: str) -> None:
     value, needs = CHANGES[path]
     assert render(helm, {**needs, path: value}) != render(helm, needs)
+
+
+def test_server_limits_reach_each_program_and_the_windows_exporter(helm: Path) -> None:
+    limits = {"headerTimeoutSeconds": 2.5, "idleTimeoutSeconds": 30, "maxConnections": 64}
+    docs = render(helm, {"exporter.server": limits, "exporter.windows.enabled": True})
+    expected = {"header_timeout_seconds": 2.5, "idle_timeout_seconds": 30, "max_connections": 64}
+    assert config_of(docs, "exporter")["server"] == expected
+    assert config_of(docs, "controller")["server"] == {
+        "header_timeout_seconds": 10,
+        "idle_timeout_seconds": 75,
+        "max_connections": 256,
+    }, "each program has its own limits; the controller's are its defaults"
+    env = {e["name"]: e.get("value") for e in container(docs, "DaemonSet", "exporter-windows")["env"]}
+    assert {k: v for k, v in env.items() if k.startswith("GPUMON_SERVER__")} == {
+        "GPUMON_SERVER__HEADER_TIMEOUT_SECONDS": "2.5",
+        "GPUMON_SERVER__IDLE_TIMEOUT_SECONDS": "30",
+        "GPUMON_SERVER__MAX_CONNECTIONS": "64",
+    }
+    controller = render(helm, {"controller.server": {**limits, "maxConnections": 8}})
+    assert config_of(controller, "controller")["server"] == {**expected, "max_connections": 8}
 
 
 # -- TLS ------------------------------------------------------------------------------------------

@@ -90,6 +90,14 @@ auth:
 {{- end }}
 {{- end -}}
 
+{{/* A program's server limits (exporter.server or controller.server) as its config section. */}}
+{{- define "gpumon.server.limits" -}}
+server:
+  header_timeout_seconds: {{ .headerTimeoutSeconds }}
+  idle_timeout_seconds: {{ .idleTimeoutSeconds }}
+  max_connections: {{ .maxConnections }}
+{{- end -}}
+
 {{/* Environment for the server settings: basic credentials never go in a ConfigMap. */}}
 {{- define "gpumon.server.env" -}}
 {{- if eq .Values.auth.mode "basic" }}
