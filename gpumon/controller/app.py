@@ -227,7 +227,10 @@ def make_app(
         if s.source == "direct" and s.direct.ca_file is not None
         else True
     )
-    auth = guard(config.auth, on_error=on_error("auth"), api=api)
+    supervisor = Supervisor(
+        delay=TASK_BACKOFF.delay, on_restart=lambda task: metrics.task_restarts.labels(task).inc()
+    )
+    auth = guard(config.auth, on_error=on_error("auth"), supervisor=supervisor, api=api)
     # Exporter streams are many and long-lived: no pool limit; snapshot fetches have their own.
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ssl=exporter_tls))
     source = _build_source(config, policy, endpoints, session, metrics, wall_clock, bearer_token)
@@ -279,9 +282,7 @@ def make_app(
         session=session,
         endpoints=endpoints,
         autoscaler=autoscaler,
-        supervisor=Supervisor(
-            delay=TASK_BACKOFF.delay, on_restart=lambda task: metrics.task_restarts.labels(task).inc()
-        ),
+        supervisor=supervisor,
     )
     registry.register(
         ClusterGauges(

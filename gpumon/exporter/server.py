@@ -141,9 +141,14 @@ def make_app(
         attributor=attributor,
         wall_clock=wall_clock,
     )
-    auth = guard(config.auth, on_error=lambda kind: metrics.record_error("auth", kind), api=reviews)
     supervisor = Supervisor(
         delay=reopen_delay, on_restart=lambda task: metrics.task_restarts.labels(task).inc()
+    )
+    auth = guard(
+        config.auth,
+        on_error=lambda kind: metrics.record_error("auth", kind),
+        supervisor=supervisor,
+        api=reviews,
     )
     state = ExporterState(config, sampler, executor, auth, wall_clock, supervisor=supervisor)
     app = web.Application(middlewares=[auth.middleware])

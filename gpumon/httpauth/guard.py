@@ -19,7 +19,7 @@ from gpumon.config import AuthConfig
 from gpumon.configfile import ConfigError
 from gpumon.httpauth.kubernetes import KubernetesReviewer, ReviewApi, connect_reviews, verb_of
 from gpumon.httpauth.static import Authenticator, authenticator
-from gpumon.tasks import cancel_and_wait
+from gpumon.tasks import Supervisor, cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +30,15 @@ _BEARER_CHALLENGE = 'Bearer realm="gpumon"'
 
 class Guard:
     """Build with :func:`guard`; put :meth:`middleware` on the app and :meth:`lifespan` in its
-    ``cleanup_ctx`` (the token file's reload, the Kubernetes client's life)."""
+    ``cleanup_ctx`` (the token file's reload, the Kubernetes client's life). The reload runs
+    under the program's ``supervisor``: if it dies it is logged, counted and restarted."""
 
-    def __init__(self, static: Authenticator, reviewer: KubernetesReviewer | None) -> None:
+    def __init__(
+        self, static: Authenticator, reviewer: KubernetesReviewer | None, supervisor: Supervisor
+    ) -> None:
         self.static = static
         self.reviewer = reviewer
+        self._supervisor = supervisor
 
         # A function, marked: aiohttp takes anything unmarked for an old-style factory.
         @web.middleware
@@ -68,7 +72,7 @@ class Guard:
     async def lifespan(self, app: web.Application) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
             if self.static.token_file is not None:
-                task = asyncio.create_task(self._reload_forever(), name="gpumon-token-reload")
+                task = self._supervisor.start("gpumon-token-reload", self._reload_forever)
                 stack.push_async_callback(cancel_and_wait, [task])
             if self.reviewer is not None:
                 if self.reviewer.api is None:
@@ -82,6 +86,8 @@ class Guard:
             try:
                 await asyncio.to_thread(self.static.reload_token)
             except ConfigError as e:
+                # A file being rotated or unreadable for a while: expected, the old token holds.
+                # Anything else is a bug of ours and ends the task, for the supervisor to report.
                 log.error("keeping the previous bearer token: %s", e)
 
 
@@ -89,11 +95,17 @@ def _unauthorized(challenge: str) -> web.Response:
     return web.Response(status=401, text="unauthorized\n", headers={"WWW-Authenticate": challenge})
 
 
-def guard(cfg: AuthConfig, *, on_error: Callable[[str], None], api: ReviewApi | None = None) -> Guard:
+def guard(
+    cfg: AuthConfig,
+    *,
+    on_error: Callable[[str], None],
+    supervisor: Supervisor,
+    api: ReviewApi | None = None,
+) -> Guard:
     """From config: a bad token file is a configuration error now. With ``auth.mode:
     kubernetes``, reviews go through ``api`` (the controller's client), else through a client
     :meth:`Guard.lifespan` opens from the pod's service account or the kubeconfig."""
     reviewer = None
     if cfg.mode == "kubernetes":
         reviewer = KubernetesReviewer(cfg.kubernetes, on_error=on_error, api=api)
-    return Guard(authenticator(cfg), reviewer)
+    return Guard(authenticator(cfg), reviewer, supervisor)

@@ -5,6 +5,8 @@ servers use; the controller's TLS and CA options. The real API server: tests/clu
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -15,9 +17,12 @@ from aiohttp.test_utils import TestClient
 
 from gpumon.config import AuthConfig, ControllerConfig, KubernetesAuthConfig, TlsConfig
 from gpumon.configfile import ConfigError
+from gpumon.httpauth import guard as guard_module
+from gpumon.httpauth import static as static_module
 from gpumon.httpauth.guard import guard
 from gpumon.httpauth.kubernetes import ACCESS_REVIEWS, TOKEN_REVIEWS, KubernetesReviewer, review_path, verb_of
 from gpumon.httpauth.tls import client_context, server_context
+from gpumon.tasks import Supervisor
 
 Client = TestClient[Any, Any]
 MakeClient = Callable[..., Awaitable[Client]]
@@ -199,7 +204,7 @@ async def _ok(request: web.Request) -> web.Response:
 
 
 def _app(cfg: AuthConfig, api: FakeApi, errors: list[str]) -> web.Application:
-    g = guard(cfg, on_error=errors.append, api=api)
+    g = guard(cfg, on_error=errors.append, supervisor=Supervisor(delay=lambda deaths: 1.0), api=api)
     app = web.Application(middlewares=[g.middleware])
     app.cleanup_ctx.append(g.lifespan)
     for path in ("/metrics", "/healthz", "/readyz", "/api/v1/faults"):
@@ -257,3 +262,43 @@ def test_ca_file_errors_name_the_field(tmp_path: Path) -> None:
     garbage.write_text("not a certificate\n")
     with pytest.raises(ConfigError, match=r"signals\.direct\.ca_file: cannot load .*no PEM certificate"):
         client_context(garbage, "signals.direct.ca_file")
+
+
+async def test_a_dying_token_reload_is_logged_counted_and_restarted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue #18: the reload task caught only ConfigError; anything else ended it silently and
+    # the token was never re-read again (a rotated token then locked every scraper out).
+    token = tmp_path / "token"
+    token.write_text("one\n")
+    monkeypatch.setattr(guard_module, "TOKEN_RELOAD_SECONDS", 0.01)
+    restarts: list[str] = []
+    supervisor = Supervisor(delay=lambda deaths: 0.01, on_restart=restarts.append)
+    g = guard(AuthConfig(bearer_token_file=token), on_error=lambda kind: None, supervisor=supervisor)
+    calls = 0
+    read = static_module.read_config_bytes
+
+    def broken_once(path: Path, what: str) -> bytes:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise OSError("a bug of ours")
+        return read(path, what)
+
+    monkeypatch.setattr(static_module, "read_config_bytes", broken_once)
+    caplog.set_level(logging.ERROR, logger="gpumon.tasks")
+    lifespan = g.lifespan(web.Application())
+    await anext(lifespan)
+    try:
+        token.write_text("two\n")
+        async with asyncio.timeout(10):
+            while g.static.token != b"two":  # noqa: ASYNC110 - the reload runs on its own cadence
+                await asyncio.sleep(0.01)
+    finally:
+        with contextlib.suppress(StopAsyncIteration):
+            await anext(lifespan)
+    assert restarts == ["gpumon-token-reload"]
+    assert [
+        r.exc_info is not None for r in caplog.records if r.getMessage().startswith("background task died")
+    ] == [True]
+    assert supervisor.restarting()[0].error == "OSError: a bug of ours"
