@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from gpumon.devices.backend import BackendError
+from gpumon.devices.model import XidEvent
 from gpumon.devices.nvml import NvmlBackend
+from gpumon.exporter.gpu_state import GpuState, to_sample, with_xids
 from gpumon.gpu_health import HealthPolicy, judge
 
 
@@ -126,7 +128,55 @@ def reinit(backend: NvmlBackend) -> dict[str, Any]:
     return out
 
 
-SCENARIOS = {"inventory": inventory, "lost": lost, "ecc_xid": ecc_xid, "reinit": reinit}
+def xid_burst(backend: NvmlBackend) -> dict[str, Any]:
+    """An Xid on every GPU at once, over ``REINITS`` initialisations: what one wait hands over
+    (the backend drains what is queued after the first event), folded as the exporter folds it
+    (with_xids per GPU, then the verdict). The mock delivers each GPU's Xid once per nvmlInit,
+    so re-initialising is the only way to make it send more."""
+    waits: list[dict[str, Any]] = []
+    states: dict[str, GpuState] = {}
+    for _ in range(REINITS):
+        backend.open()
+        gpus = backend.devices()
+        for g in gpus:
+            states.setdefault(g.uuid, GpuState(g))
+            backend.read_fast(g.index)  # the first guarded call trips the injected failure
+        started = time.monotonic()
+        events = backend.wait_xids(10.0)
+        took = time.monotonic() - started
+        quiet_started = time.monotonic()
+        after = backend.wait_xids(0.2)
+        waits.append(
+            {
+                "events": plain(events),
+                "seconds": took,
+                "after": plain(after),
+                "after_seconds": time.monotonic() - quiet_started,
+            }
+        )
+        by_uuid: dict[str, list[XidEvent]] = {}
+        for ev in events:
+            by_uuid.setdefault(ev.uuid, []).append(ev)
+        for uuid, evs in by_uuid.items():
+            states[uuid] = with_xids(states[uuid], evs)
+        backend.close()
+    now = time.time()
+    samples = [to_sample(s, now=now, policy=HealthPolicy()) for s in states.values()]
+    return {
+        "waits": waits,
+        "counts": {s.identity.uuid: {str(k): v for k, v in s.xid_counts.items()} for s in samples},
+        "reasons": {s.identity.uuid: [[r.code, r.detail] for r in s.health.reasons] for s in samples},
+    }
+
+
+REINITS = 3
+SCENARIOS = {
+    "inventory": inventory,
+    "lost": lost,
+    "ecc_xid": ecc_xid,
+    "reinit": reinit,
+    "xid_burst": xid_burst,
+}
 
 
 def main() -> int:

@@ -28,7 +28,7 @@ from nvml_mock import (
 )
 
 from gpumon.devcluster.binaries import MockNvml
-from gpumon.devices.model import VIOLATION_POLICIES
+from gpumon.devices.model import VIOLATION_POLICIES, XID_OTHER
 from gpumon.devices.nvml import canonical_bus_id
 
 PROBE = Path(__file__).with_name("mock_probe.py")
@@ -304,3 +304,29 @@ def test_nvml_initialised_again_after_a_fault(mock: MockNvml, tmp_path: Path) ->
         (event,) = run["xids"]["value"]
         assert (event["uuid"], event["index"], event["xid"]) == (gpu1["uuid"], 1, 79)
     assert seen["errors"] == []
+
+
+def test_an_xid_on_every_gpu_at_once_comes_out_of_one_wait_and_folds_per_gpu(
+    mock: MockNvml, tmp_path: Path
+) -> None:
+    """The real event path under a burst (issue #18): every GPU's Xid queued at once comes out
+    of one ``wait_xids`` (the first event, then the drain of what is already queued), each GPU
+    is counted once per delivery and folded into one verdict reason per class. The mock delivers
+    an Xid once per nvmlInit, so a burst is all it can send: a storm of thousands a second is
+    the simulator's (bench/xid_storm.py, tests/unit/test_sampler.py)."""
+    a100 = load_profile(mock, "a100")
+    codes = {0: 79, 1: 48, 2: 13, 3: 300, 4: 74, 5: 94, 6: 119, 7: 63}
+    profile = a100
+    for index, code in codes.items():
+        profile = with_device(profile, index, failure={"mode": "ecc_uncorrectable", "xid": {"code": code}})
+    seen = probe(mock, "xid_burst", profile, tmp_path)
+    devices = len(a100["devices"])
+    for wait in seen["waits"]:
+        assert sorted((e["index"], e["xid"]) for e in wait["events"]) == sorted(codes.items())[:devices]
+        assert wait["after"] == [], "each Xid is delivered once per initialisation"
+    reinits = len(seen["waits"])
+    uuid = {e["index"]: e["uuid"] for e in seen["waits"][0]["events"]}
+    assert seen["counts"][uuid[0]] == {"79": reinits}
+    assert seen["counts"][uuid[3]] == {str(XID_OTHER): reinits}, "300 is outside the catalog: other"
+    assert seen["reasons"][uuid[2]] == [], "Xid 13 is informational"
+    assert seen["reasons"][uuid[0]] == [["XidFatal", "Xid 79"]]
