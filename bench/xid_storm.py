@@ -10,7 +10,9 @@ them outside the documented range, as a driver or a fuzzer gone wrong would send
 ``--before DIR`` runs the same storm against the exporter of another checkout (a git worktree of
 an older commit) first, so both are measured on the same machine in the same minute; copy this
 checkout's simulator (gpumon/devices/simulated.py) into it, which the storm needs (its sampler,
-state and rendering stay its own). Prints one Markdown table.
+state and rendering stay its own). ``--calm`` adds this checkout's exporter without a storm, the
+same scrapes in the same minute: the floor a shared, loaded machine gives any scrape. Prints
+one Markdown table.
 """
 
 from __future__ import annotations
@@ -56,13 +58,15 @@ def scenario(path: Path, *, rate: int, seconds: float) -> None:
     path.write_text(yaml.safe_dump({"faults": [storm]}))
 
 
-async def one(label: str, cwd: Path, scenario_file: Path, seconds: float, workdir: Path) -> StormResult:
+async def one(
+    label: str, cwd: Path, scenario_file: Path | None, seconds: float, workdir: Path
+) -> StormResult:
     port = free_port()
     log = workdir / f"{label}.log"
     argv = [
         sys.executable, "-m", "bench.exporter_server",
         "--backend", "simulated", "--simulate-gpus", str(GPUS), "--bench-pods", "64",
-        "--scenario", str(scenario_file),
+        *(("--scenario", str(scenario_file)) if scenario_file is not None else ()),
         "--listen-address", "127.0.0.1", "--port", str(port), "--node-name", "bench-node",
         "--log-level", "warning",
     ]  # fmt: skip
@@ -140,6 +144,8 @@ async def main_async(args: argparse.Namespace) -> int:
         results.append(
             await one("after" if args.before is not None else "gpumon", REPO, storm, args.seconds, workdir)
         )
+        if args.calm:
+            results.append(await one("no storm", REPO, None, args.seconds, workdir))
     print(table(results, rate=args.rate, seconds=args.seconds))
     return 0
 
@@ -149,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", type=Path, help="a checkout whose exporter to storm first")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=int, default=5000)
+    parser.add_argument("--calm", action="store_true", help="also this exporter without a storm")
     return asyncio.run(main_async(parser.parse_args(argv)))
 
 
