@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from gpumon.config import ExporterConfig
 from gpumon.doctor.result import CheckResult, Status
+from gpumon.kubeclient import CredentialsError, load_credentials
 from gpumon.wire import v1 as wire
 
 FAMILY = "exporter"
@@ -49,6 +50,13 @@ def base_url(config: ExporterConfig) -> str:
 
 def _authorization(config: ExporterConfig) -> str | None:
     auth = config.auth
+    if auth.mode == "kubernetes":
+        # The exporter reviews a token with the API server: doctor, run in the exporter's pod,
+        # presents that pod's service account token (the chart lets it read the snapshot).
+        try:
+            return load_credentials().headers().get("Authorization")
+        except (CredentialsError, OSError):
+            return None
     if auth.bearer_token_file is not None:
         try:
             return "Bearer " + auth.bearer_token_file.read_text().strip()
@@ -133,7 +141,9 @@ def _sample_age(facts: EndpointFacts, fast_interval_seconds: float) -> CheckResu
             name,
             Status.WARN,
             f"/api/v1/snapshot refused the credentials ({snapshot.status})",
-            "run doctor with the exporter's --config (or --bearer-token-file) to use its credentials",
+            "run doctor with the exporter's --config (or --bearer-token-file) to use its credentials; "
+            "with --auth-mode kubernetes, run it in the exporter's pod: it presents that pod's "
+            "service account token, which the chart lets get /gpumon/api/v1/snapshot",
         )
     if snapshot.status != 200:
         text = snapshot.body.decode(errors="replace").strip()[:200]

@@ -456,6 +456,10 @@ def test_kubernetes_auth_rbac(
         # user may get /api/*, the API server's discovery).
         assert _can(devcluster, controller, namespace, "get", "/gpumon/api/v1/watch")
         assert _can(devcluster, controller, namespace, "get", "/gpumon/api/v1/snapshot")
+        # `gpumon doctor` in the exporter's pod reads the snapshot as the exporter's account.
+        exporter = f"{release}-gpumon-exporter"
+        assert _can(devcluster, exporter, namespace, "get", "/gpumon/api/v1/snapshot")
+        assert not _can(devcluster, exporter, namespace, "get", "/gpumon/api/v1/watch")
         assert _can(devcluster, "prometheus-k8s", namespace, "get", "/metrics")
         assert not _can(devcluster, "prometheus-k8s", namespace, "get", "/gpumon/api/v1/snapshot")
         assert _can(devcluster, "prometheus-k8s", namespace, "get", "/api/v1/snapshot")

@@ -289,6 +289,10 @@ def test_kubernetes_mode_wires_reviews_rbac_and_prometheus(helm: Path) -> None:
     docs_plain = render(helm, {**values, "exporter.podAttribution.enabled": False})
     exporter_pod = one(docs_plain, "DaemonSet", "r-gpumon-exporter")["spec"]["template"]["spec"]
     assert exporter_pod["automountServiceAccountToken"] is True
+    # ... and doctor, in its pod, reads the snapshot with it; nothing of pods without attribution.
+    snapshot = {"nonResourceURLs": ["/gpumon/api/v1/snapshot"], "verbs": ["get"]}
+    assert one(docs_plain, "ClusterRole", "r-gpumon-exporter")["rules"] == [snapshot]
+    assert snapshot in one(docs, "ClusterRole", "r-gpumon-exporter")["rules"]
     reader = one(docs, "ClusterRole", "r-gpumon-metrics-reader")
     assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
     assert one(docs, "ClusterRoleBinding", "r-gpumon-metrics-reader")["subjects"] == [PROMETHEUS_SA]

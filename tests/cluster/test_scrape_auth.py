@@ -7,7 +7,8 @@ callers with TokenReview + SubjectAccessReview, over TLS.
   the probes answer without a token;
 - the exporter's /api/v1/... is not open to every token (the API server's own /api/* is);
 - the controller reads the exporter over https (CA file, server name) with its own
-  ServiceAccount token, which the chart's ClusterRole lets through.
+  ServiceAccount token, which the chart's ClusterRole lets through;
+- `gpumon doctor` reads the exporter's snapshot with the exporter's own ServiceAccount token.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from kubernetes_asyncio import client
 
-from gpumon.config import ControllerConfig
+from gpumon.config import ControllerConfig, ExporterConfig
 from gpumon.controller.app import CONTROLLER, make_app
 from gpumon.controller.kube import connect
 from gpumon.controller.shell.signal_sources.direct import DirectSource
 from gpumon.devcluster.cluster import DevCluster, free_ports
 from gpumon.devcluster.waiting import eventually
+from gpumon.doctor import endpoint
+from gpumon.doctor.result import Status
 from gpumon.httpauth.tls import server_context
 
 RELEASE = "sa"
@@ -215,7 +218,13 @@ async def _refusals(session: aiohttp.ClientSession, base: str, name: str, accoun
 
 
 async def test_exporter_and_controller_review_scrapers_on_the_real_api_server(
-    devcluster: DevCluster, namespace: str, accounts: Accounts, tls: Tls, exporter: str, tmp_path: Path
+    devcluster: DevCluster,
+    namespace: str,
+    accounts: Accounts,
+    tls: Tls,
+    exporter: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls.client())) as session:
 
@@ -230,6 +239,21 @@ async def test_exporter_and_controller_review_scrapers_on_the_real_api_server(
         # /api/v1/... is reviewed as /gpumon/api/v1/...: the scraper's token (and any other,
         # though every authenticated user may get the API server's /api/*) is refused.
         assert await _status(session, exporter + "/api/v1/snapshot", accounts.scraper, EXPORTER_NAME) == 403
+
+        # `gpumon doctor` in the exporter's pod presents that pod's token (here the kubeconfig
+        # the exporter runs on), which the chart's exporter ClusterRole lets read the snapshot.
+        monkeypatch.setenv("KUBECONFIG", str(tmp_path / "exporter.kubeconfig"))
+        doctor_config = ExporterConfig.model_validate(
+            {
+                "listen_address": "127.0.0.1",
+                "port": int(exporter.rsplit(":", 1)[1]),
+                "tls": {"cert_file": tls.cert, "key_file": tls.key},
+                "auth": {"mode": "kubernetes"},
+            }
+        )
+        facts = await asyncio.to_thread(endpoint.gather, doctor_config, timeout_seconds=10)
+        assert facts.snapshot is not None and facts.snapshot.status == 200, facts
+        assert [r.status for r in endpoint.judge(facts, 60.0)] == [Status.OK, Status.OK]
 
         token_file = tmp_path / "controller.token"
         token_file.write_text(accounts.controller)
