@@ -21,11 +21,11 @@ from gpumon.devices.simulated import SimulationError, parse_fault
 DEFAULT_NAME = "default.yaml"
 
 
-class _Model(BaseModel):
+class _ScenarioModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class FleetSpec(_Model):
+class FleetSpec(_ScenarioModel):
     pool_nodes: int = Field(3, ge=1, le=20)
     max_extra_nodes: int = Field(3, ge=1, le=20)
     gpus_per_node: int = Field(4, ge=1, le=8)
@@ -36,13 +36,13 @@ class FleetSpec(_Model):
     gpu_seconds: float = Field(2.0, ge=0, le=600)
 
 
-class Workload(_Model):
+class Workload(_ScenarioModel):
     replicas: int = Field(6, ge=1, le=200)
     gpus_per_pod: int = Field(1, ge=1, le=8)
     max_unavailable: int = Field(1, ge=1)
 
 
-class ControllerTiming(_Model):
+class ControllerTiming(_ScenarioModel):
     recover_after_seconds: float = Field(20.0, ge=0, le=3600)
     xid_window_seconds: float = Field(20.0, gt=0, le=3600)
     scale_down_unneeded_seconds: float = Field(10.0, ge=0, le=3600)
@@ -56,7 +56,7 @@ class Expect(enum.StrEnum):
     SCALED_DOWN = "scaled-down"
 
 
-class Inject(_Model):
+class Inject(_ScenarioModel):
     """A fault as the simulated exporter takes it (docs/exporter.md), on ``node`` and ``gpu``;
     either left out means: a pool node's GPU that holds a workload pod."""
 
@@ -82,7 +82,7 @@ class Inject(_Model):
         return self
 
 
-class ScenarioStep(_Model):
+class ScenarioStep(_ScenarioModel):
     name: str = Field(..., pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=40)
     say: str = ""
     inject: Inject | None = None
@@ -104,7 +104,7 @@ class ScenarioStep(_Model):
         return self
 
 
-class Scenario(_Model):
+class Scenario(_ScenarioModel):
     fleet: FleetSpec = Field(default_factory=FleetSpec)
     workload: Workload = Field(default_factory=Workload)
     controller: ControllerTiming = Field(default_factory=ControllerTiming)

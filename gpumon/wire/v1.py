@@ -66,7 +66,7 @@ class WireError(ValueError):
         self.kind = kind
 
 
-class _Model(BaseModel):
+class _WireModel(BaseModel):
     model_config = ConfigDict(
         strict=True, frozen=True, extra="ignore", validate_by_name=True, serialize_by_alias=True
     )
@@ -82,20 +82,20 @@ Number = Annotated[float, Field(allow_inf_nan=False)]
 # Shared parts
 
 
-class Reason(_Model):
+class Reason(_WireModel):
     code: Text
     detail: Text  # for people only
     state: HealthState
 
 
-class Verdict(_Model):
+class Verdict(_WireModel):
     """The exporter's own judgement, for display: the controller applies its own rules."""
 
     state: HealthState
     reasons: tuple[Reason, ...] = Field(default=(), max_length=MAX_REASONS)
 
 
-class Xid(_Model):
+class Xid(_WireModel):
     """One Xid code on one GPU: when it was last seen (the device backend's timestamp, Unix
     seconds) and how often since the exporter started."""
 
@@ -104,7 +104,7 @@ class Xid(_Model):
     count: Annotated[int, Field(ge=1)] = 1
 
 
-class Pod(_Model):
+class Pod(_WireModel):
     namespace: Text
     pod: Text
     container: Text
@@ -115,7 +115,7 @@ class Pod(_Model):
 # /api/v1/watch
 
 
-class GpuStatus(_Model):
+class GpuStatus(_WireModel):
     """One GPU as a watch line tells it: every number the controller's rules read, the Xid
     codes with their times, the pods on the GPU, and the exporter's verdict."""
 
@@ -136,7 +136,7 @@ def _pods_bounded(gpus: Iterable[GpuStatus]) -> None:
         raise ValueError(f"more than {MAX_PODS} pod entries")
 
 
-class _Line(_Model):
+class _Line(_WireModel):
     schema_version: Literal[1] = Field(alias="schema")
     node: Text
     time: Number
@@ -180,7 +180,7 @@ _WATCH_LINE: TypeAdapter[WatchLine] = TypeAdapter(WatchLine)
 # /api/v1/snapshot
 
 
-class Identity(_Model):
+class Identity(_WireModel):
     index: Index
     uuid: Text
     model: Text
@@ -189,14 +189,14 @@ class Identity(_Model):
     mig_mode: bool | None = None
 
 
-class Memory(_Model):
+class Memory(_WireModel):
     total_bytes: Count
     used_bytes: Count
     free_bytes: Count
     reserved_bytes: Count | None = None
 
 
-class Process(_Model):
+class Process(_WireModel):
     pid: Count
     used_memory_bytes: Count | None
     sm_utilization_ratio: Number | None = None
@@ -204,7 +204,7 @@ class Process(_Model):
     name: Text | None = None
 
 
-class Fast(_Model):
+class Fast(_WireModel):
     memory: Memory | None = None
     utilization_ratio: Number | None = None
     memory_utilization_ratio: Number | None = None
@@ -219,7 +219,7 @@ class Fast(_Model):
     processes: tuple[Process, ...] = Field(default=(), max_length=MAX_PROCESSES)
 
 
-class Mig(_Model):
+class Mig(_WireModel):
     gpu_instance: Count
     compute_instance: Count
     profile: Text
@@ -227,7 +227,7 @@ class Mig(_Model):
     memory: Memory | None = None
 
 
-class Slow(_Model):
+class Slow(_WireModel):
     pcie_replays: Count | None = None
     ecc_corrected: Count | None = None
     ecc_uncorrected: Count | None = None
@@ -238,13 +238,13 @@ class Slow(_Model):
     mig_instances: tuple[Mig, ...] = Field(default=(), max_length=MAX_MIG_INSTANCES)
 
 
-class Driver(_Model):
+class Driver(_WireModel):
     driver_version: Text
     cuda_version: Text
     nvml_version: Text = ""
 
 
-class GpuDoc(_Model):
+class GpuDoc(_WireModel):
     identity: Identity
     fast: Fast | None
     slow: Slow | None
@@ -255,7 +255,7 @@ class GpuDoc(_Model):
     xids: tuple[Xid, ...] = Field(default=(), max_length=MAX_XIDS_PER_GPU)
 
 
-class PodUsage(_Model):
+class PodUsage(_WireModel):
     ref: Pod
     gpu_index: Index
     gpu_uuid: Text
@@ -268,7 +268,7 @@ class PodUsage(_Model):
     mig: Mig | None = None  # the MIG device on the card gpu_uuid names, when it is one
 
 
-class SnapshotDoc(_Model):
+class SnapshotDoc(_WireModel):
     schema_version: Literal[1] = Field(alias="schema")
     node: Text
     driver: Driver | None
