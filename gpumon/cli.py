@@ -25,7 +25,11 @@ COMMANDS: dict[str, str] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser, or only the one named: a command module imports what its flags
+    need (the exporter's, its configuration), and a process keeps every module it imported, so
+    the exporter on each GPU node would otherwise carry the demo's, the test cluster's and the
+    controller's imports in its memory (bench/RESULTS.md, "Exporter footprint")."""
     parser = argparse.ArgumentParser(
         prog="gpumon",
         description="GPU fleet monitor and remediation controller for Kubernetes.",
@@ -33,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=build.current().describe())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, path in COMMANDS.items():
+        if only is not None and name != only:
+            continue
         mod = importlib.import_module(path)
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
@@ -43,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    only = argv[0] if argv and argv[0] in COMMANDS else None
+    args = build_parser(only).parse_args(argv)
     try:
         return int(args._run(args) or 0)
     except ConfigError as e:
