@@ -17,7 +17,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -88,15 +88,24 @@ async def one_per_second(server: Server, seconds: float) -> None:
         client.close()
 
 
-def ratio_row(figure: str, target: str, ours: float, theirs: float, fmt: object, lower: bool) -> Row:
-    f = fmt  # a formatter of one value
-    assert callable(f)
+def ratio_row(
+    figure: str,
+    target: str,
+    ours: float,
+    theirs: float,
+    fmt: Callable[[float], str],
+    lower: bool,
+    goal: float | None = None,
+) -> Row:
+    """A row of gpumon against the peer; ``goal``, in the figures' own unit, fills "target met"."""
+    met = "—" if goal is None else meets(ours, goal, lower_is_better=lower)
     return Row(
         figure,
         target,
-        f(ours),
-        f(theirs),
+        fmt(ours),
+        fmt(theirs),
         format_ratio(improvement(ours, theirs, lower_is_better=lower)),
+        met,
     )
 
 
@@ -223,29 +232,9 @@ async def measure(plan: Plan, workdir: Path) -> tuple[list[tuple[str, str]], lis
             "runs in each process). RSS from /proc after all the load above. Threads: the process's "
             f"own count at the end (gpumon {threads[g]}, {PEER} {threads[p]}).",
             (
-                Row(
-                    "CPU at 1 s freshness (1 scrape/s)",
-                    "≤ 1 %",
-                    pct(cpu[g]),
-                    pct(cpu[p]),
-                    format_ratio(improvement(cpu[g], cpu[p], lower_is_better=True)),
-                    meets(cpu[g], 0.01, lower_is_better=True),
-                ),
-                Row(
-                    "RSS",
-                    "≤ 48 MiB",
-                    mib(rss[g][0] / MiB),
-                    mib(rss[p][0] / MiB),
-                    format_ratio(improvement(rss[g][0], rss[p][0], lower_is_better=True)),
-                    meets(rss[g][0], 48 * MiB, lower_is_better=True),
-                ),
-                Row(
-                    "peak RSS (VmHWM)",
-                    "—",
-                    mib(rss[g][1] / MiB),
-                    mib(rss[p][1] / MiB),
-                    format_ratio(improvement(rss[g][1], rss[p][1], lower_is_better=True)),
-                ),
+                ratio_row("CPU at 1 s freshness (1 scrape/s)", "≤ 1 %", cpu[g], cpu[p], pct, True, goal=0.01),
+                ratio_row("RSS", "≤ 48 MiB", rss[g][0] / MiB, rss[p][0] / MiB, mib, True, goal=48),
+                ratio_row("peak RSS (VmHWM)", "—", rss[g][1] / MiB, rss[p][1] / MiB, mib, True),
             ),
             baseline=PEER,
         ),

@@ -72,12 +72,20 @@ async def watches() -> AsyncIterator[Watches]:
         await c.close()
 
 
-async def service_account_token(core: client.CoreV1Api, namespace: str) -> str:
+@pytest.fixture
+async def account(devcluster: DevCluster, api: client.ApiClient, namespace: str, tmp_path: Path) -> Path:
+    """A directory as the kubelet mounts a pod's service account ("exporter", no role yet):
+    ``token`` and ``ca.crt``."""
+    core = client.CoreV1Api(api)
     await core.create_namespaced_service_account(namespace, {"metadata": {"name": "exporter"}})
     token = await core.create_namespaced_service_account_token(
         "exporter", namespace, {"spec": {"expirationSeconds": 3600}}
     )
-    return str(token.status.token)
+    (tmp_path / "token").write_text(str(token.status.token))
+    (tmp_path / "ca.crt").write_bytes(
+        base64.b64decode(admin_cluster(devcluster)["certificate-authority-data"])
+    )
+    return tmp_path
 
 
 def admin_cluster(devcluster: DevCluster) -> dict[str, Any]:
@@ -152,17 +160,12 @@ async def test_rbac_refusal_is_counted_and_heals_when_granted(
     namespace: str,
     make_nodes: NodeMaker,
     watches: Watches,
-    tmp_path: Path,
+    account: Path,
 ) -> None:
     (node,) = await make_nodes(1)
     core = client.CoreV1Api(api)
-    token = await service_account_token(core, namespace)
     # A kubeconfig of the service account: the CA as a file beside it, the token in a tokenFile.
-    (tmp_path / "ca.crt").write_bytes(
-        base64.b64decode(admin_cluster(devcluster)["certificate-authority-data"])
-    )
-    (tmp_path / "token").write_text(token)
-    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig = account / "kubeconfig"
     kubeconfig.write_text(
         yaml.safe_dump(
             {
@@ -215,25 +218,15 @@ async def test_rbac_refusal_is_counted_and_heals_when_granted(
 
 
 async def test_in_a_pod_the_service_account_and_the_service_address(
-    devcluster: DevCluster,
-    api: client.ApiClient,
-    namespace: str,
-    make_nodes: NodeMaker,
-    watches: Watches,
-    tmp_path: Path,
+    devcluster: DevCluster, namespace: str, make_nodes: NodeMaker, watches: Watches, account: Path
 ) -> None:
     """What a pod has: KUBERNETES_SERVICE_HOST/PORT and the token and CA the kubelet mounts. The
     service account is refused (as it is without the chart's ClusterRole): the request reached
     the API server over verified TLS and was authenticated as that account, not as anonymous."""
     (node,) = await make_nodes(1)
-    token = await service_account_token(client.CoreV1Api(api), namespace)
-    (tmp_path / "token").write_text(token)
-    (tmp_path / "ca.crt").write_bytes(
-        base64.b64decode(admin_cluster(devcluster)["certificate-authority-data"])
-    )
     server = urlsplit(admin_cluster(devcluster)["server"])
     env = {"KUBERNETES_SERVICE_HOST": str(server.hostname), "KUBERNETES_SERVICE_PORT": str(server.port)}
-    credentials = in_cluster(env, tmp_path)
+    credentials = in_cluster(env, account)
     assert credentials is not None
     async with (
         KubeClient(credentials) as kube,
