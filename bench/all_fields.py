@@ -26,6 +26,7 @@ from pathlib import Path
 from bench.httpclient import Client
 from bench.load import open_loop
 from bench.procs import Server, free_port
+from bench.report import side_by_side
 from bench.stats import format_ms
 from gpumon.devcluster.binaries import locate_mock_nvml
 
@@ -91,11 +92,9 @@ def table(results: list[Result], seconds: float) -> str:
         f"8 H100 (mock libnvidia-ml), 64 pods, 1 s / {SLOW_INTERVAL:g} s sampling; CPU over {seconds:g} s, "
         f"then {SCRAPE_RATE:g} scrapes/s for {seconds:g} s (OpenMetrics, gzip)"
     )
-    lines = [head, "", "| figure | " + " | ".join(r.label for r in results) + " |"]
-    lines.append("| --- |" + " --- |" * len(results))
-    for name, cell in rows:
-        lines.append(f"| {name} | " + " | ".join(cell(r) for r in results) + " |")
-    return "\n".join(lines)
+    return side_by_side(
+        head, [r.label for r in results], [(n, [cell(r) for r in results]) for n, cell in rows]
+    )
 
 
 async def main_async(args: argparse.Namespace) -> int:

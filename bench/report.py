@@ -113,3 +113,10 @@ def carry_sections(old: str, new: str) -> str:
     for section in sections(old).values():
         new = splice(new, section)
     return new
+
+
+def side_by_side(head: str, labels: Sequence[str], rows: Sequence[tuple[str, Sequence[str]]]) -> str:
+    """A Markdown table of figures (rows) for several runs (columns), under a line ``head``."""
+    lines = [head, "", "| figure | " + " | ".join(labels) + " |", "| --- |" + " --- |" * len(labels)]
+    lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in rows]
+    return "\n".join(lines)

@@ -31,6 +31,7 @@ import yaml
 from bench.httpclient import Client
 from bench.load import OpenLoop, open_loop
 from bench.procs import Server, free_port
+from bench.report import side_by_side
 from bench.stats import format_ms
 
 GPUS = 8
@@ -126,11 +127,9 @@ def table(results: list[StormResult], *, rate: int, seconds: float) -> str:
         ("log written", lambda r: f"{r.log_bytes:,} B"),
     ]
     head = f"{rate:,} Xids/s for {seconds:g} s, {SCRAPE_RATE:g} scrapes/s (OpenMetrics, gzip)"
-    lines = [head, "", "| figure | " + " | ".join(r.label for r in results) + " |"]
-    lines.append("| --- |" + " --- |" * len(results))
-    for name, cell in rows:
-        lines.append(f"| {name} | " + " | ".join(cell(r) for r in results) + " |")
-    return "\n".join(lines)
+    return side_by_side(
+        head, [r.label for r in results], [(n, [cell(r) for r in results]) for n, cell in rows]
+    )
 
 
 async def main_async(args: argparse.Namespace) -> int:
