@@ -239,7 +239,10 @@ def _xids(gpus: tuple[GpuFacts, ...]) -> CheckResult:
 
 
 def _processes(facts: NvmlFacts) -> CheckResult:
-    kinds = sorted({kind for source, kind in facts.errors if source == "nvml.processes"})
+    # A driver without the process calls (NOT_SUPPORTED, counted as such) is no permission problem.
+    kinds = sorted(
+        {kind for source, kind in facts.errors if source == "nvml.processes" and kind != "not_supported"}
+    )
     if kinds:
         return CheckResult(
             FAMILY,

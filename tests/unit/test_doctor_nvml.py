@@ -122,3 +122,9 @@ def test_windows_reports_no_persistence_mode_and_that_is_fine() -> None:
 def test_each_init_failure_has_its_own_fix(kind: str, words: str) -> None:
     (r,) = nvml.judge(NvmlFacts(True, error="NVML unavailable: ...", error_kind=kind))
     assert r.status is Status.FAIL and words in r.fix
+
+
+def test_a_driver_without_process_listing_is_no_warning() -> None:
+    """The backend counts a call the driver lacks as ``not_supported``: no hostPID advice for it."""
+    facts = NvmlFacts(True, driver=DRIVER, gpus=(gpu(0),), errors=(("nvml.processes", "not_supported"),))
+    assert by_name(facts)["process listing"][0] is Status.OK
