@@ -57,6 +57,7 @@ from gpumon.exporter.self_metrics import SelfMetrics
 from gpumon.exporter.sources import PodAttributor
 from gpumon.exporter.watch_events import HealthChange, watch_events
 from gpumon.exporter.watchers import Watcher
+from gpumon.exporter.xid_handover import Handover
 from gpumon.gpu_health import HealthPolicy
 
 log = logging.getLogger(__name__)
@@ -412,11 +413,14 @@ class Sampler:
 
     def _pump_xids(self, loop: asyncio.AbstractEventLoop) -> None:
         source = f"{self._backend.name}.wait_xids"
+        # Real time even under a test's clocks: this thread paces itself, it decides nothing.
+        clock = time.monotonic
+        handover = Handover()
         while not self._stop.is_set():
             if not self._xids_allowed.wait(_XID_WAIT_SECONDS) or self._stop.is_set():
                 continue
             try:
-                events = self._backend.wait_xids(_XID_WAIT_SECONDS)
+                events = self._backend.wait_xids(handover.wait_seconds(clock(), _XID_WAIT_SECONDS))
             except BackendUnavailable:
                 # The sampler's next read notices and re-opens; nothing to do here but wait.
                 self._stop.wait(_XID_WAIT_SECONDS)
@@ -426,9 +430,10 @@ class Sampler:
                 log.exception("waiting for Xid events failed")
                 self._stop.wait(_XID_WAIT_SECONDS)
                 continue
-            if events:
+            handover, due = handover.add(events, clock())
+            if due:
                 try:
-                    loop.call_soon_threadsafe(self.ingest_xids, events)
+                    loop.call_soon_threadsafe(self.ingest_xids, due)
                 except RuntimeError:  # the loop closed under us: shutting down
                     return
 
