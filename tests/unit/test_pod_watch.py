@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from gpumon.exporter import sharing
-from gpumon.exporter.pod_metadata import ContainerMeta, PodMetadataWatch, project_pod
+from gpumon.exporter.pod_metadata import ContainerMeta, PodMetadataWatch, project_pod, watch_wait
 from gpumon.kubeclient import Credentials, KubeClient
 
 NODE = "gpu-node-1"
@@ -183,7 +183,12 @@ async def test_list_watch_resume_bookmark_and_relist_on_410(serve: Any) -> None:
     )
     core = await serve(api)
     errors = Errors()
-    watch = PodMetadataWatch(NODE, errors)
+    delays: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        delays.append(seconds)
+
+    watch = PodMetadataWatch(NODE, errors, sleep=sleep)
     generations = []
     task = asyncio.create_task(watch.run(core))
     try:
@@ -266,3 +271,39 @@ async def test_malformed_objects_are_skipped(serve: Any) -> None:
         await asyncio.gather(task, return_exceptions=True)
     assert list(watch.pods) == ["u1"]
     assert errors == [("api", "malformed_object")]
+
+
+def test_watches_start_a_minimum_interval_apart() -> None:
+    assert watch_wait(None, 100.0, 1.0) == 0.0
+    assert watch_wait(100.0, 100.0, 1.0) == 1.0
+    assert watch_wait(100.0, 100.25, 1.0) == 0.75
+    assert watch_wait(100.0, 101.0, 1.0) == 0.0
+    assert watch_wait(100.0, 500.0, 1.0) == 0.0
+
+
+async def test_a_watch_that_ends_at_once_is_not_rewatched_in_a_tight_loop(serve: Any) -> None:
+    # A server that ends every watch at once, as a stand-in API server did: each new watch
+    # waits out the minimum interval (the clock stands still here) instead of starting at once.
+    api = FakeApi([listing("10", pod("a", "u1")), events(), events(), events(), events()])
+    core = await serve(api)
+    errors = Errors()
+    delays: list[float] = []
+    parked = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        delays.append(seconds)
+        if len(delays) == 3:
+            await parked.wait()
+
+    watch = PodMetadataWatch(NODE, errors, min_watch_interval_seconds=2.0, sleep=sleep, clock=lambda: 50.0)
+    task = asyncio.create_task(watch.run(core))
+    try:
+        await until(lambda: len(delays) == 3 or len(api.requests) > 4, within=5.0)
+    finally:
+        api.release.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    # list, watch, then each further watch only after 2 s of (fake) time
+    assert [r.get("watch", "") for r in api.requests] == ["", "true", "true", "true"]
+    assert delays == [2.0, 2.0, 2.0]
+    assert errors == []
