@@ -167,6 +167,21 @@ class Errors(list[tuple[str, str]]):
         self.append((source, kind))
 
 
+class Delays(list[float]):
+    """A fake sleep that records each delay and returns at once, until ``park_after`` delays:
+    that one never returns, which parks the loop."""
+
+    def __init__(self, park_after: int = 0) -> None:
+        super().__init__()
+        self.park_after = park_after
+        self.parked = asyncio.Event()
+
+    async def sleep(self, seconds: float) -> None:
+        self.append(seconds)
+        if len(self) == self.park_after:
+            await self.parked.wait()
+
+
 async def test_list_watch_resume_bookmark_and_relist_on_410(serve: Any) -> None:
     api = FakeApi(
         [
@@ -183,12 +198,7 @@ async def test_list_watch_resume_bookmark_and_relist_on_410(serve: Any) -> None:
     )
     core = await serve(api)
     errors = Errors()
-    delays: list[float] = []
-
-    async def sleep(seconds: float) -> None:
-        delays.append(seconds)
-
-    watch = PodMetadataWatch(NODE, errors, sleep=sleep)
+    watch = PodMetadataWatch(NODE, errors, sleep=Delays().sleep)
     generations = []
     task = asyncio.create_task(watch.run(core))
     try:
@@ -214,15 +224,8 @@ async def test_rbac_refusal_backs_off_and_keeps_the_last_view(serve: Any) -> Non
     api = FakeApi([listing("10", pod("a", "u1")), status(403), status(403), status(403)])
     core = await serve(api)
     errors = Errors()
-    delays: list[float] = []
-    parked = asyncio.Event()
-
-    async def sleep(seconds: float) -> None:
-        delays.append(seconds)
-        if len(delays) == 3:
-            await parked.wait()
-
-    watch = PodMetadataWatch(NODE, errors, sleep=sleep)
+    delays = Delays(park_after=3)
+    watch = PodMetadataWatch(NODE, errors, sleep=delays.sleep)
     task = asyncio.create_task(watch.run(core))
     try:
         await until(lambda: len(delays) == 3)
@@ -287,15 +290,10 @@ async def test_a_watch_that_ends_at_once_is_not_rewatched_in_a_tight_loop(serve:
     api = FakeApi([listing("10", pod("a", "u1")), events(), events(), events(), events()])
     core = await serve(api)
     errors = Errors()
-    delays: list[float] = []
-    parked = asyncio.Event()
-
-    async def sleep(seconds: float) -> None:
-        delays.append(seconds)
-        if len(delays) == 3:
-            await parked.wait()
-
-    watch = PodMetadataWatch(NODE, errors, min_watch_interval_seconds=2.0, sleep=sleep, clock=lambda: 50.0)
+    delays = Delays(park_after=3)
+    watch = PodMetadataWatch(
+        NODE, errors, min_watch_interval_seconds=2.0, sleep=delays.sleep, clock=lambda: 50.0
+    )
     task = asyncio.create_task(watch.run(core))
     try:
         await until(lambda: len(delays) == 3 or len(api.requests) > 4, within=5.0)
