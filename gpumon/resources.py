@@ -18,6 +18,36 @@ NVIDIA_MIG_PREFIX = "nvidia.com/mig-"
 GPUSHARE_MEMORY_RESOURCE = "aliyun.com/gpu-mem"
 GPUSHARE_COUNT_RESOURCE = "aliyun.com/gpu-count"
 CGPU_CORE_RESOURCE = "aliyun.com/gpu-core.percentage"
+# cGPU shares a card's SMs in steps of this many percent, at least one step: ACK refuses a job
+# asking for another value ("Allocate computing power by scheduling shared GPU", Limitations).
+CGPU_CORE_STEP = 5
+# HAMi (Project-HAMi/HAMi, cmd/device-plugin/nvidia flags --resource-mem,
+# --resource-mem-percentage, --resource-cores): a vGPU's memory in MiB, or in percent of the
+# card, and its share of the card's SMs in percent; the vGPU count is nvidia.com/gpu.
+HAMI_MEMORY_RESOURCE = "nvidia.com/gpumem"
+HAMI_MEMORY_PERCENTAGE_RESOURCE = "nvidia.com/gpumem-percentage"
+HAMI_CORE_RESOURCE = "nvidia.com/gpucores"
+# Alibaba's DirectX device plugin for Windows nodes (ACK, directx-device-plugin-windows): a
+# container asking for it gets the host's GPUs through DirectX, shared, with no card named.
+DIRECTX_RESOURCE = "windows.alibabacloud.com/directx"
+# NVIDIA's device plugin with time-slicing and renameByDefault: replicas of whole GPUs.
+NVIDIA_SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
+
+GPU_RESOURCE_NAMES: tuple[str, ...] = (
+    NVIDIA_GPU_RESOURCE,
+    NVIDIA_SHARED_GPU_RESOURCE,
+    GPUSHARE_MEMORY_RESOURCE,
+    GPUSHARE_COUNT_RESOURCE,
+    CGPU_CORE_RESOURCE,
+    HAMI_MEMORY_RESOURCE,
+    HAMI_MEMORY_PERCENTAGE_RESOURCE,
+    HAMI_CORE_RESOURCE,
+    DIRECTX_RESOURCE,
+)
+"""Every resource gpumon knows a pod is given (a share of) a GPU by: the controller's default
+idea of a GPU pod, for drain and for demand."""
+GPU_RESOURCE_PREFIXES: tuple[str, ...] = (NVIDIA_MIG_PREFIX,)
+"""Resource-name prefixes that are GPUs too (one resource per MIG profile)."""
 
 PODS = "pods"
 # Resources every node has: never what makes a node (or a pod) a GPU one.

@@ -36,6 +36,7 @@ from gpumon.configfile import read_yaml_mapping
 from gpumon.configtypes import Float, Int
 from gpumon.devices.model import HealthState
 from gpumon.gpu_health import HealthPolicy
+from gpumon.resources import GPU_RESOURCE_NAMES, GPU_RESOURCE_PREFIXES
 
 DEFAULT_EXPORTER_PORT = 9842
 """Neither nvidia_gpu_exporter's 9835 nor dcgm-exporter's 9400 (docs/configuration.md)."""
@@ -400,8 +401,10 @@ class DrainConfig(Section):
     escalation: Literal["report", "delete"] = "report"
     retry_initial_seconds: Float = Field(5.0, gt=0)
     retry_max_seconds: Float = Field(60.0, gt=0)
-    gpu_resource_names: tuple[str, ...] = ("nvidia.com/gpu",)
-    gpu_resource_prefixes: tuple[str, ...] = ("nvidia.com/mig-",)
+    # What makes a pod a GPU pod (drained from a bad GPU, counted as demand): by default every
+    # GPU resource gpumon knows (gpumon/resources.py), shared and Windows ones included.
+    gpu_resource_names: tuple[str, ...] = GPU_RESOURCE_NAMES
+    gpu_resource_prefixes: tuple[str, ...] = GPU_RESOURCE_PREFIXES
 
 
 class BreakerConfig(Section):

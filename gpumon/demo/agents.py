@@ -23,7 +23,7 @@ from gpumon.demo.views import ClusterView, PodRow
 from gpumon.devcluster import nodes, podresources_server
 from gpumon.devcluster.podresources_server import PodResourcesFixture
 from gpumon.exporter.podresources import api_pb2
-from gpumon.exporter.sharing import GPUSHARE_ASSIGNED, GPUSHARE_INDEX, GPUSHARE_POD_MEMORY
+from gpumon.sharing import GPUSHARE_ASSIGNED, GPUSHARE_INDEX, GPUSHARE_POD_MEMORY
 
 log = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"

@@ -20,7 +20,7 @@ from gpumon.demo.scenario import Scenario
 from gpumon.devcluster import capi, nodes
 from gpumon.devcluster.poolplan import POOL_LABEL
 from gpumon.devcluster.workloads import APP_LABEL, gpu_deployment
-from gpumon.resources import GPUSHARE_MEMORY_RESOURCE
+from gpumon.resources import DIRECTX_RESOURCE, GPUSHARE_MEMORY_RESOURCE
 
 NAMESPACE = "gpumon-demo"
 CONTROLLER_NAMESPACE = "gpumon-system"
@@ -166,7 +166,7 @@ def workloads(scenario: Scenario) -> list[dict[str, Any]]:
             )
         )
     if f.windows_node:
-        out.append(_deployment(WINDOWS_APP, 1, {nodes.GPU: "1"}, {"kubernetes.io/os": "windows"}))
+        out.append(_deployment(WINDOWS_APP, 1, {DIRECTX_RESOURCE: "1"}, {"kubernetes.io/os": "windows"}))
     return out
 
 

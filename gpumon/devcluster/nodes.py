@@ -2,8 +2,9 @@
 
 A node carries what the GPU Operator, NFD and a device plugin would put on a real one: the
 ``nvidia.com/gpu`` extended resource (or the shared-GPU resources of Alibaba's gpushare/cGPU
-device plugins), the ``nvidia.com/gpu.*`` and NFD PCI labels, and the kwok annotation that
-makes kwok act as its kubelet."""
+device plugins, the MIG profiles of NVIDIA's plugin in its mixed strategy, or on a Windows node
+the ``windows.alibabacloud.com/directx`` of Alibaba's DirectX plugin), the ``nvidia.com/gpu.*``
+and NFD PCI labels, and the kwok annotation that makes kwok act as its kubelet."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpumon.devcluster.components import KWOK_NODE_ANNOTATION, KWOK_NODE_ANNOTATION_VALUE
+from gpumon.resources import DIRECTX_RESOURCE, NVIDIA_MIG_PREFIX
 
 GPU = "nvidia.com/gpu"
 SHARED_GPU_MEMORY = "aliyun.com/gpu-mem"  # GiB, summed over the node's GPUs
@@ -40,7 +42,11 @@ class NodeTemplate:
     gpus: int = MAX_GPUS  # whole GPUs (nvidia.com/gpu); 0 with `shared`, or for a CPU-only node
     shared: SharedGpus | None = None
     product: str = "NVIDIA-A100-SXM4-80GB"
+    # A Windows GPU node offers its GPUs through DirectX (one unit per GPU), not nvidia.com/gpu.
     os: Literal["linux", "windows"] = "linux"
+    # MIG instances per GPU by profile ("1g.10gb": 7): every GPU is partitioned alike and offered
+    # only as nvidia.com/mig-<profile>, as NVIDIA's device plugin does with MIG_STRATEGY=mixed.
+    mig: Mapping[str, int] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)  # pool labels and the like
     taints: tuple[Mapping[str, str], ...] = ()
     cpu: str = "96"
@@ -52,6 +58,8 @@ class NodeTemplate:
             raise ValueError(f"gpus must be 0..{MAX_GPUS}, got {self.gpus}")
         if self.gpus and self.shared:
             raise ValueError("a node template has whole GPUs or shared GPUs, not both")
+        if self.mig and (not self.gpus or self.os == "windows"):
+            raise ValueError("MIG instances need whole GPUs on a Linux node")
 
     @property
     def gpu_count(self) -> int:
@@ -67,7 +75,13 @@ def gpu_resources(template: NodeTemplate) -> dict[str, str]:
             SHARED_GPU_COUNT: str(s.gpus),
             SHARED_GPU_CORE: str(100 * s.gpus),
         }
-    return {GPU: str(template.gpus)} if template.gpus else {}
+    if not template.gpus:
+        return {}
+    if template.os == "windows":
+        return {DIRECTX_RESOURCE: str(template.gpus)}
+    if template.mig:
+        return {f"{NVIDIA_MIG_PREFIX}{p}": str(n * template.gpus) for p, n in template.mig.items()}
+    return {GPU: str(template.gpus)}
 
 
 def labels(name: str, template: NodeTemplate) -> dict[str, str]:

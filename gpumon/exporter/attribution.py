@@ -23,9 +23,9 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
+from gpumon import sharing
 from gpumon.config import PodsConfig
 from gpumon.devices.model import GpuIdentity, GpuSample, MigInstance, PodGpuUsage, PodRef, ProcessSample
-from gpumon.exporter import sharing
 from gpumon.exporter.attribution_metrics import AttributionMetrics, SourceState
 from gpumon.exporter.cgroups import ContainerKey
 from gpumon.exporter.pod_metadata import PodMeta, PodMetadataWatch, PodsApi

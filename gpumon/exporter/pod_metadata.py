@@ -26,8 +26,8 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from gpumon import sharing
 from gpumon.devices.backend import ErrorSink
-from gpumon.exporter import sharing
 from gpumon.kubeclient import ApiStatusError
 
 log = logging.getLogger(__name__)
@@ -38,19 +38,12 @@ _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 @dataclass(frozen=True, slots=True)
-class ContainerMeta:
-    name: str
-    # The shared-GPU resources (sharing.RESOURCES) from limits, else requests, as quantities.
-    limits: Mapping[str, str]
-
-
-@dataclass(frozen=True, slots=True)
 class PodMeta:
     uid: str
     namespace: str
     name: str
-    init_containers: tuple[ContainerMeta, ...]
-    containers: tuple[ContainerMeta, ...]
+    init_containers: tuple[sharing.ContainerLimits, ...]
+    containers: tuple[sharing.ContainerLimits, ...]
     # Runtime container ID (bare, without "containerd://") -> container name, for every
     # container, init and ephemeral container that has started.
     container_ids: Mapping[str, str]
@@ -80,22 +73,12 @@ def project_pod(obj: Mapping[str, Any]) -> PodMeta | None:
         uid=meta["uid"],
         namespace=meta["namespace"],
         name=meta["name"],
-        init_containers=tuple(_container(c) for c in spec.get("initContainers") or ()),
-        containers=tuple(_container(c) for c in spec.get("containers") or ()),
+        init_containers=tuple(sharing.container_limits(c) for c in spec.get("initContainers") or ()),
+        containers=tuple(sharing.container_limits(c) for c in spec.get("containers") or ()),
         container_ids=ids,
         annotations={k: str(v) for k, v in annotations.items() if k in sharing.ANNOTATIONS},
         mirror_uid=str(annotations.get(MIRROR_ANNOTATION, "")),
     )
-
-
-def _container(c: Mapping[str, Any]) -> ContainerMeta:
-    resources = c.get("resources") or {}
-    limits = resources.get("limits") or {}
-    requests = resources.get("requests") or {}
-    picked = {
-        r: str(limits.get(r, requests.get(r))) for r in sharing.RESOURCES if r in limits or r in requests
-    }
-    return ContainerMeta(name=c["name"], limits=picked)
 
 
 class _Expired(Exception):

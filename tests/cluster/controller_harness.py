@@ -11,8 +11,11 @@ exporter DaemonSet could not serve anything.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -28,15 +31,17 @@ from kubernetes_asyncio import client
 # The Deployment of one-GPU pods pinned to a test's own nodes, as the scheduling tests use it.
 from test_scheduling import gpu_deployment
 
-from gpumon.config import ControllerConfig, ExporterConfig, SamplingConfig
+from gpumon.config import ControllerConfig, ExporterConfig, PodsConfig, SamplingConfig
 from gpumon.controller.app import CONTROLLER, Controller, make_app
 from gpumon.controller.kube import ApiClientKube, connect
 from gpumon.devcluster import nodes
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker
+from gpumon.devcluster.podresources_server import PodResourcesFixture, serve
 from gpumon.devcluster.waiting import eventually
 from gpumon.devices.model import GpuSample, PodGpuUsage, PodRef
-from gpumon.devices.simulated import SimulatedBackend, parse_fault
+from gpumon.devices.simulated import FaultScenario, SimulatedBackend, parse_fault
+from gpumon.exporter.attribution import build_attribution
 from gpumon.exporter.server import make_app as make_exporter_app
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,8 +181,11 @@ class Placement:
 class Exporter:
     node: str
     backend: SimulatedBackend
-    placement: Placement
     server: TestServer
+    # Which pod holds which GPU, set by the test; None when the exporter runs its real
+    # attribution (then ``kubelet`` is what the node's kubelet says over pod-resources).
+    placement: Placement | None = None
+    kubelet: PodResourcesFixture | None = None
 
     @property
     def url(self) -> str:
@@ -193,27 +201,57 @@ class Exporter:
         await self.server.close()
 
 
+SAMPLING = SamplingConfig(fast_interval_seconds=0.2, slow_interval_seconds=0.5, call_timeout_seconds=5)
+
+
 @asynccontextmanager
-async def exporters(names: Sequence[str], gpus: int = 4) -> AsyncIterator[dict[str, Exporter]]:
+async def exporters(
+    names: Sequence[str], gpus: int = 4, *, scenario: FaultScenario | None = None
+) -> AsyncIterator[dict[str, Exporter]]:
     out: dict[str, Exporter] = {}
     try:
         for i, name in enumerate(names):
-            backend = SimulatedBackend(gpus, seed=i)
+            backend = SimulatedBackend(gpus, seed=i, scenario=scenario)
             placement = Placement()
-            cfg = ExporterConfig(
-                node_name=name,
-                backend="simulated",
-                sampling=SamplingConfig(
-                    fast_interval_seconds=0.2, slow_interval_seconds=0.5, call_timeout_seconds=5
-                ),
-            )
+            cfg = ExporterConfig(node_name=name, backend="simulated", sampling=SAMPLING)
             server = TestServer(make_exporter_app(cfg, backend, attributor=placement), host="127.0.0.1")
             await server.start_server()
-            out[name] = Exporter(name, backend, placement, server)
+            out[name] = Exporter(name, backend, server, placement=placement)
         yield out
     finally:
         for e in out.values():
             await e.server.close()
+
+
+@asynccontextmanager
+async def attributing_exporter(
+    name: str, api: client.ApiClient, workdir: Path, gpus: int, scenario: FaultScenario | None = None
+) -> AsyncIterator[Exporter]:
+    """An exporter running its real pod attribution, as on a node: the kubelet's pod-resources
+    (a real gRPC server the test feeds, kwok runs no kubelet), this node's pods and their
+    sharing annotations from the API server, and a /proc without GPU processes."""
+    proc = workdir / "proc"
+    proc.mkdir(parents=True, exist_ok=True)
+    # A unix socket path holds at most 107 bytes: pytest's tmp_path can be longer.
+    short = Path(tempfile.mkdtemp(prefix="gpumon-kubelet-"))
+    socket = short / "kubelet.sock"
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, short, ignore_errors=True)
+        kubelet = stack.enter_context(serve(socket, PodResourcesFixture()))
+        pods = PodsConfig(pod_resources_socket=socket, host_proc=proc)
+        attributor = build_attribution(
+            pods, name, call_timeout_seconds=5, list_pods=client.CoreV1Api(api).list_pod_for_all_namespaces
+        )
+        backend = SimulatedBackend(gpus, scenario=scenario)
+        cfg = ExporterConfig(node_name=name, backend="simulated", sampling=SAMPLING, pods=pods)
+        app = make_exporter_app(cfg, backend, attributor=attributor)
+        app.cleanup_ctx.insert(0, attributor.lifespan)  # as the exporter's command does
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        try:
+            yield Exporter(name, backend, server, kubelet=kubelet)
+        finally:
+            await server.close()
 
 
 # --- the controller ---------------------------------------------------------------------------

@@ -174,6 +174,24 @@ async def scheduled(core: client.CoreV1Api, namespace: str, count: int) -> list[
     return bound if len(bound) == count else None
 
 
+async def all_unschedulable(core: client.CoreV1Api, namespace: str, count: int) -> None:
+    """Wait until ``count`` pods are marked Unschedulable. The scheduler marks them one by one;
+    on a loaded machine that can take longer than the autoscaler's debounce, and a controller
+    that sees 3 of 5 rightly asks for fewer nodes first. A test that holds the plan for all of
+    them has them all pending before the controller starts."""
+
+    async def marked() -> bool | None:
+        pods = (await core.list_namespaced_pod(namespace)).items
+
+        def unschedulable(pod: client.V1Pod) -> bool:
+            conditions = pod.status.conditions or ()
+            return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conditions)
+
+        return True if sum(map(unschedulable, pods)) == count else None
+
+    await eventually(marked, what=f"{count} pods marked Unschedulable", timeout_seconds=60)
+
+
 async def pool_nodes(core: client.CoreV1Api, pool: Pool) -> list[client.V1Node]:
     listed = await core.list_node(label_selector=f"{POOL_LABEL}={pool.name}")
     return sorted(listed.items, key=lambda n: n.metadata.name)
@@ -187,19 +205,7 @@ async def test_pending_pods_scale_a_pool_from_zero_to_exactly_what_they_need(
     for i in range(5):
         await core.create_namespaced_pod(namespace, gpu_pod(f"train-{i}", test_id, {nodes.GPU: "2"}))
 
-    async def all_unschedulable() -> bool | None:
-        pods = (await core.list_namespaced_pod(namespace)).items
-
-        def unschedulable(pod: client.V1Pod) -> bool:
-            conditions = pod.status.conditions or ()
-            return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conditions)
-
-        return True if sum(map(unschedulable, pods)) == 5 else None
-
-    # The scheduler marks the pods one by one; on a loaded machine that can take longer than the
-    # autoscaler's debounce, and a controller that sees 3 of 5 rightly asks for 1 node first.
-    # What this test holds is the plan for all five, so they are all pending before it starts.
-    await eventually(all_unschedulable, what="5 pods marked Unschedulable", timeout_seconds=60)
+    await all_unschedulable(core, namespace, 5)
     async with autoscaling(
         kubeconfig, namespace, test_id, [pool_config(pool, test_id)], simulate=[pool], api=api
     ) as ctl:
@@ -254,6 +260,76 @@ async def test_shared_gpu_pods_are_bin_packed_per_card(
         await eventually(lambda: scheduled(core, namespace, 12), what="12 pods scheduled", timeout_seconds=90)
         await rounds(ctl, 2)
         assert await pool.replicas() == 1
+
+
+async def test_cgpu_core_share_pods_are_bin_packed_per_card_and_off_step_ones_refused(
+    api: client.ApiClient, namespace: str, test_id: str, make_pool: PoolFactory, kubeconfig: Path
+) -> None:
+    """cGPU: 2 cards of 16 GiB a node; pods of 2 GiB and 30 % of a card's cores fit three to a
+    card (90 %), six to a node. Twelve of them need exactly two nodes, and the real scheduler
+    puts six on each (its node-wide 200 % allows no seventh). A pod asking 33 % then is
+    reported and never makes the pool grow."""
+    core = client.CoreV1Api(api)
+    shared = nodes.NodeTemplate(gpus=0, shared=nodes.SharedGpus(2, 16), labels={TEST_LABEL: test_id})
+    pool = await make_pool("cgpu", shared)
+    limits = {nodes.SHARED_GPU_MEMORY: "2", nodes.SHARED_GPU_CORE: "30"}
+    for i in range(12):
+        await core.create_namespaced_pod(namespace, gpu_pod(f"infer-{i}", test_id, limits))
+    await all_unschedulable(core, namespace, 12)
+    async with autoscaling(
+        kubeconfig, namespace, test_id, [pool_config(pool, test_id)], simulate=[pool], api=api
+    ) as ctl:
+
+        async def requested() -> int | None:
+            return (await pool.replicas()) or None
+
+        assert await eventually(requested, what="a scale request") == 2
+        bound = await eventually(
+            lambda: scheduled(core, namespace, 12), what="12 pods scheduled", timeout_seconds=90
+        )
+        per_node: dict[str, int] = {}
+        for p in bound:
+            per_node[p.spec.node_name] = per_node.get(p.spec.node_name, 0) + 1
+        assert sorted(per_node.values()) == [6, 6]
+        # Each node has 20 % of its cores left: a pod asking 33 % stays pending. Counted as
+        # demand it would ask for a third node; off the 5 % steps, it is refused instead.
+        odd = {nodes.SHARED_GPU_MEMORY: "2", nodes.SHARED_GPU_CORE: "33"}
+        await core.create_namespaced_pod(namespace, gpu_pod("odd", test_id, odd, app="odd"))
+        refused = await wait_for_event(core, namespace, "odd", "GpuRequestRefused")
+        assert "33 %" in refused.message and "multiples of 5" in refused.message
+        await rounds(ctl, 2)
+        assert await pool.replicas() == 2
+        metrics = ctl.controller.autoscaler.metrics  # type: ignore[union-attr]
+        assert metrics.refused_pods.labels("cgpu_core_step")._value.get() == 1
+
+
+async def test_mig_profile_pods_scale_a_pool_to_exactly_the_nodes_they_need(
+    api: client.ApiClient, namespace: str, test_id: str, make_pool: PoolFactory, kubeconfig: Path
+) -> None:
+    """A pool of A100 nodes with both GPUs split into two 3g.40gb instances (mixed strategy:
+    nvidia.com/mig-3g.40gb: 4 a node). Seven pods of one instance need exactly two nodes."""
+    core = client.CoreV1Api(api)
+    resource = "nvidia.com/mig-3g.40gb"
+    template = nodes.NodeTemplate(gpus=2, mig={"3g.40gb": 2}, labels={TEST_LABEL: test_id})
+    pool = await make_pool("mig", template)
+    config = pool_config(
+        pool, test_id, template={"resources": {resource: 4}, "labels": {TEST_LABEL: test_id}}
+    )
+    for i in range(7):
+        await core.create_namespaced_pod(namespace, gpu_pod(f"mig-{i}", test_id, {resource: "1"}))
+    await all_unschedulable(core, namespace, 7)
+    async with autoscaling(kubeconfig, namespace, test_id, [config], simulate=[pool], api=api) as ctl:
+
+        async def requested() -> int | None:
+            return (await pool.replicas()) or None
+
+        assert await eventually(requested, what="a scale request") == 2
+        bound = await eventually(
+            lambda: scheduled(core, namespace, 7), what="7 pods scheduled", timeout_seconds=90
+        )
+        assert len({p.spec.node_name for p in bound}) == 2
+        await rounds(ctl, 2)
+        assert await pool.replicas() == 2
 
 
 async def test_a_quarantined_node_gets_a_replacement_before_its_drain_finishes(

@@ -18,10 +18,10 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 
+from gpumon import sharing
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
-from gpumon.exporter import sharing
 from gpumon.exporter.pod_metadata import PodMetadataWatch
 from gpumon.kubeclient import Credentials, KubeClient, from_kubeconfig, in_cluster
 

@@ -15,8 +15,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import FUZZ, scalars, strings
 
-from gpumon.controller.core.demand import GPU_RESOURCES, Template, pending_gpu_pod
-from gpumon.controller.core.objects import from_rfc3339, node_from_json, pdb_from_json, pod_from_json
+from gpumon.controller.core.demand import Template, pending_gpu_pod
+from gpumon.controller.core.objects import (
+    GpuResources,
+    from_rfc3339,
+    node_from_json,
+    pdb_from_json,
+    pod_from_json,
+)
 from gpumon.controller.core.pools import pool_node_from_json
 from gpumon.status.allocation import build_allocation
 
@@ -159,8 +165,8 @@ def test_a_node_converts(obj: dict[str, Any]) -> None:
 @FUZZ
 @given(damaged(POD))
 def test_a_pod_converts(obj: dict[str, Any]) -> None:
-    pod_from_json(obj, GPU_RESOURCES)
-    pending_gpu_pod(obj, GPU_RESOURCES, from_rfc3339)
+    pod_from_json(obj, GpuResources())
+    pending_gpu_pod(obj, GpuResources(), from_rfc3339)
 
 
 @FUZZ

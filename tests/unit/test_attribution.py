@@ -12,6 +12,7 @@ from fake_host_proc import cgroup_file, container_path, write_process
 from podresources_server import FakeKubelet, pod_resources, serve, short_socket_dir
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gpumon import sharing
 from gpumon.config import PodsConfig
 from gpumon.devices.model import (
     HEALTHY,
@@ -26,7 +27,7 @@ from gpumon.devices.model import (
     Snapshot,
 )
 from gpumon.devices.simulated import FaultScenario, SimulatedBackend, SimulationError
-from gpumon.exporter import exposition, sharing
+from gpumon.exporter import exposition
 from gpumon.exporter.attribution import (
     AttributionView,
     PodAttribution,
@@ -39,9 +40,10 @@ from gpumon.exporter.attribution import (
 )
 from gpumon.exporter.attribution_metrics import AttributionMetrics, SourceState
 from gpumon.exporter.cgroups import ContainerKey
-from gpumon.exporter.pod_metadata import ContainerMeta, PodMeta, PodMetadataWatch
+from gpumon.exporter.pod_metadata import PodMeta, PodMetadataWatch
 from gpumon.exporter.podresources_client import DeviceAssignment, PodResourcesClient
 from gpumon.exporter.process_pods import ProcessPods
+from gpumon.sharing import ContainerLimits
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -85,7 +87,7 @@ def meta(
         namespace=ns,
         name=name,
         init_containers=(),
-        containers=tuple(ContainerMeta(c, (limits or {}).get(c, {})) for c in containers),
+        containers=tuple(ContainerLimits(c, (limits or {}).get(c, {})) for c in containers),
         container_ids={cid: c for c, cid in containers.items()},
         annotations=dict(annotations or {}),
     )
@@ -297,7 +299,7 @@ def test_process_with_unknown_container_id_falls_back_to_its_pod() -> None:
     assert [(u.ref.container, u.used_memory_bytes) for u in out] == [("only", 10 * MIB)]
     # The pod of a static pod's process is known by its mirror's annotation.
     mirror = PodMeta(
-        "api-uid", "kube-system", "static", (), (ContainerMeta("c", {}),), {}, {}, mirror_uid="hash"
+        "api-uid", "kube-system", "static", (), (ContainerLimits("c", {}),), {}, {}, mirror_uid="hash"
     )
     view = build_view({"api-uid": mirror}, {}, None, False)
     out = usages(gpus, {7: ContainerKey("hash", "")}.get, view, {})

@@ -21,7 +21,7 @@ from gpumon.controller.act.evict import Evictor
 from gpumon.controller.act.retry import RetryPolicy
 from gpumon.controller.configure import pool_from_config
 from gpumon.controller.core.backoff import Backoff
-from gpumon.controller.core.demand import GPU_RESOURCES, PodDemand
+from gpumon.controller.core.demand import PodDemand
 from gpumon.controller.core.objects import GpuResources, PdbView, PodView, from_rfc3339
 from gpumon.controller.core.pools import (
     CA_MAX_ANNOTATION,
@@ -224,7 +224,7 @@ def test_pods_on_shared_gpus_count_as_gpu_pods() -> None:
     assert (
         r.matches("aliyun.com/gpu-mem") and r.matches("nvidia.com/gpu") and r.matches("nvidia.com/mig-1g.5gb")
     )
-    assert not r.matches("cpu") and GPU_RESOURCES.matches("aliyun.com/gpu-core.percentage")
+    assert not r.matches("cpu") and GpuResources().matches("aliyun.com/gpu-core.percentage")
 
 
 # -- rounds -------------------------------------------------------------------------------------
@@ -260,6 +260,23 @@ async def test_a_round_scales_up_records_and_reports() -> None:
         and kube.scale_patches() == []
         and a.metrics.arriving_nodes.labels("a")._value.get() == 2
     )
+
+
+async def test_a_cgpu_core_share_off_the_5_percent_steps_is_reported_and_never_demand() -> None:
+    shared = make_pool(template={"shared_gpus": {"cards": 2, "memory_per_card": 16}})
+    kube = ScaleKube(shared)
+    a = autoscaler(kube, shared)
+    for name, core in (("odd", 33), ("even", 30)):
+        requests = {"aliyun.com/gpu-mem": 2000, "aliyun.com/gpu-core.percentage": core * 1000, "pods": 1000}
+        a.pending.update_local(
+            f"ml/{name}", PodDemand("ml", name, f"uid-{name}", MappingProxyType(requests)), "1"
+        )
+    (plan,) = await a.round()
+    assert plan.pods == ("ml/even",) and plan.desired == 1
+    (event,) = kube.events("GpuRequestRefused")
+    assert event["involvedObject"]["name"] == "odd" and event["type"] == "Warning"
+    assert "33 %" in event["message"] and "multiples of 5" in event["message"]
+    assert a.metrics.refused_pods.labels("cgpu_core_step")._value.get() == 1
 
 
 async def test_dry_run_writes_nothing_and_says_so() -> None:

@@ -10,7 +10,6 @@ import pytest
 from test_autoscale_planner import NOW, make_pool, scale
 
 from gpumon.controller.core.demand import (
-    GPU_RESOURCES,
     NodeSelectorTerm,
     Packer,
     PodDemand,
@@ -23,7 +22,7 @@ from gpumon.controller.core.demand import (
     size,
     why_not_hosted,
 )
-from gpumon.controller.core.objects import Taint, from_rfc3339
+from gpumon.controller.core.objects import GpuResources, Taint, from_rfc3339
 from gpumon.controller.core.scale_plan import PoolInput, plan_pools
 from gpumon.resources import milli, units
 from gpumon.selectors import Requirement
@@ -129,7 +128,7 @@ def test_unschedulable_gpu_pod_becomes_demand() -> None:
             },
         }
     )
-    d = pending_gpu_pod(obj, GPU_RESOURCES, from_rfc3339)
+    d = pending_gpu_pod(obj, GpuResources(), from_rfc3339)
     assert d is not None
     assert d.key == "ml/p" and d.uid == "u" and d.priority == 100
     assert dict(d.requests) == {GPU: 2000, "cpu": 4000, "memory": 2**30 * 1000, "pods": 1000}
@@ -139,13 +138,23 @@ def test_unschedulable_gpu_pod_becomes_demand() -> None:
     assert d.pending_since == from_rfc3339("2026-01-01T00:00:10Z")
 
 
-@pytest.mark.parametrize("limits", [{MEM: "5"}, {CORE: "30"}, {"nvidia.com/mig-1g.10gb": "1"}, {GPU: "1"}])
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {MEM: "5"},
+        {CORE: "30"},
+        {"nvidia.com/mig-1g.10gb": "1"},
+        {GPU: "1"},
+        {"windows.alibabacloud.com/directx": "1"},
+        {"nvidia.com/gpucores": "30"},
+    ],
+)
 def test_every_kind_of_gpu_request_is_demand(limits: dict[str, str]) -> None:
-    assert pending_gpu_pod(unschedulable(containers(limits)), GPU_RESOURCES, from_rfc3339) is not None
+    assert pending_gpu_pod(unschedulable(containers(limits)), GpuResources(), from_rfc3339) is not None
 
 
 def test_cpu_pods_are_not_gpu_demand() -> None:
-    assert pending_gpu_pod(unschedulable(containers({"cpu": "1"})), GPU_RESOURCES, from_rfc3339) is None
+    assert pending_gpu_pod(unschedulable(containers({"cpu": "1"})), GpuResources(), from_rfc3339) is None
 
 
 @pytest.mark.parametrize(
@@ -164,7 +173,7 @@ def test_only_pods_the_scheduler_refused_are_demand(change: Any) -> None:
     assert is_unschedulable(obj)
     change(obj)
     assert not is_unschedulable(obj)
-    assert pending_gpu_pod(obj, GPU_RESOURCES, from_rfc3339) is None
+    assert pending_gpu_pod(obj, GpuResources(), from_rfc3339) is None
 
 
 def test_requests_override_limits_and_zero_is_dropped() -> None:
@@ -204,7 +213,7 @@ def test_affinity_by_field_cannot_match_a_node_that_does_not_exist_yet() -> None
             },
         }
     )
-    d = pending_gpu_pod(obj, GPU_RESOURCES, from_rfc3339)
+    d = pending_gpu_pod(obj, GpuResources(), from_rfc3339)
     assert d is not None and why_not_hosted(WHOLE, d) == "required node affinity"
 
 

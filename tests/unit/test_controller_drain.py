@@ -15,6 +15,7 @@ from gpumon.controller.kube import KubeError, TooManyRequests
 from gpumon.devices.model import PodRef
 from gpumon.gpu_health import Severity
 from gpumon.selectors import LabelSelector
+from gpumon.sharing import CardRef
 
 
 def pod(name: str, *, uses_gpu: bool = True, phase: str = "Running", **kw) -> PodView:
@@ -58,7 +59,7 @@ def test_pod_spanning_good_and_bad_gpus_goes_once():
 def test_unplaced_gpu_pods_go_too_because_they_might_be_on_the_bad_gpu():
     p = plan(verdict(gpu_verdict(1)), reading(g0=["a"], g1=["b"]), PODS)
     assert names(p) == ["b", "c"]
-    assert "does not place" in p.targets[1].why
+    assert "places on a GPU" in p.targets[1].why
 
 
 @pytest.mark.parametrize(
@@ -125,6 +126,65 @@ def test_degraded_drains_only_when_asked():
     r = reading(g1=["a"], g2=["b"], g0=["c"])
     assert names(plan(mixed, r, PODS)) == ["a"]
     assert names(plan(mixed, r, PODS, policy=DrainPolicy(on_degraded=True))) == ["a", "b"]
+
+
+def test_shared_pods_are_placed_by_their_annotations_without_the_exporter():
+    # gpushare names the card by index, HAMi by UUID; the exporter attributes nothing here.
+    pods = [
+        pod("a", cards=(CardRef(None, 0),)),
+        pod("b", cards=(CardRef(None, 1),)),
+        pod("c", cards=(CardRef(None, 1),)),
+        pod("h", cards=(CardRef("GPU-1", None),)),
+        pod("h0", cards=(CardRef("GPU-0", None),)),
+    ]
+    p = plan(verdict(gpu_verdict(1)), reading(False), pods)
+    assert p.partial and names(p) == ["b", "c", "h"]
+    assert p.targets[0].why == "uses GPU 1 (GPU-1)"
+    # Without a reading at all the annotations still place them.
+    assert names(plan(verdict(gpu_verdict(1)), None, pods)) == ["b", "c", "h"]
+    # A node-scoped finding takes every GPU pod, placed or not.
+    whole = verdict(gpu_verdict(1), node_findings=(finding("nv", reason="Custom"),))
+    assert not plan(whole, None, pods).partial and len(plan(whole, None, pods).targets) == 5
+
+
+def test_a_pod_the_annotations_place_nowhere_goes_with_the_shared_ones():
+    # A DirectX pod names no card; beside pods the annotations place, it might be on the bad one.
+    pods = [pod("a", cards=(CardRef(None, 0),)), pod("dx")]
+    p = plan(verdict(gpu_verdict(1)), reading(False), pods)
+    assert names(p) == ["dx"] and "places on a GPU" in p.targets[0].why
+
+
+def test_exporter_attribution_and_annotations_add_up():
+    # The exporter sees "a" use GPU 1 although its annotation says GPU 0: it goes too.
+    pods = [pod("a", cards=(CardRef(None, 0),)), pod("b", cards=(CardRef(None, 1),))]
+    p = plan(verdict(gpu_verdict(1)), reading(g1=["a"]), pods)
+    assert names(p) == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"aliyun.com/gpu-mem": "4"},
+        {"aliyun.com/gpu-core.percentage": "30"},
+        {"windows.alibabacloud.com/directx": "1"},
+        {"nvidia.com/gpumem": "1024"},
+        {"nvidia.com/gpu.shared": "1"},
+    ],
+)
+def test_every_gpu_resource_gpumon_knows_makes_a_gpu_pod_by_default(limits):
+    container = {"name": "c", "resources": {"limits": limits}}
+    raw = {"metadata": {"name": "p"}, "spec": {"containers": [container]}}
+    assert pod_from_json(raw, GpuResources()).uses_gpu
+    # A cluster that narrows the list gets what it asked for.
+    assert not pod_from_json(raw, GpuResources(frozenset({"nvidia.com/gpu"}), ())).uses_gpu
+
+
+def test_pod_from_json_reads_the_cards_of_a_gpushare_pod():
+    raw = {
+        "metadata": {"name": "p", "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "1"}},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"aliyun.com/gpu-mem": "4"}}}]},
+    }
+    assert pod_from_json(raw, GpuResources()).cards == (CardRef(None, 1),)
 
 
 def test_pod_and_pdb_from_json():

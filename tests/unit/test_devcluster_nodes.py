@@ -38,12 +38,26 @@ def test_shared_gpu_node_advertises_memory_count_and_core_share() -> None:
 
 
 def test_windows_and_cpu_only_nodes() -> None:
-    win = nodes.manifest("win-a", nodes.NodeTemplate(gpus=1, os="windows"))
+    win = nodes.manifest("win-a", nodes.NodeTemplate(gpus=2, os="windows"))
     assert win["metadata"]["labels"]["kubernetes.io/os"] == "windows"
+    # Alibaba's DirectX device plugin offers the GPUs; NVIDIA's plugin does not run on Windows.
+    assert win["status"]["allocatable"]["windows.alibabacloud.com/directx"] == "2"
+    assert nodes.GPU not in win["status"]["allocatable"]
     assert win["status"]["nodeInfo"]["operatingSystem"] == "windows"
     cpu = nodes.manifest("cpu-a", nodes.NodeTemplate(gpus=0))
     assert "nvidia.com/gpu.present" not in cpu["metadata"]["labels"]
     assert nodes.GPU not in cpu["status"]["capacity"]
+
+
+def test_mig_nodes_offer_only_their_profiles() -> None:
+    template = nodes.NodeTemplate(gpus=2, mig={"3g.40gb": 2, "1g.10gb": 1})
+    status = nodes.manifest("mig-a", template)["status"]
+    assert {k: v for k, v in status["allocatable"].items() if k.startswith("nvidia.com/")} == {
+        "nvidia.com/mig-3g.40gb": "4",
+        "nvidia.com/mig-1g.10gb": "2",
+    }
+    with pytest.raises(ValueError):
+        nodes.NodeTemplate(gpus=0, mig={"1g.10gb": 7})
 
 
 def test_pool_labels_taints_and_extra_metadata_are_kept() -> None:

@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gpumon.exporter import sharing
-from gpumon.exporter.pod_metadata import ContainerMeta, PodMetadataWatch, project_pod, watch_wait
+from gpumon import sharing
+from gpumon.exporter.pod_metadata import PodMetadataWatch, project_pod, watch_wait
 from gpumon.kubeclient import Credentials, KubeClient
 
 NODE = "gpu-node-1"
@@ -68,10 +68,12 @@ def test_projection_keeps_only_what_attribution_needs() -> None:
     assert p is not None
     assert (p.uid, p.namespace, p.name, p.mirror_uid) == ("u1", "ml", "a", "h")
     assert p.annotations == {sharing.GPUSHARE_INDEX: "0"}
-    assert p.init_containers == (ContainerMeta("fetch", {}),)
+    assert p.init_containers == (sharing.ContainerLimits("fetch", {}),)
     assert p.containers == (
-        ContainerMeta("main", {sharing.GPUSHARE_MEMORY_RESOURCE: "4", sharing.CGPU_CORE_RESOURCE: "25"}),
-        ContainerMeta("sidecar", {}),
+        sharing.ContainerLimits(
+            "main", {sharing.GPUSHARE_MEMORY_RESOURCE: "4", sharing.CGPU_CORE_RESOURCE: "25"}
+        ),
+        sharing.ContainerLimits("sidecar", {}),
     )
     assert p.container_ids == {"0" * 63 + "1": "fetch", "a" * 64: "main"}
 

@@ -7,17 +7,20 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gpumon.exporter.sharing import (
+from gpumon.resources import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
+from gpumon.sharing import (
     GPUSHARE_ASSIGNED,
     GPUSHARE_INDEX,
     GPUSHARE_POD_MEMORY,
     HAMI_ALLOCATED,
+    CardRef,
     SharedAllocation,
     parse_quantity,
+    pod_cards,
     shared_allocations,
 )
-from gpumon.resources import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
 
+MEM = GPUSHARE_MEMORY_RESOURCE
 GIB = 1 << 30
 MIB = 1 << 20
 UUID_A = "GPU-7c1f2a9e-0d3b-4c5a-8e6f-1a2b3c4d5e6f"
@@ -200,3 +203,42 @@ def test_empty_hami_annotation_is_no_allocation() -> None:
 )
 def test_parse_quantity(text: str, value: int | None) -> None:
     assert parse_quantity(text) == value
+
+
+def _pod(annotations: Mapping[str, str], *containers: tuple[str, Mapping[str, str]]) -> dict:
+    return {
+        "metadata": {"annotations": dict(annotations)},
+        "spec": {"containers": [{"name": n, "resources": {"limits": dict(lim)}} for n, lim in containers]},
+    }
+
+
+def test_pod_cards_gpushare_names_the_index() -> None:
+    obj = _pod({GPUSHARE_INDEX: "1", GPUSHARE_ASSIGNED: "true"}, ("a", {MEM: "4"}), ("b", {MEM: "2"}))
+    assert pod_cards(obj) == (CardRef(None, 1),)
+    assert pod_cards(obj)[0].names("GPU-x", 1) and not pod_cards(obj)[0].names("GPU-x", 0)
+
+
+def test_pod_cards_cgpu_core_only_pod_is_placed_too() -> None:
+    obj = _pod({GPUSHARE_INDEX: "0"}, ("a", {CGPU_CORE_RESOURCE: "25"}))
+    assert pod_cards(obj) == (CardRef(None, 0),)
+
+
+def test_pod_cards_hami_names_uuids_not_indexes() -> None:
+    value = "GPU-aaa,NVIDIA,1024,30:GPU-bbb,NVIDIA,1024,30:;"
+    (a, b) = pod_cards(_pod({HAMI_ALLOCATED: value}, ("main", {})))
+    assert (a, b) == (CardRef("GPU-aaa", None), CardRef("GPU-bbb", None))
+    assert a.names("GPU-aaa", 7) and not a.names("GPU-bbb", 0)
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        _pod({}, ("a", {MEM: "4"})),  # a shared pod the extender has not placed yet
+        _pod({GPUSHARE_INDEX: "0", GPUSHARE_ASSIGNED: "false"}, ("a", {MEM: "4"})),
+        _pod({GPUSHARE_INDEX: "x"}, ("a", {MEM: "4"})),
+        {"metadata": {"annotations": {GPUSHARE_INDEX: "0"}}, "spec": {"containers": [{"resources": {}}]}},
+        {},
+    ],
+)
+def test_pod_cards_none_when_the_annotations_place_nothing(obj: dict) -> None:
+    assert pod_cards(obj) == ()

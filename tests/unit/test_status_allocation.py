@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gpumon import sharing
 from gpumon.devices.model import (
     HEALTHY,
     FastFields,
@@ -17,7 +18,6 @@ from gpumon.devices.model import (
     PodRef,
     Snapshot,
 )
-from gpumon.exporter import sharing
 from gpumon.status import render
 from gpumon.status.allocation import (
     IDLE,

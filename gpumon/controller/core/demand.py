@@ -23,10 +23,9 @@ from typing import Any
 from gpumon.controller.core.objects import GpuResources, Taint
 from gpumon.resources import (
     CGPU_CORE_RESOURCE,
+    CGPU_CORE_STEP,
     GPUSHARE_MEMORY_RESOURCE,
     NODE_BASICS,
-    NVIDIA_GPU_RESOURCE,
-    NVIDIA_MIG_PREFIX,
     PODS,
     gpu_only,
     milli,
@@ -35,12 +34,6 @@ from gpumon.resources import (
 from gpumon.selectors import Requirement
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
-
-GPU_RESOURCES = GpuResources(
-    names=frozenset({NVIDIA_GPU_RESOURCE, GPUSHARE_MEMORY_RESOURCE, CGPU_CORE_RESOURCE}),
-    prefixes=(NVIDIA_MIG_PREFIX,),
-)
-"""Resources that make a pending pod GPU demand, beyond those a pool's template declares."""
 
 _SCHEDULING_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
@@ -155,8 +148,36 @@ class PodDemand:
         return self.requests.get(CGPU_CORE_RESOURCE, 0)
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why no GPU scheduler would ever place a pod, whatever the node: never demand, reported."""
+
+    kind: str  # a metric label, one of REFUSAL_KINDS
+    message: str
+
+
+REFUSAL_KINDS = ("cgpu_core_step",)
+
+
+def refusal(pod: PodDemand) -> Refusal | None:
+    """A cGPU core share that is not a whole number of steps: ACK's scheduler refuses such a job
+    ("Allocate computing power by scheduling shared GPU": multiples of 5, at least 5). Checked
+    on the pod's sum, which is what lands on its one card."""
+    core = pod.card_core
+    if core and core % (CGPU_CORE_STEP * 1000):
+        return Refusal(
+            REFUSAL_KINDS[0],
+            f"asks {units(core)} % of a card's cores ({CGPU_CORE_RESOURCE}); cGPU only takes multiples "
+            f"of {CGPU_CORE_STEP}, so no node would run it: not counted as demand",
+        )
+    return None
+
+
 def why_not_hosted(template: Template, pod: PodDemand) -> str | None:
     """Why a node of ``template`` could never run ``pod`` (even empty), or None when it can."""
+    refused = refusal(pod)
+    if refused is not None:
+        return refused.message
     for taint in template.taints:
         if taint.effect in _SCHEDULING_TAINT_EFFECTS and not any(t.tolerates(taint) for t in pod.tolerations):
             return f"untolerated taint {taint.key}={taint.value or ''}:{taint.effect}"

@@ -1,11 +1,13 @@
 """Which pods leave a quarantined node (pure), and the Eviction API calls that move them.
 
-Partial drain: when the exporter says which pods use which GPU, only the pods on the bad GPUs
-go, plus any GPU pod the exporter cannot place (it might be on a bad GPU). Otherwise every GPU
-pod on the node goes. DaemonSet pods (they belong to the node) and mirror pods (the kubelet
-owns them) are never evicted. Evictions go through the Eviction API so PodDisruptionBudgets
-hold; a 429 is retried with backoff until the node's deadline, then the configured escalation
-applies: ``report`` (an Event, nothing forced; the default) or ``delete``.
+Partial drain: when the exporter says which pods use which GPU, or sharing annotations say which card a
+shared pod holds (gpushare, cGPU, HAMi: :func:`gpumon.sharing.pod_cards`), only the pods on the
+bad GPUs go, plus any GPU pod placed on no GPU (it might be on a bad one; a DirectX pod names no
+card, so it is one). Otherwise every GPU pod on the node goes. DaemonSet pods (they belong to
+the node) and mirror pods (the kubelet owns them) are never evicted. Evictions go through the
+Eviction API so PodDisruptionBudgets hold; a 429 is retried with backoff until the node's
+deadline, then the configured escalation applies: ``report`` (an Event, nothing forced; the
+default) or ``delete``.
 """
 
 from __future__ import annotations
@@ -64,15 +66,19 @@ def plan_drain(
     """The pods to evict from a quarantined node now (``pods`` are the node's pods)."""
     deadline = started_at + policy.deadline_seconds
     drain_severities = {Severity.UNHEALTHY} | ({Severity.DEGRADED} if policy.on_degraded else set())
-    bad = {g.uuid: g for g in verdict.gpus if g.severity in drain_severities}
-    partial = not verdict.whole_node and reading is not None and reading.pods_attributed
-    placed: dict[tuple[str, str], list[int]] = {}
+    bad = [g for g in verdict.gpus if g.severity in drain_severities]
+    exporter_places = reading is not None and reading.pods_attributed
+    # Placement comes from the exporter (the pods it sees on each GPU) and from the sharing
+    # annotations (the card a gpushare, cGPU or HAMi pod was given): either one suffices.
+    partial = not verdict.whole_node and (exporter_places or any(p.cards for p in pods))
+    placed: set[tuple[str, str]] = set()
     bad_users: dict[tuple[str, str], list[str]] = {}
-    if partial and reading is not None:
+    if partial and reading is not None and reading.pods_attributed:
+        bad_uuids = {g.uuid for g in bad}
         for g in reading.gpus:
             for ref in g.pods:
-                placed.setdefault((ref.namespace, ref.pod), []).append(g.index)
-                if g.uuid in bad:
+                placed.add((ref.namespace, ref.pod))
+                if g.uuid in bad_uuids:
                     bad_users.setdefault((ref.namespace, ref.pod), []).append(f"GPU {g.index} ({g.uuid})")
     targets: list[DrainTarget] = []
     skipped: list[tuple[PodView, str]] = []
@@ -83,12 +89,14 @@ def plan_drain(
         if why_not is not None:
             skipped.append((pod, why_not))
             continue
+        held = [f"GPU {g.index} ({g.uuid})" for g in bad if any(c.names(g.uuid, g.index) for c in pod.cards)]
+        on_bad = bad_users.get(pod.key, []) + held
         if not partial:
             why = "GPU pod on a node with unhealthy GPUs"
-        elif pod.key in bad_users:
-            why = "uses " + ", ".join(dict.fromkeys(bad_users[pod.key]))
-        elif pod.key not in placed:
-            why = "GPU pod the exporter does not place on any GPU"
+        elif on_bad:
+            why = "uses " + ", ".join(dict.fromkeys(on_bad))
+        elif pod.key not in placed and not pod.cards:
+            why = "GPU pod that neither the exporter nor a sharing annotation places on a GPU"
         else:
             continue
         targets.append(DrainTarget(pod, why, pdbs_covering(pod, pdbs)))

@@ -14,7 +14,9 @@ from types import MappingProxyType
 from typing import Any
 
 from gpumon.controller.core.contract import CONDITION_TYPE, MIRROR_POD_ANNOTATION
+from gpumon.resources import GPU_RESOURCE_NAMES, GPU_RESOURCE_PREFIXES
 from gpumon.selectors import LabelSelector
+from gpumon.sharing import CardRef, pod_cards
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 _KEPT_ANNOTATION_PREFIXES = ("gpumon.io/", "breaker.gpumon.io/")
@@ -112,10 +114,10 @@ def node_from_json(obj: Mapping[str, Any]) -> NodeView:
 
 @dataclass(frozen=True, slots=True)
 class GpuResources:
-    """Which extended resources make a pod a GPU pod."""
+    """Which extended resources make a pod a GPU pod: by default every one gpumon knows."""
 
-    names: frozenset[str] = frozenset({"nvidia.com/gpu"})
-    prefixes: tuple[str, ...] = ("nvidia.com/mig-",)
+    names: frozenset[str] = frozenset(GPU_RESOURCE_NAMES)
+    prefixes: tuple[str, ...] = GPU_RESOURCE_PREFIXES
 
     def matches(self, resource: str) -> bool:
         return resource in self.names or resource.startswith(self.prefixes)
@@ -133,6 +135,8 @@ class PodView:
     mirror: bool = False
     terminating: bool = False
     uses_gpu: bool = False
+    # The cards its sharing annotations (gpushare, cGPU, HAMi) place it on; () for other pods.
+    cards: tuple[CardRef, ...] = ()
 
     @property
     def key(self) -> tuple[str, str]:
@@ -168,6 +172,7 @@ def pod_from_json(obj: Mapping[str, Any], resources: GpuResources) -> PodView:
         mirror=MIRROR_POD_ANNOTATION in (meta.get("annotations") or {}),
         terminating=meta.get("deletionTimestamp") is not None,
         uses_gpu=_requests_gpu(spec, resources),
+        cards=pod_cards(obj),
     )
 
 

@@ -31,7 +31,7 @@ from gpumon.controller.act.node_write import cordon_for_removal, uncordon
 from gpumon.controller.act.retry import DEFAULT_RETRY, Outcome, RetryPolicy, outcome
 from gpumon.controller.act.scale import read_scale, set_replicas, write_record
 from gpumon.controller.core.contract import DRY_RUN_PREFIX
-from gpumon.controller.core.demand import GPU_RESOURCES, PodDemand, pending_gpu_pod
+from gpumon.controller.core.demand import REFUSAL_KINDS, PodDemand, pending_gpu_pod, refusal
 from gpumon.controller.core.objects import (
     GpuResources,
     PdbView,
@@ -95,6 +95,13 @@ class AutoscaleMetrics:
             "gpumon_autoscaler_pending_pods",
             "Unschedulable GPU pods a pool can host.",
             ["pool"],
+            registry=registry,
+        )
+        self.refused_pods = Gauge(
+            "gpumon_autoscaler_refused_pods",
+            "Pending GPU pods no scheduler would place whatever the node (kind: cgpu_core_step, a "
+            "gpu-core.percentage not a multiple of 5): reported, never demand.",
+            ["kind"],
             registry=registry,
         )
         self.arriving_nodes = Gauge(
@@ -191,11 +198,10 @@ class Autoscaler:
         self.settings = settings
         self._wall = wall_clock
         self._wake = asyncio.Event()
-        pending_kinds = gpu_resources(GPU_RESOURCES, pools)
         self.pending: Informer[PodDemand] = Informer(
             api,
             "/api/v1/pods",
-            lambda obj: pending_gpu_pod(obj, pending_kinds, from_rfc3339),
+            lambda obj: pending_gpu_pod(obj, resources, from_rfc3339),
             name="pending-gpu-pods",
             params={"fieldSelector": "spec.nodeName=,status.phase=Pending"},
             on_change=self._changed,
@@ -311,8 +317,10 @@ class Autoscaler:
         now = self._wall()
         inputs = self.inputs(scales, now)
         started = time.perf_counter()
-        plans = plan_pools(inputs, list(self.pending.items().values()), now)
+        pending = list(self.pending.items().values())
+        plans = plan_pools(inputs, pending, now)
         self.metrics.plan_duration.observe(time.perf_counter() - started)
+        await self._report_refused(pending)
         by_pool = {i.pool.name: i for i in inputs}
         for plan in plans:
             inp = by_pool[plan.pool]
@@ -329,6 +337,22 @@ class Autoscaler:
                     log.warning("autoscaling write failed", extra={"pool": plan.pool, "error": str(e)})
             self.metrics.plans.labels(plan.pool, plan.action.value, result).inc()
         return plans
+
+    async def _report_refused(self, pending: Sequence[PodDemand]) -> None:
+        """One Event per pending pod no scheduler would place (the planner never counts them),
+        and their number by kind."""
+        counts: dict[str, int] = {}
+        prefix = DRY_RUN_PREFIX if self.dry_run else ""
+        for pod in pending:
+            refused = refusal(pod)
+            if refused is None:
+                continue
+            counts[refused.kind] = counts.get(refused.kind, 0) + 1
+            ref = ObjectRef("Pod", pod.name, pod.uid, pod.namespace)
+            event = Event(ref, "GpuRequestRefused", refused.message, warning=True, key=f"refused:{pod.uid}")
+            await self._recorder.record(event, prefix=prefix)
+        for kind in REFUSAL_KINDS:
+            self.metrics.refused_pods.labels(kind).set(counts.get(kind, 0))
 
     async def _record_notes(self, inp: PoolInput, plan: PoolPlan) -> None:
         target = inp.pool.target

@@ -14,6 +14,9 @@ HAMi (Project-HAMi/HAMi ``pkg/device/devices.go``):
   limit). Entries are aligned with the pod's containers, empty ones kept; releases since the
   init-container support also list init containers first. Both layouts are recognised by the
   entry count.
+
+Both programs read shared pods through this module: the exporter for its per-pod allocation
+series, the controller for which card a pod holds when it drains a bad one (:func:`pod_cards`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from gpumon.resources import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
 
@@ -45,6 +48,22 @@ class ContainerSpec(Protocol):
 
     @property
     def limits(self) -> Mapping[str, str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerLimits:
+    name: str
+    # The shared-GPU resources (RESOURCES) from limits, else requests, as quantities.
+    limits: Mapping[str, str]
+
+
+def container_limits(c: Mapping[str, Any]) -> ContainerLimits:
+    """A container of a raw Pod object as this module reads it. Raises KeyError without a name."""
+    resources = c.get("resources") or {}
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+    picked = {r: str(limits.get(r, requests.get(r))) for r in RESOURCES if r in limits or r in requests}
+    return ContainerLimits(name=c["name"], limits=picked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +95,37 @@ def shared_allocations(
     gpushare = _gpushare(annotations, (*init_containers, *containers), gpushare_unit_bytes)
     hami = _hami(annotations.get(HAMI_ALLOCATED), init_containers, containers)
     return SharingResult(gpushare.allocations + hami.allocations, gpushare.problems + hami.problems)
+
+
+@dataclass(frozen=True, slots=True)
+class CardRef:
+    """A GPU a pod holds a share of, as its annotations name it: by UUID (HAMi) or by index
+    (gpushare, cGPU)."""
+
+    uuid: str | None
+    index: int | None
+
+    def names(self, uuid: str, index: int) -> bool:
+        return self.uuid == uuid if self.uuid is not None else self.index == index
+
+
+def pod_cards(obj: Mapping[str, Any]) -> tuple[CardRef, ...]:
+    """The GPUs a raw Pod object's sharing annotations place it on (none for other pods, and
+    for annotations that cannot be read: such a pod is placed on no card)."""
+    meta = obj.get("metadata") or {}
+    raw = meta.get("annotations") if isinstance(meta, Mapping) else None
+    annotations = {k: str(v) for k, v in raw.items() if k in ANNOTATIONS} if isinstance(raw, Mapping) else {}
+    if not annotations:
+        return ()
+    try:
+        spec = obj.get("spec") or {}
+        init = [container_limits(c) for c in spec.get("initContainers") or ()]
+        main = [container_limits(c) for c in spec.get("containers") or ()]
+    except (KeyError, TypeError, AttributeError):
+        return ()
+    # The memory unit only scales the bytes, which do not matter here.
+    result = shared_allocations(annotations, init, main, gpushare_unit_bytes=1)
+    return tuple(dict.fromkeys(CardRef(a.gpu_uuid, a.gpu_index) for a in result.allocations))
 
 
 def _gpushare(
