@@ -48,6 +48,9 @@ GPU_RESOURCE_NAMES: tuple[str, ...] = (
 idea of a GPU pod, for drain and for demand."""
 GPU_RESOURCE_PREFIXES: tuple[str, ...] = (NVIDIA_MIG_PREFIX,)
 """Resource-name prefixes that are GPUs too (one resource per MIG profile)."""
+GPU_COUNT_RESOURCES = frozenset({NVIDIA_GPU_RESOURCE, GPUSHARE_COUNT_RESOURCE, DIRECTX_RESOURCE})
+"""The GPU resources whose quantity is a number of GPUs (a node's cards, a pod's whole GPUs);
+the others measure shares of one (GiB, percent) or slices (MIG instances, time-sliced replicas)."""
 
 PODS = "pods"
 # Resources every node has: never what makes a node (or a pod) a GPU one.

@@ -20,6 +20,7 @@ from gpumon.controller.core.objects import (
     pod_from_json,
 )
 from gpumon.controller.core.pools import RECORD_ANNOTATION, Pool, Record, ScaleState, record_from_annotation
+from gpumon.resources import GPU_COUNT_RESOURCES
 from gpumon.wire.v1 import SnapshotDoc
 
 
@@ -111,7 +112,8 @@ def _int(value: Any) -> int:
 def node_info(obj: Mapping[str, Any], resources: GpuResources) -> NodeInfo:
     status = obj.get("status") or {}
     capacity = status.get("capacity") or {}
-    gpus = sum(_int(v) for k, v in capacity.items() if k in resources.names)
+    # Only counts of GPUs: a gpushare node's 32 GiB of aliyun.com/gpu-mem are no 32 GPUs.
+    gpus = sum(_int(v) for k, v in capacity.items() if k in resources.names and k in GPU_COUNT_RESOURCES)
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ()
     )
@@ -133,7 +135,9 @@ def requested_gpus(obj: Mapping[str, Any], resources: GpuResources) -> int:
         res = c.get("resources") or {}
         limits, requests = res.get("limits") or {}, res.get("requests") or {}
         return sum(
-            _int(limits.get(r, requests.get(r))) for r in resources.names if r in limits or r in requests
+            _int(limits.get(r, requests.get(r)))
+            for r in resources.names & GPU_COUNT_RESOURCES
+            if r in limits or r in requests
         )
 
     main = sum(count(c) for c in spec.get("containers") or ())

@@ -312,9 +312,9 @@ async def test_mig_profile_pods_scale_a_pool_to_exactly_the_nodes_they_need(
     resource = "nvidia.com/mig-3g.40gb"
     template = nodes.NodeTemplate(gpus=2, mig={"3g.40gb": 2}, labels={TEST_LABEL: test_id})
     pool = await make_pool("mig", template)
-    config = pool_config(
-        pool, test_id, template={"resources": {resource: 4}, "labels": {TEST_LABEL: test_id}}
-    )
+    # The pool's template says what such a node offers: nvidia.com/mig-3g.40gb: 4.
+    config = pool_config(pool, test_id, template=nodes.pool_template(template))
+    assert config["template"]["resources"][resource] == "4"
     for i in range(7):
         await core.create_namespaced_pod(namespace, gpu_pod(f"mig-{i}", test_id, {resource: "1"}))
     await all_unschedulable(core, namespace, 7)

@@ -11,7 +11,8 @@ from gpumon.devices.model import HEALTHY, FastFields, GpuIdentity, GpuSample, Pr
 from gpumon.exporter.attribution import build_view, usages
 from gpumon.exporter.cgroups import ContainerKey
 from gpumon.exporter.exposition import render
-from gpumon.exporter.pod_metadata import ContainerMeta, PodMeta
+from gpumon.exporter.pod_metadata import PodMeta
+from gpumon.sharing import ContainerLimits
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Float sums of scaled shares may pass the card by rounding, never by more.
@@ -35,7 +36,7 @@ def test_per_pod_sm_use_never_adds_up_to_more_than_the_card(
     cards: list[float | None], processes: list[tuple[int, int, float | None, int]]
 ) -> None:
     pods = {
-        f"uid-{n}": PodMeta(f"uid-{n}", "ml", f"p{n}", (), (ContainerMeta("c", {}),), {f"cid-{n}": "c"}, {})
+        f"uid-{n}": PodMeta(f"uid-{n}", "ml", f"p{n}", (), (ContainerLimits("c", {}),), {f"cid-{n}": "c"}, {})
         for n in range(6)
     }
     pids = {pid: ContainerKey(f"uid-{c}", f"cid-{c}") for pid, (_, c, _, _) in enumerate(processes, 1)}

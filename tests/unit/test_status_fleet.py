@@ -17,7 +17,7 @@ from gpumon.gpu_health import Severity
 from gpumon.status.fleet import build_fleet, gpu_counts, problems_of
 from gpumon.status.metrics import controller_status
 from gpumon.status.model import GpuCounts
-from gpumon.status.state import ClusterState, PoolTarget, node_info, pool_target
+from gpumon.status.state import ClusterState, PoolTarget, node_info, pool_target, requested_gpus
 
 BAD = "gpu-a-1"
 PDB = pdb_from_json(
@@ -207,3 +207,20 @@ def test_without_metrics_dry_run_comes_from_the_latest_action_event() -> None:
     assert controller_status(None, "svc", "x", ()).dry_run is None
     garbled = controller_status("{not prometheus", "svc", None, ())
     assert not garbled.reachable and garbled.error is not None
+
+
+def test_gpus_count_cards_not_shares_of_them() -> None:
+    # A gpushare/cGPU node offers 2 cards as 32 GiB and 200 %: it has 2 GPUs, not 234.
+    shared = node("s", gpus=0)
+    shared["status"]["capacity"] = {
+        "aliyun.com/gpu-mem": "32",
+        "aliyun.com/gpu-count": "2",
+        "aliyun.com/gpu-core.percentage": "200",
+    }
+    assert node_info(shared, RESOURCES).gpus == 2
+    windows = node("w", gpus=0)
+    windows["status"]["capacity"] = {"windows.alibabacloud.com/directx": "1"}
+    assert node_info(windows, RESOURCES).gpus == 1
+    # A pod asking 4 GiB of one card asks for no whole GPU.
+    share = {"spec": {"containers": [{"name": "c", "resources": {"limits": {"aliyun.com/gpu-mem": "4"}}}]}}
+    assert requested_gpus(share, RESOURCES) == 0
