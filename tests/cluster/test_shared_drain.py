@@ -12,22 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import aiohttp
+import controller_harness as h
 import pytest
-from controller_harness import (  # noqa: F401 - fixtures
-    TEST_LABEL,
-    Exporter,
-    Scene,
-    attributing_exporter,
-    events,
-    exporters,
-    node_obj,
-    our_taint,
-    running_pods,
-    sa_kubeconfig_for_fixture,
-    scene_fixture,
-    tainted,
-    wait_for_event,
-)
+from controller_harness import Exporter, Scene, sa_kubeconfig_for_fixture, scene_fixture  # noqa: F401 - fixtures
 from kubernetes_asyncio import client
 
 from gpumon.devcluster import nodes, workloads
@@ -53,12 +40,12 @@ async def _pods_running(
     """A Deployment of ``replicas`` pods asking ``limits`` on this test's nodes, once all Running
     (sorted by name)."""
     body = workloads.gpu_deployment(
-        APP, replicas=replicas, limits=limits, node_selector={TEST_LABEL: scene.test_id, **selector}
+        APP, replicas=replicas, limits=limits, node_selector={h.TEST_LABEL: scene.test_id, **selector}
     )
     await client.AppsV1Api(scene.api).create_namespaced_deployment(scene.namespace, body)
 
     async def all_running() -> list[client.V1Pod] | None:
-        pods = await running_pods(scene.core, scene.namespace, APP)
+        pods = await h.running_pods(scene.core, scene.namespace, APP)
         return pods if len(pods) == replicas else None
 
     pods = await eventually(all_running, what=f"{replicas} pods of {APP} Running")
@@ -86,19 +73,19 @@ async def _exactly_evicted(
     core, namespace = scene.core, scene.namespace
 
     async def drained() -> bool | None:
-        labels = (await node_obj(core, node))["metadata"].get("labels", {})
+        labels = (await h.node_obj(core, node))["metadata"].get("labels", {})
         return True if labels.get("gpumon.io/state") == "drained" else None
 
     await eventually(drained, what=f"{node} drained", timeout_seconds=90)
     for pod in gone:
-        await wait_for_event(core, namespace, pod.metadata.name, "GpuPodEvicted")
-    now = {p.metadata.name: p for p in await running_pods(core, namespace, APP)}
+        await h.wait_for_event(core, namespace, pod.metadata.name, "GpuPodEvicted")
+    now = {p.metadata.name: p for p in await h.running_pods(core, namespace, APP)}
     assert not {p.metadata.name for p in gone} & set(now), "a pod on the bad card is still running"
     for pod in stay:
         assert pod.metadata.name in now, f"{pod.metadata.name} (not on the bad card) was evicted"
         assert now[pod.metadata.name].metadata.uid == pod.metadata.uid
         assert now[pod.metadata.name].spec.node_name == node
-        assert not await events(core, namespace, pod.metadata.name, "GpuPodEvicted")
+        assert not await h.events(core, namespace, pod.metadata.name, "GpuPodEvicted")
 
 
 @pytest.mark.parametrize("scheme", ["gpushare", "cgpu"])
@@ -111,7 +98,7 @@ async def test_one_bad_card_of_a_shared_node_evicts_exactly_the_pods_on_it(
     attribution and names them from the same annotations; both readings agree."""
     shared = nodes.SharedGpus(gpus=2, memory_gib_per_gpu=16)
     (node,) = await scene.make_nodes(
-        1, nodes.NodeTemplate(gpus=0, shared=shared, labels={TEST_LABEL: scene.test_id})
+        1, nodes.NodeTemplate(gpus=0, shared=shared, labels={h.TEST_LABEL: scene.test_id})
     )
     limits = {GPUSHARE_MEMORY_RESOURCE: "4"} | ({CGPU_CORE_RESOURCE: "30"} if scheme == "cgpu" else {})
     pods = await _pods_running(scene, limits, 3)
@@ -120,9 +107,9 @@ async def test_one_bad_card_of_a_shared_node_evicts_exactly_the_pods_on_it(
     for pod, index in [(on_good[0], 0), (on_bad[0], 1), (on_bad[1], 1)]:
         await _extender_places(scene, pod, index, 4)
     if scheme == "gpushare":
-        ctx = exporters([node], gpus=2)
+        ctx = h.exporters([node], gpus=2)
     else:
-        ctx = attributing_exporter(node, scene.api, tmp_path, gpus=2)
+        ctx = h.attributing_exporter(node, scene.api, tmp_path, gpus=2)
     async with ctx as made:
         ex: dict[str, Exporter] = made if isinstance(made, dict) else {node: made}
         if scheme == "cgpu":
@@ -134,7 +121,7 @@ async def test_one_bad_card_of_a_shared_node_evicts_exactly_the_pods_on_it(
             await _exporter_names(ex[node], {p.metadata.name for p in pods})
         async with scene.controller(ex):
             ex[node].fault(gpu=1, fault="xid", code=79)
-            await eventually(lambda: tainted(scene.core, node), what="the shared node tainted")
+            await eventually(lambda: h.tainted(scene.core, node), what="the shared node tainted")
             await _exactly_evicted(scene, node, on_bad, on_good)
 
 
@@ -161,7 +148,7 @@ async def test_one_bad_gpu_of_a_mig_node_evicts_exactly_the_pods_on_its_instance
     """Two A100s, each split into two 3g.40gb instances (NVIDIA's mixed strategy offers
     nvidia.com/mig-3g.40gb: 4). The kubelet gives one pod an instance of GPU 0 and two pods the
     instances of GPU 1; GPU 1 goes bad: its two pods go, the one on GPU 0 stays."""
-    template = nodes.NodeTemplate(gpus=2, mig={MIG_PROFILE: 2}, labels={TEST_LABEL: scene.test_id})
+    template = nodes.NodeTemplate(gpus=2, mig={MIG_PROFILE: 2}, labels={h.TEST_LABEL: scene.test_id})
     (node,) = await scene.make_nodes(1, template)
     resource = NVIDIA_MIG_PREFIX + MIG_PROFILE
     pods = await _pods_running(scene, {resource: "1"}, 3)
@@ -169,7 +156,7 @@ async def test_one_bad_gpu_of_a_mig_node_evicts_exactly_the_pods_on_its_instance
     scenario = FaultScenario(
         mig=tuple(ScenarioMig(gpu=i, profiles=(MIG_PROFILE, MIG_PROFILE)) for i in (0, 1))
     )
-    async with attributing_exporter(node, scene.api, tmp_path, gpus=2, scenario=scenario) as ex:
+    async with h.attributing_exporter(node, scene.api, tmp_path, gpus=2, scenario=scenario) as ex:
         instances = [[m.uuid for m in ex.backend.read_slow(i).mig_instances] for i in (0, 1)]
         held = [instances[0][0], instances[1][0], instances[1][1]]
         assert ex.kubelet is not None
@@ -180,7 +167,7 @@ async def test_one_bad_gpu_of_a_mig_node_evicts_exactly_the_pods_on_its_instance
         await _exporter_names(ex, {p.metadata.name for p in pods})
         async with scene.controller({node: ex}):
             ex.fault(gpu=1, fault="xid", code=79)
-            await eventually(lambda: tainted(scene.core, node), what="the MIG node tainted")
+            await eventually(lambda: h.tainted(scene.core, node), what="the MIG node tainted")
             await _exactly_evicted(scene, node, on_bad, on_good)
 
 
@@ -188,29 +175,29 @@ async def test_a_fault_on_a_windows_directx_node_evicts_its_directx_pods(scene: 
     """The remediation test once on a Windows node: its GPUs are offered as
     windows.alibabacloud.com/directx, which names no card, so every DirectX pod goes when one
     GPU is bad; a CPU-only pod on the node stays."""
-    template = nodes.NodeTemplate(gpus=2, os="windows", labels={TEST_LABEL: scene.test_id})
+    template = nodes.NodeTemplate(gpus=2, os="windows", labels={h.TEST_LABEL: scene.test_id})
     (node,) = await scene.make_nodes(1, template)
-    allocatable = (await node_obj(scene.core, node))["status"]["allocatable"]
+    allocatable = (await h.node_obj(scene.core, node))["status"]["allocatable"]
     assert allocatable[DIRECTX_RESOURCE] == "2" and nodes.GPU not in allocatable
     windows = {"kubernetes.io/os": "windows"}
     gpu_pods = await _pods_running(scene, {DIRECTX_RESOURCE: "1"}, 2, **windows)
     cpu = workloads.gpu_deployment(
-        "cpu", replicas=1, limits={"cpu": "1"}, node_selector={TEST_LABEL: scene.test_id, **windows}
+        "cpu", replicas=1, limits={"cpu": "1"}, node_selector={h.TEST_LABEL: scene.test_id, **windows}
     )
     await client.AppsV1Api(scene.api).create_namespaced_deployment(scene.namespace, cpu)
     (cpu_pod,) = await eventually(
-        lambda: _some(running_pods(scene.core, scene.namespace, "cpu")), what="the CPU pod Running"
+        lambda: _some(h.running_pods(scene.core, scene.namespace, "cpu")), what="the CPU pod Running"
     )
-    async with exporters([node], gpus=2) as ex, scene.controller(ex):
+    async with h.exporters([node], gpus=2) as ex, scene.controller(ex):
         ex[node].fault(gpu=0, fault="xid", code=79)
-        tainted_node = await eventually(lambda: tainted(scene.core, node), what="the Windows node tainted")
-        assert our_taint(tainted_node) == {
+        tainted_node = await eventually(lambda: h.tainted(scene.core, node), what="the Windows node tainted")
+        assert h.our_taint(tainted_node) == {
             "key": "gpumon.io/gpu-unhealthy",
             "value": "unhealthy",
             "effect": "NoSchedule",
         }
         await _exactly_evicted(scene, node, gpu_pods, [])
-        (still,) = await running_pods(scene.core, scene.namespace, "cpu")
+        (still,) = await h.running_pods(scene.core, scene.namespace, "cpu")
         assert still.metadata.uid == cpu_pod.metadata.uid
 
 
@@ -223,14 +210,14 @@ async def test_an_excluded_node_reports_its_fault_and_is_never_acted_on(scene: S
     """``gpumon.io/exclude=true``: the fault is reported (a GpuQuarantineSkipped Event naming
     the GPU, counted as action "skipped"), and the node gets no taint, no condition, no label,
     and its GPU pod stays."""
-    template = nodes.NodeTemplate(gpus=2, labels={TEST_LABEL: scene.test_id, "gpumon.io/exclude": "true"})
+    template = nodes.NodeTemplate(gpus=2, labels={h.TEST_LABEL: scene.test_id, "gpumon.io/exclude": "true"})
     (node,) = await scene.make_nodes(1, template)
     (pod,) = await _pods_running(scene, {nodes.GPU: "1"}, 1)
-    async with exporters([node], gpus=2) as ex:
+    async with h.exporters([node], gpus=2) as ex:
         ex[node].placement.pods[0] = (scene.namespace, pod.metadata.name)
         async with scene.controller(ex) as ctl:
             ex[node].fault(gpu=0, fault="xid", code=79)
-            skipped = await wait_for_event(scene.core, "default", node, "GpuQuarantineSkipped")
+            skipped = await h.wait_for_event(scene.core, "default", node, "GpuQuarantineSkipped")
             assert "gpumon.io/exclude=true" in skipped.message and ex[node].uuid(0) in skipped.message
             actions = ctl.controller.metrics.actions
             assert actions.labels("skipped", "refused")._value.get() >= 1
@@ -242,12 +229,12 @@ async def test_an_excluded_node_reports_its_fault_and_is_never_acted_on(scene: S
                 return True if ctl.controller.reconciler.rounds > rounds + 1 else None
 
             await eventually(another_round, what="two more reconcile rounds")
-            after = await node_obj(scene.core, node)
-            assert our_taint(after) is None
+            after = await h.node_obj(scene.core, node)
+            assert h.our_taint(after) is None
             assert "gpumon.io/state" not in after["metadata"].get("labels", {})
             assert not any(c["type"] == "GpuUnhealthy" for c in after["status"].get("conditions") or ())
             assert not (after["spec"].get("unschedulable"))
-            (still,) = await running_pods(scene.core, scene.namespace, APP)
+            (still,) = await h.running_pods(scene.core, scene.namespace, APP)
             assert still.metadata.uid == pod.metadata.uid
-            assert not await events(scene.core, scene.namespace, pod.metadata.name, "GpuPodEvicted")
+            assert not await h.events(scene.core, scene.namespace, pod.metadata.name, "GpuPodEvicted")
             assert actions.labels("quarantine", "success")._value.get() == 0
