@@ -170,20 +170,16 @@ def _limits(c: Mapping[str, Any]) -> dict[str, str]:
     return {k: str(limits.get(k, requests.get(k))) for k in {*limits, *requests}}
 
 
-@dataclass(frozen=True, slots=True)
-class _Container:
-    name: str
-    limits: Mapping[str, str]
-
-
 def _shares(pod: _Pod, hami_node: bool) -> tuple[list[_Share], list[_Share]]:
     """(shares placed on a card, shares whose card is not known) of one pod. On a HAMi node
     ``nvidia.com/gpu`` counts virtual GPUs, placed by HAMi's annotation."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-    init = [_Container(str(c.get("name", "")), _limits(c)) for c in spec.get("initContainers") or ()]
-    main = [_Container(str(c.get("name", "")), _limits(c)) for c in spec.get("containers") or ()]
+    init = [
+        sharing.ContainerLimits(str(c.get("name", "")), _limits(c)) for c in spec.get("initContainers") or ()
+    ]
+    main = [sharing.ContainerLimits(str(c.get("name", "")), _limits(c)) for c in spec.get("containers") or ()]
     annotations = {k: str(v) for k, v in (meta.get("annotations") or {}).items()}
     result = sharing.shared_allocations(annotations, init, main, gpushare_unit_bytes=GIB)
     placed: dict[tuple[int | None, str | None], _Share] = {}
