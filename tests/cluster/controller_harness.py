@@ -43,6 +43,7 @@ from gpumon.devices.model import GpuSample, PodGpuUsage, PodRef
 from gpumon.devices.simulated import FaultScenario, SimulatedBackend, parse_fault
 from gpumon.exporter.attribution import build_attribution
 from gpumon.exporter.server import make_app as make_exporter_app
+from gpumon.kubeclient import KubeClient, from_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC = REPO / "deploy" / "rbac" / "controller.yaml"
@@ -225,11 +226,12 @@ async def exporters(
 
 @asynccontextmanager
 async def attributing_exporter(
-    name: str, api: client.ApiClient, workdir: Path, gpus: int, scenario: FaultScenario | None = None
+    name: str, kubeconfig: Path, workdir: Path, gpus: int, scenario: FaultScenario | None = None
 ) -> AsyncIterator[Exporter]:
     """An exporter running its real pod attribution, as on a node: the kubelet's pod-resources
     (a real gRPC server the test feeds, kwok runs no kubelet), this node's pods and their
-    sharing annotations from the API server, and a /proc without GPU processes."""
+    sharing annotations from the API server (as ``kubeconfig``'s identity), and a /proc without
+    GPU processes."""
     proc = workdir / "proc"
     proc.mkdir(parents=True, exist_ok=True)
     # A unix socket path holds at most 107 bytes: pytest's tmp_path can be longer.
@@ -239,9 +241,8 @@ async def attributing_exporter(
         stack.callback(shutil.rmtree, short, ignore_errors=True)
         kubelet = stack.enter_context(serve(socket, PodResourcesFixture()))
         pods = PodsConfig(pod_resources_socket=socket, host_proc=proc)
-        attributor = build_attribution(
-            pods, name, call_timeout_seconds=5, list_pods=client.CoreV1Api(api).list_pod_for_all_namespaces
-        )
+        kube = KubeClient(from_kubeconfig(kubeconfig))
+        attributor = build_attribution(pods, name, call_timeout_seconds=5, pods_api=kube)
         backend = SimulatedBackend(gpus, scenario=scenario)
         cfg = ExporterConfig(node_name=name, backend="simulated", sampling=SAMPLING, pods=pods)
         app = make_exporter_app(cfg, backend, attributor=attributor)
@@ -252,6 +253,7 @@ async def attributing_exporter(
             yield Exporter(name, backend, server, kubelet=kubelet)
         finally:
             await server.close()
+            await kube.close()
 
 
 # --- the controller ---------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from gpumon.resources import (
     GPUSHARE_MEMORY_RESOURCE,
     NVIDIA_MIG_PREFIX,
 )
-from gpumon.sharing import GPUSHARE_ASSIGNED, GPUSHARE_INDEX, GPUSHARE_POD_MEMORY
+from gpumon.sharing import GPUSHARE_ASSIGNED, GPUSHARE_INDEX, GPUSHARE_POD_MEMORY, HAMI_ALLOCATED
 
 MERGE_PATCH = "application/merge-patch+json"
 MIG_PROFILE = "3g.40gb"
@@ -88,30 +88,38 @@ async def _exactly_evicted(
         assert not await h.events(core, namespace, pod.metadata.name, "GpuPodEvicted")
 
 
-@pytest.mark.parametrize("scheme", ["gpushare", "cgpu"])
+@pytest.mark.parametrize("scheme", ["gpushare", "cgpu", "hami"])
 async def test_one_bad_card_of_a_shared_node_evicts_exactly_the_pods_on_it(
     scene: Scene, scheme: str, tmp_path: Path
 ) -> None:
     """Three pods share a node's two cards (one on card 0, two on card 1); card 1 goes bad.
-    gpushare: the exporter names no pods (as with ``pods.api: false``), so the controller's own
-    reading of the extender's annotations places them. cGPU: the exporter runs its real
-    attribution and names them from the same annotations; both readings agree."""
-    shared = nodes.SharedGpus(gpus=2, memory_gib_per_gpu=16)
-    (node,) = await scene.make_nodes(
-        1, nodes.NodeTemplate(gpus=0, shared=shared, labels={h.TEST_LABEL: scene.test_id})
-    )
-    limits = {GPUSHARE_MEMORY_RESOURCE: "4"} | ({CGPU_CORE_RESOURCE: "30"} if scheme == "cgpu" else {})
+    gpushare and HAMi: the exporter names no pods (as with ``pods.api: false``), so the
+    controller's own reading of the scheduler's annotations places them (gpushare by card
+    index, HAMi by card UUID). cGPU: the exporter runs its real attribution and names them from
+    the same annotations; both readings agree."""
+    if scheme == "hami":
+        # HAMi's device plugin offers each card as vGPUs (deviceSplitCount): 4 a card here.
+        template = nodes.NodeTemplate(gpus=8, labels={h.TEST_LABEL: scene.test_id})
+        limits = {nodes.GPU: "1"}
+    else:
+        shared = nodes.SharedGpus(gpus=2, memory_gib_per_gpu=16)
+        template = nodes.NodeTemplate(gpus=0, shared=shared, labels={h.TEST_LABEL: scene.test_id})
+        limits = {GPUSHARE_MEMORY_RESOURCE: "4"} | ({CGPU_CORE_RESOURCE: "30"} if scheme == "cgpu" else {})
+    (node,) = await scene.make_nodes(1, template)
     pods = await _pods_running(scene, limits, 3)
     assert {p.spec.node_name for p in pods} == {node}
     on_good, on_bad = pods[:1], pods[1:]
-    for pod, index in [(on_good[0], 0), (on_bad[0], 1), (on_bad[1], 1)]:
-        await _extender_places(scene, pod, index, 4)
-    if scheme == "gpushare":
-        ctx = h.exporters([node], gpus=2)
+    if scheme == "cgpu":
+        ctx = h.attributing_exporter(node, scene.kubeconfig, tmp_path, gpus=2)
     else:
-        ctx = h.attributing_exporter(node, scene.api, tmp_path, gpus=2)
+        ctx = h.exporters([node], gpus=2)
     async with ctx as made:
         ex: dict[str, Exporter] = made if isinstance(made, dict) else {node: made}
+        for pod, card in [(on_good[0], 0), (on_bad[0], 1), (on_bad[1], 1)]:
+            if scheme == "hami":
+                await _hami_places(scene, pod, ex[node].uuid(card))
+            else:
+                await _extender_places(scene, pod, card, 4)
         if scheme == "cgpu":
             kubelet = ex[node].kubelet
             assert kubelet is not None
@@ -123,6 +131,19 @@ async def test_one_bad_card_of_a_shared_node_evicts_exactly_the_pods_on_it(
             ex[node].fault(gpu=1, fault="xid", code=79)
             await eventually(lambda: h.tainted(scene.core, node), what="the shared node tainted")
             await _exactly_evicted(scene, node, on_bad, on_good)
+
+
+async def _hami_places(scene: Scene, pod: client.V1Pod, uuid: str) -> None:
+    """What HAMi's scheduler writes for a one-container pod given 4 GiB and 25 % of card
+    ``uuid`` (Project-HAMi/HAMi ``hami.io/vgpu-devices-allocated``: ``UUID,Type,MiB,cores:``,
+    ``;`` after each container)."""
+    annotations = {HAMI_ALLOCATED: f"{uuid},NVIDIA,4096,25:;"}
+    await scene.core.patch_namespaced_pod(
+        pod.metadata.name,
+        scene.namespace,
+        {"metadata": {"annotations": annotations}},
+        _content_type=MERGE_PATCH,
+    )
 
 
 async def _exporter_names(ex: Exporter, pods: set[str]) -> None:
@@ -156,7 +177,7 @@ async def test_one_bad_gpu_of_a_mig_node_evicts_exactly_the_pods_on_its_instance
     scenario = FaultScenario(
         mig=tuple(ScenarioMig(gpu=i, profiles=(MIG_PROFILE, MIG_PROFILE)) for i in (0, 1))
     )
-    async with h.attributing_exporter(node, scene.api, tmp_path, gpus=2, scenario=scenario) as ex:
+    async with h.attributing_exporter(node, scene.kubeconfig, tmp_path, gpus=2, scenario=scenario) as ex:
         instances = [[m.uuid for m in ex.backend.read_slow(i).mig_instances] for i in (0, 1)]
         held = [instances[0][0], instances[1][0], instances[1][1]]
         assert ex.kubelet is not None
