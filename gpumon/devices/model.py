@@ -151,6 +151,9 @@ class FastFields:
 
 _EMPTY_VIOLATIONS: Mapping[str, float] = MappingProxyType({})
 
+# NVLink data-link error counters, by gpumon's name: replays, recoveries, CRC errors.
+NVLINK_ERROR_KINDS = ("replay", "recovery", "crc")
+
 
 @dataclass(frozen=True, slots=True)
 class SlowFields:
@@ -174,6 +177,15 @@ class SlowFields:
     # Time clocks were held below their target, by policy (keys of VIOLATION_POLICIES), since
     # the driver loaded; a policy the device cannot report is left out.
     violation_seconds: Mapping[str, float] = field(default_factory=lambda: _EMPTY_VIOLATIONS)
+    # NVLink data moved since the driver loaded, in bytes, by direction ("tx", "rx"), summed
+    # over the GPU's links; empty on a GPU without NVLink.
+    nvlink_data_bytes: Mapping[str, int] = field(default_factory=dict)
+    # Both directions' NVLink data over the interval since the previous slow read, in bytes per
+    # second; None on the first read and without NVLink.
+    nvlink_data_bytes_per_second: float | None = None
+    # NVLink data-link error counters by (link, kind in NVLINK_ERROR_KINDS), since the driver
+    # loaded; a counter the device does not report is left out.
+    nvlink_errors: Mapping[tuple[int, str], int] = field(default_factory=dict)
 
 
 # Xid codes NVIDIA documents: its Xid catalog

@@ -34,6 +34,7 @@ from gpumon.devices.backend import (
 )
 from gpumon.devices.model import (
     CLOCK_EVENT_REASONS,
+    NVLINK_ERROR_KINDS,
     VIOLATION_POLICIES,
     DriverInfo,
     FastFields,
@@ -166,6 +167,74 @@ def profiling(results: Iterable[tuple[str, int, float]]) -> tuple[Profiling, dic
         else:
             failed[name] = code
     return Profiling(**values), failed
+
+
+# NVLink counters of nvmlDeviceGetFieldValues, read per link (scopeId = link id, nvml.h). Data is
+# cumulative KiB (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_*); nvml.h defines scopeId UINT_MAX as
+# "aggregate value summed up across all links", so the per-link values add up to the GPU's total.
+NVLINK_DATA_FIELDS: Mapping[str, int] = {
+    "tx": pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+    "rx": pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+}
+NVLINK_ERROR_FIELDS: Mapping[str, int] = dict(
+    zip(
+        NVLINK_ERROR_KINDS,
+        (
+            pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY,
+            pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY,
+            pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC,
+        ),
+        strict=True,
+    )
+)
+_KIB = 1024
+
+
+def nvlink_requests(links: int) -> list[tuple[int, int]]:
+    """(fieldId, scopeId) of every NVLink counter on links 0..links-1, for one batched call."""
+    fields = (*NVLINK_DATA_FIELDS.values(), *NVLINK_ERROR_FIELDS.values())
+    return [(f, link) for link in range(links) for f in fields]
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkCounters:
+    data_bytes: dict[str, int]  # by direction, summed over links
+    errors: dict[tuple[int, str], int]  # by (link, kind)
+    failed: dict[str, int]  # "nvlink.<direction or kind>": an NVML return other than success
+
+
+def nvlink_counters(answers: Iterable[tuple[int, int, int, float | None]]) -> NvLinkCounters:
+    """The NVLink counters of one ``nvmlDeviceGetFieldValues`` answer, given as (fieldId,
+    scopeId, per-field return, value). A direction is left out unless every link answered it
+    (a partial sum would read as a counter reset); an error counter is per link."""
+    names = {v: k for k, v in (*NVLINK_DATA_FIELDS.items(), *NVLINK_ERROR_FIELDS.items())}
+    data: dict[str, int] = {}
+    errors: dict[tuple[int, str], int] = {}
+    failed: dict[str, int] = {}
+    for field_id, link, code, value in answers:
+        name = names.get(field_id)
+        if name is None:
+            continue
+        if code != pynvml.NVML_SUCCESS or value is None:
+            failed.setdefault(f"nvlink.{name}", code)
+        elif name in NVLINK_DATA_FIELDS:
+            data[name] = data.get(name, 0) + int(value) * _KIB
+        else:
+            errors[(link, name)] = int(value)
+    for key in failed:
+        data.pop(key.removeprefix("nvlink."), None)
+    return NvLinkCounters(data, errors, failed)
+
+
+def nvlink_rate(previous: tuple[float, int] | None, now: float, total: int) -> float | None:
+    """Bytes per second between two readings (time, bytes) of a cumulative total; None without
+    a previous reading, with no time between the two, or when the counter went back (a reset)."""
+    if previous is None:
+        return None
+    then, before = previous
+    if now <= then or total < before:
+        return None
+    return (total - before) / (now - then)
 
 
 def performance_state(pstate: int) -> int | None:
@@ -461,6 +530,9 @@ class _Gpu:
     gpm_samples: tuple[Any, Any] | None = None
     gpm_older: int = 0
     gpm_held: bool = False
+    # NVLink: the link count, once known (0: no NVLink); the last (time, bytes both ways).
+    nvlink_links: int | None = None
+    nvlink_last: tuple[float, int] | None = None
 
     @property
     def index(self) -> int:
@@ -727,6 +799,7 @@ class NvmlBackend:
                 fan_speed_ratio=_maybe(ratio, fan),
                 performance_state=None if pstate is None else performance_state(pstate),
                 violation_seconds=self._violations(gpu),
+                **self._nvlink(gpu),
             )
 
     def wait_xids(self, timeout_seconds: float) -> list[XidEvent]:
@@ -850,6 +923,58 @@ class NvmlBackend:
             )
             if got is not None:
                 out[policy] = seconds(got.violationTime)
+        return out
+
+    def _nvlink(self, gpu: _Gpu) -> dict[str, Any]:
+        """The NVLink counters of every link, in one nvmlDeviceGetFieldValues call."""
+        if gpu.nvlink_links is None:
+            links = self._field_values(gpu, "nvlink", [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT])
+            if links is None:
+                return {}
+            gpu.nvlink_links = int(links[0])
+            if not gpu.nvlink_links:
+                self._not_supported(gpu.index, "nvlink")
+        if not gpu.nvlink_links:
+            return {}
+        requests = nvlink_requests(gpu.nvlink_links)
+        values = self._read(
+            gpu.index, "nvlink", functools.partial(pynvml.nvmlDeviceGetFieldValues, gpu.handle, requests)
+        )
+        if values is None:
+            gpu.nvlink_last = None
+            return {}
+        got = nvlink_counters(
+            (f, link, values[i].nvmlReturn, field_value(values[i])) for i, (f, link) in enumerate(requests)
+        )
+        for source, code in got.failed.items():
+            self._failed(gpu.index, source, code)
+        rate = None
+        if len(got.data_bytes) == len(NVLINK_DATA_FIELDS):
+            now, total = time.monotonic(), sum(got.data_bytes.values())
+            rate = nvlink_rate(gpu.nvlink_last, now, total)
+            gpu.nvlink_last = (now, total)
+        else:
+            gpu.nvlink_last = None
+        return {
+            "nvlink_data_bytes": got.data_bytes,
+            "nvlink_data_bytes_per_second": rate,
+            "nvlink_errors": got.errors,
+        }
+
+    def _field_values(self, gpu: _Gpu, source: str, fields: Sequence[int]) -> list[float] | None:
+        """Device-wide fields (scopeId 0) in one call; None when any is not answered."""
+        values = self._read(
+            gpu.index, source, functools.partial(pynvml.nvmlDeviceGetFieldValues, gpu.handle, list(fields))
+        )
+        if values is None:
+            return None
+        out = []
+        for v in values:
+            number = field_value(v)
+            if v.nvmlReturn != pynvml.NVML_SUCCESS or number is None:
+                self._failed(gpu.index, source, v.nvmlReturn)
+                return None
+            out.append(number)
         return out
 
     def _profiling(self, gpu: _Gpu) -> Profiling | None:

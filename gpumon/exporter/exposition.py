@@ -17,6 +17,7 @@ library itself on a throwaway registry.
 from __future__ import annotations
 
 import gzip
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -216,6 +217,21 @@ def _violation(policy: str, *, nanoseconds: bool = False) -> Getter:
     return get
 
 
+def _nvlink_data(direction: str) -> Getter:
+    def get(g: GpuSample) -> float | None:
+        return None if g.slow is None else _number(g.slow.nvlink_data_bytes.get(direction))
+
+    return get
+
+
+def _dcgm_nvlink_bandwidth(g: GpuSample) -> float | None:
+    """DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL as DCGM computes it (DcgmCacheManager.cpp,
+    ReadAndCacheNvLinkBandwidth): the change of the KiB counters, TX plus RX, over the interval,
+    per second, divided by 1000 and truncated to a whole number."""
+    rate = None if g.slow is None else g.slow.nvlink_data_bytes_per_second
+    return None if rate is None else float(math.floor(rate / 1024 / 1000))
+
+
 def _memory(get: MemoryGetter) -> Getter:
     return _fast(lambda f: None if f.memory is None else get(f.memory))
 
@@ -374,6 +390,13 @@ _NATIVE_FIELDS: tuple[_Field, ...] = (
         "seconds",
     ),
     _Field(
+        "gpumon_gpu_nvlink_data_bytes_total",
+        "counter",
+        "NVLink data (payload) bytes moved over all links since the driver loaded.",
+        tuple(({"direction": d}, _nvlink_data(d)) for d in ("tx", "rx")),
+        "bytes",
+    ),
+    _Field(
         "gpumon_gpu_graphics_engine_active_ratio",
         "gauge",
         "Fraction of the interval the graphics or compute engine was active (GPM).",
@@ -485,12 +508,21 @@ def _native(snap: Snapshot) -> list[Metric]:
                 _add(throttled, {**base, "reason": reason}, 1 if reason in active else 0)
 
     per_gpu = _emit(_NATIVE_FIELDS, present)
+    nvlink_errors = _family(
+        "gpumon_gpu_nvlink_errors_total",
+        "counter",
+        "NVLink data-link errors on one link since the driver loaded, by type (replay, recovery, crc).",
+    )
+    for g, base in present:
+        if g.slow is not None:
+            for (link, kind), count in sorted(g.slow.nvlink_errors.items()):
+                _add(nvlink_errors, {**base, "link": str(link), "type": kind}, count)
     _emit_mig_memory(
         _NATIVE_MEMORY,
         per_gpu,
         ((mig, {**base, **_mig_labels(mig)}) for g, base in present for mig in _migs(g)),
     )
-    return [info, *per_gpu, throttled, xids, health, health_info, *_native_pods(snap)]
+    return [info, *per_gpu, nvlink_errors, throttled, xids, health, health_info, *_native_pods(snap)]
 
 
 def _mig_labels(mig: MigInstance) -> Labels:
@@ -786,6 +818,12 @@ _DCGM_FIELDS: tuple[_Field, ...] = (
         "The rate of data received over the PCIe bus - including both protocol headers and data"
         " payloads - in bytes per second.",
         _one(_prof(lambda p: p.pcie_rx_bytes_per_second)),
+    ),
+    _Field(
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "unknown",
+        "Total number of NVLink bandwidth counters for all lanes.",
+        _one(_dcgm_nvlink_bandwidth),
     ),
     _Field(
         "DCGM_FI_PROF_NVLINK_TX_BYTES",

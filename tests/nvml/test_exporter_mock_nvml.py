@@ -264,6 +264,57 @@ def test_no_gpm_on_a_t4_and_no_error_for_it(mock: MockNvml, gpm_exporters: dict[
     assert "GPM" not in exporter.log_text() and "gpm" not in exporter.log_text()
 
 
+# The mock accrues each active link's THROUGHPUT_DATA counters at 5 % of the profile's
+# bandwidth_per_link_mbps (MB/s) per second (engine/topology.go, DefaultNVLinkDutyCycle). Its links
+# are the ones to NVSwitches: the standalone B200 board has no active link (LINK_COUNT 0).
+NVLINK_DUTY_CYCLE = 0.05
+
+
+@pytest.mark.parametrize("name", ["h100", "gb200"])
+def test_nvlink_field_values_per_link(name: str, mock: MockNvml, gpm_exporters: dict[str, Exporter]) -> None:
+    """NVLink data and error counters from nvmlDeviceGetFieldValues, one scopeId per link: both
+    directions summed over the links (KiB x 1024) as counters, the three error counters per link,
+    and DCGM's NVLINK_BANDWIDTH_TOTAL (TX+RX KiB per second / 1000) in the dcgm profile."""
+    profile = load_profile(mock, name)
+    gpus, nvlink = len(device_configs(profile)), profile["nvlink"]
+    links = nvlink["links_per_gpu"]
+    exporter = gpm_exporters[name]
+    s = exporter.until(
+        lambda s: len(select(s, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")) == gpus,
+        f"{name}: NVLink rate on every GPU",
+    )
+    assert nvml_errors(s) == {}
+    assert not any(source.startswith("nvml.nvlink") for source in not_supported(s))
+    assert len(select(s, "gpumon_gpu_nvlink_data_bytes_total")) == 2 * gpus
+    tx = value(s, "gpumon_gpu_nvlink_data_bytes_total", gpu="0", direction="tx")
+    assert tx is not None and tx > 0 and tx % 1024 == 0
+    errors = select(s, "gpumon_gpu_nvlink_errors_total")
+    assert len(errors) == gpus * links * 3
+    assert {dict(k)["type"] for k in errors} == {"replay", "recovery", "crc"}
+    assert {dict(k)["link"] for k in errors} == {str(i) for i in range(links)}
+    per_direction_kib = links * nvlink["bandwidth_per_link_mbps"] * 1e6 * NVLINK_DUTY_CYCLE
+    dcgm = value(s, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="0")
+    assert dcgm == pytest.approx(2 * per_direction_kib / 1000, rel=0.05), (dcgm, per_direction_kib)
+
+
+@pytest.mark.parametrize("name", ["t4", "b200"])
+def test_no_nvlink_no_series_and_no_error(
+    name: str, mock: MockNvml, gpm_exporters: dict[str, Exporter]
+) -> None:
+    """A PCIe T4 has no NVLink, the mock's standalone B200 board no active link: no NVLink
+    field-value series in either profile, not zeros, and the field counted not_supported once
+    per GPU however many ticks pass."""
+    gpus = len(device_configs(load_profile(mock, name)))
+    exporter = gpm_exporters[name]
+    s = exporter.until(lambda s: not_supported(s).get("nvml.nvlink") == gpus, f"{name}: NVLink not supported")
+    s = after_slow_ticks(exporter, s, 2)
+    assert not_supported(s)["nvml.nvlink"] == gpus
+    assert nvml_errors(s) == {}
+    field_values = {"gpumon_gpu_nvlink_data_bytes_total", "gpumon_gpu_nvlink_errors_total"}
+    assert {n for (n, _) in s if n in field_values or n == "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"} == set()
+    assert "nvlink" not in exporter.log_text().lower()
+
+
 def after_slow_ticks(exporter: Exporter, now: Series, ticks: int) -> Series:
     """The first scrape after ``ticks`` more slow ticks than ``now`` shows."""
 

@@ -28,7 +28,7 @@ from nvml_mock import (
 )
 
 from gpumon.devcluster.binaries import MockNvml
-from gpumon.devices.model import VIOLATION_POLICIES, XID_OTHER
+from gpumon.devices.model import NVLINK_ERROR_KINDS, VIOLATION_POLICIES, XID_OTHER
 from gpumon.devices.nvml import canonical_bus_id
 
 PROBE = Path(__file__).with_name("mock_probe.py")
@@ -64,6 +64,20 @@ def processes(cfg: dict[str, Any]) -> list[dict[str, Any]]:
         }
         for p in sorted(cfg.get("processes") or (), key=lambda p: p["pid"])
     ]
+
+
+def check_nvlink(profile: dict[str, Any], slow: dict[str, Any]) -> None:
+    """NVLink counters, per link, on a profile with an NVLink fabric (every link has all three
+    error counters and both directions are summed); none on one without. One read: no rate."""
+    links = (profile.get("nvlink") or {}).get("links_per_gpu", 0)
+    data, errors = slow.pop("nvlink_data_bytes"), slow.pop("nvlink_errors")
+    assert slow.pop("nvlink_data_bytes_per_second") is None
+    if not links:
+        assert data == {} and errors == {}
+        return
+    assert set(data) == {"tx", "rx"} and all(v > 0 and v % 1024 == 0 for v in data.values())
+    expected = {str((link, kind)) for link in range(links) for kind in NVLINK_ERROR_KINDS}
+    assert set(errors) == expected and all(v >= 0 for v in errors.values())
 
 
 def check_inventory(profile: dict[str, Any], seen: dict[str, Any]) -> None:
@@ -118,6 +132,7 @@ def check_inventory(profile: dict[str, Any], seen: dict[str, Any]) -> None:
         # some figure, for every policy it models.
         violations = slow.pop("violation_seconds")
         assert set(violations) == set(VIOLATION_POLICIES) and all(v >= 0 for v in violations.values())
+        check_nvlink(profile, slow)
         assert slow == {
             # The mock answers 0 whatever the profile's pcie.replay_counter says.
             "pcie_replays": 0,

@@ -85,6 +85,9 @@ def rich_snapshot() -> Snapshot:
         fan_speed_ratio=0.4,
         performance_state=0,
         violation_seconds={"power": 12.5, "thermal": 0.25},
+        nvlink_data_bytes={"tx": 4096, "rx": 8192},
+        nvlink_data_bytes_per_second=5.0e9,
+        nvlink_errors={(0, "replay"): 1, (0, "recovery"): 0, (0, "crc"): 2, (1, "crc"): 0},
     )
     degraded = HealthVerdict(
         HealthState.DEGRADED, (HealthReason("Thermal", "temperature 90 C", HealthState.DEGRADED),)

@@ -73,6 +73,9 @@ def full_slow(**changes: object) -> SlowFields:
         remapped_rows_uncorrectable=1,
         row_remap_pending=True,
         row_remap_failure=False,
+        nvlink_data_bytes={"tx": 3 * 1024, "rx": 5 * 1024},
+        nvlink_data_bytes_per_second=2_048_000 * 1024 + 512,
+        nvlink_errors={(0, "replay"): 2, (0, "crc"): 0, (17, "recovery"): 1},
     )
     return replace(slow, **changes)  # type: ignore[arg-type]
 
@@ -179,6 +182,8 @@ NATIVE_GPU_FAMILIES = {
     "gpumon_gpu_row_remap_pending": ("gauge", ""),
     "gpumon_gpu_row_remap_failure": ("gauge", ""),
     "gpumon_gpu_xid_errors": ("counter", ""),
+    "gpumon_gpu_nvlink_data_bytes": ("counter", "bytes"),
+    "gpumon_gpu_nvlink_errors": ("counter", ""),
     "gpumon_gpu_health": ("gauge", ""),
     "gpumon_gpu_health_info": ("gauge", ""),
 }
@@ -235,6 +240,10 @@ def test_native_values_in_base_units() -> None:
     assert value(s, "gpumon_gpu_row_remap_pending", **ids) == 1
     assert value(s, "gpumon_gpu_row_remap_failure", **ids) == 0
     assert {lab["xid"]: v for lab, v in s["gpumon_gpu_xid_errors_total"]} == {"13": 4, "79": 1}
+    assert value(s, "gpumon_gpu_nvlink_data_bytes_total", direction="tx", **ids) == 3 * 1024
+    assert value(s, "gpumon_gpu_nvlink_data_bytes_total", direction="rx", **ids) == 5 * 1024
+    errors = {(lab["link"], lab["type"]): v for lab, v in s["gpumon_gpu_nvlink_errors_total"]}
+    assert errors == {("0", "replay"): 2, ("0", "crc"): 0, ("17", "recovery"): 1}
 
 
 def test_native_info_labels() -> None:
@@ -447,6 +456,7 @@ DCGM_FAMILIES = {
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": "gauge",
     "DCGM_FI_DEV_ROW_REMAP_PENDING": "gauge",
     "DCGM_FI_DEV_XID_ERRORS": "gauge",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "unknown",
 }
 
 
@@ -482,6 +492,8 @@ def test_dcgm_units_and_values() -> None:
     assert v["DCGM_FI_DEV_ROW_REMAP_FAILURE"] == 0
     assert v["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"] == CLOCK_EVENT_REASONS["sw_power_cap"] | 0x40
     assert v["DCGM_FI_DEV_XID_ERRORS"] == 79  # the last Xid, not a count
+    # DCGM's NVLink "bandwidth": KiB per second, TX and RX together, / 1000, truncated.
+    assert v["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"] == 2048
 
 
 def test_dcgm_xid_is_zero_before_any_xid() -> None:

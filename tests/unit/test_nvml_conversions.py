@@ -27,6 +27,9 @@ from gpumon.devices.nvml import (
     merge_enumeration,
     mig_memory_gb,
     mig_profile_name,
+    nvlink_counters,
+    nvlink_rate,
+    nvlink_requests,
     performance_state,
     placeholder_identity,
     process_samples,
@@ -470,6 +473,51 @@ def test_gpm_activity_is_a_ratio_and_traffic_bytes_per_second() -> None:
 def test_every_profiling_field_has_a_gpm_metric() -> None:
     assert set(GPM_METRICS) == set(Profiling.__slots__)
     assert len(set(GPM_METRICS.values())) == len(GPM_METRICS)
+
+
+TX, RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+REPLAY, CRC = pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC
+RECOVERY = pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY
+
+
+def test_nvlink_requests_every_counter_of_every_link_in_one_call() -> None:
+    requests = nvlink_requests(2)
+    assert len(requests) == 2 * 5 and len(set(requests)) == 10
+    assert {link for _, link in requests} == {0, 1}
+    assert {(TX, 1), (RX, 0), (REPLAY, 1), (RECOVERY, 0), (CRC, 1)} <= set(requests)
+    assert nvlink_requests(0) == []
+
+
+def test_nvlink_data_is_summed_over_links_in_bytes_and_errors_stay_per_link() -> None:
+    """THROUGHPUT_DATA is per link (scopeId) in KiB; nvml.h's UINT_MAX aggregate is their sum."""
+    ok = pynvml.NVML_SUCCESS
+    got = nvlink_counters(
+        [(TX, 0, ok, 10.0), (TX, 1, ok, 5.0), (RX, 0, ok, 1.0), (RX, 1, ok, 2.0),
+         (REPLAY, 0, ok, 3.0), (REPLAY, 1, ok, 0.0), (CRC, 1, ok, 7.0)]
+    )  # fmt: skip
+    assert got.data_bytes == {"tx": 15 * 1024, "rx": 3 * 1024}
+    assert got.errors == {(0, "replay"): 3, (1, "replay"): 0, (1, "crc"): 7}
+    assert got.failed == {}
+
+
+def test_nvlink_counters_unanswered_are_left_out_and_named_once() -> None:
+    """A direction some link did not answer is left out whole (a partial sum would read as a
+    counter reset); an error counter a link does not report is absent for that link only."""
+    ok, unsupported = pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_NOT_SUPPORTED
+    got = nvlink_counters(
+        [(TX, 0, ok, 10.0), (TX, 1, unsupported, None), (RX, 0, ok, 1.0), (RX, 1, ok, 1.0),
+         (REPLAY, 0, unsupported, None), (REPLAY, 1, unsupported, None), (CRC, 0, ok, 2.0)]
+    )  # fmt: skip
+    assert got.data_bytes == {"rx": 2 * 1024}
+    assert got.errors == {(0, "crc"): 2}
+    assert got.failed == {"nvlink.tx": unsupported, "nvlink.replay": unsupported}
+
+
+def test_nvlink_rate_between_two_readings() -> None:
+    assert nvlink_rate(None, 10.0, 4096) is None  # the first reading has no interval
+    assert nvlink_rate((0.0, 1024), 10.0, 1024 + 10 * 2048) == 2048.0
+    assert nvlink_rate((10.0, 1024), 10.0, 2048) is None  # no time between the two
+    assert nvlink_rate((0.0, 4096), 10.0, 1024) is None  # the counter went back: a reset
 
 
 def test_profiling_from_one_metrics_answer() -> None:
