@@ -8,17 +8,24 @@ overlap). Every series, unit and deviation from dcgm-exporter is listed in docs/
 The snapshot becomes prometheus_client ``metrics_core`` families. Those are written by a small
 writer here rather than by the library's ``generate_latest``: the library re-validates and
 re-escapes every label name of every sample, which made a tick of 8 GPUs x 64 pods cost 12-16 ms
-instead of 3-5 ms, and the writer renders each sample line once for both formats. Its output is
-byte-for-byte the library's, which the unit tests check on every profile with hostile label
-values. ``extra`` collectors (self-metrics, histograms, ``_created`` samples) go through the
-library itself on a throwaway registry.
+instead of 3-5 ms, and the writer renders each sample line once for both formats. ``extra``
+collectors (self-metrics, histograms, ``_created`` samples) are collected once per tick and go
+through the same writer (the library wrote them twice a tick, once per format, at more cost than
+the 470 GPU and pod samples: issue #19); a family the writer does not handle (timestamps,
+exemplars, native histograms) goes through the library. The output is byte-for-byte the
+library's, which the unit tests check on every profile with hostile label values.
+
+A :class:`RenderedMetrics` holds the sample lines; each of the four bodies (text or OpenMetrics,
+plain or gzip) is written on first use and kept. The render thread writes those that scrapes asked
+for lately (:func:`prerender_variants`) before it publishes the payload, so a scrape is served
+bytes already written, and nothing is written or compressed that nobody asks for.
 """
 
 from __future__ import annotations
 
 import gzip
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,7 +33,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_late
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as _OPENMETRICS
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
-from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
@@ -52,36 +59,92 @@ Profile = Literal["native", "dcgm", "both"]
 _MIB = 1024 * 1024
 # Level 5 costs about half of level 6 on exposition text for nearly the same size.
 _GZIP_LEVEL = 5
-# The 0.0.4 text format has no "unknown" type; the library writes it as "untyped".
-_TEXT_TYPE = {"unknown": "untyped"}
 
 
-@dataclass(frozen=True, slots=True)
+Format = Literal["text", "openmetrics"]
+# A body a scrape can ask for: the format, and whether gzip-compressed.
+Variant = tuple[Format, bool]
+VARIANTS: tuple[Variant, ...] = (
+    ("text", False),
+    ("text", True),
+    ("openmetrics", False),
+    ("openmetrics", True),
+)
+# A variant asked for within this long is written by the render thread on each tick.
+PRERENDER_SECONDS = 300.0
+
+
+def prerender_variants(
+    asked: Mapping[Variant, float], now: float, keep: float = PRERENDER_SECONDS
+) -> frozenset[Variant]:
+    """The variants scraped within ``keep`` seconds of ``now`` (``asked``: variant -> last time)."""
+    return frozenset(v for v, at in asked.items() if now - at <= keep)
+
+
 class RenderedMetrics:
-    text: bytes
-    openmetrics: bytes
-    text_gzip: bytes
-    openmetrics_gzip: bytes
-    rendered_at: float
+    """One tick's payload: each body written on first use and kept (:meth:`body`).
+
+    The render thread writes the wanted bodies before it hands the payload over; after that only
+    the event loop touches it, so no lock is needed."""
+
+    __slots__ = ("_bodies", "_families", "rendered_at", "text_bytes")
+
+    def __init__(self, families: Sequence[_Written], rendered_at: float) -> None:
+        self._families = tuple(families)
+        self._bodies: dict[Variant, bytes] = {}
+        self.rendered_at = rendered_at
+        # The size of the text body, known without writing it (the exporter reports it).
+        self.text_bytes = sum(f.text_bytes for f in self._families)
+
+    def body(self, fmt: Format, compressed: bool = False) -> bytes:
+        out = self._bodies.get((fmt, compressed))
+        if out is None:
+            if compressed:
+                out = gzip.compress(self.body(fmt), compresslevel=_GZIP_LEVEL, mtime=0)
+            elif fmt == "text":
+                out = "".join([f.text for f in self._families]).encode()
+            else:
+                out = "".join([f.openmetrics for f in self._families]).encode() + b"# EOF\n"
+            self._bodies[(fmt, compressed)] = out
+        return out
+
+    def written(self) -> frozenset[Variant]:
+        """The bodies written so far (tests)."""
+        return frozenset(self._bodies)
+
+    @property
+    def text(self) -> bytes:
+        return self.body("text")
+
+    @property
+    def openmetrics(self) -> bytes:
+        return self.body("openmetrics")
+
+    @property
+    def text_gzip(self) -> bytes:
+        return self.body("text", True)
+
+    @property
+    def openmetrics_gzip(self) -> bytes:
+        return self.body("openmetrics", True)
 
 
-def render(snapshot: Snapshot, *, profile: Profile, extra: Sequence[Collector] = ()) -> RenderedMetrics:
-    """Render ``snapshot`` (plus ``extra`` collectors, e.g. self-metrics) in both formats."""
-    families = list(snapshot_families(snapshot, profile))
-    registry = CollectorRegistry(auto_describe=False)
+def render(
+    snapshot: Snapshot,
+    *,
+    profile: Profile,
+    extra: Sequence[Collector] = (),
+    prerender: Iterable[Variant] = (),
+) -> RenderedMetrics:
+    """Render ``snapshot`` (plus ``extra`` collectors, e.g. self-metrics); the ``prerender``
+    bodies are written now, the others on first use."""
+    families = [_write(f) for f in snapshot_families(snapshot, profile)]
     for collector in extra:
-        registry.register(collector)
-    lines = [_sample_lines(f) for f in families]
-    text = _text(families, lines) + generate_latest(registry)
-    # The library's part ends the OpenMetrics document with its "# EOF" line.
-    openmetrics = _openmetrics(families, lines) + generate_openmetrics(registry)  # type: ignore[no-untyped-call]
-    return RenderedMetrics(
-        text=text,
-        openmetrics=openmetrics,
-        text_gzip=gzip.compress(text, compresslevel=_GZIP_LEVEL, mtime=0),
-        openmetrics_gzip=gzip.compress(openmetrics, compresslevel=_GZIP_LEVEL, mtime=0),
-        rendered_at=snapshot.taken_at,
-    )
+        families.extend(_write_any(f) for f in collector.collect())
+    out = RenderedMetrics(families, rendered_at=snapshot.taken_at)
+    for fmt, compressed in prerender:
+        out.body(fmt, compressed)
+    return out
 
 
 def snapshot_families(snapshot: Snapshot, profile: Profile) -> Iterator[Metric]:
@@ -92,20 +155,78 @@ def snapshot_families(snapshot: Snapshot, profile: Profile) -> Iterator[Metric]:
         yield from _non_empty(_dcgm(snapshot))
 
 
-# Sample lines are identical in both formats for these families: legacy-charset names, no
-# timestamps, exemplars or OpenMetrics-only samples, label values escaped the same way.
+# Sample lines are identical in both formats for the families written here: legacy-charset
+# names, no timestamps, exemplars or native histograms, label values escaped the same way. The
+# text format moves a family's OpenMetrics-only samples (``_created``, ``_gsum``, ``_gcount``)
+# into gauge families of their own after it, as the library does.
+
+_OM_ONLY_SUFFIXES = ("_created", "_gsum", "_gcount")
+# The 0.0.4 text format's names and types for OpenMetrics types (prometheus_client's munging).
+_TEXT_SUFFIX = {"counter": "_total", "info": "_info"}
+_TEXT_TYPE = {"unknown": "untyped", "info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram"}
 
 
-def _sample_lines(family: Metric) -> str:
-    out = []
+@dataclass(frozen=True, slots=True)
+class _Written:
+    """One family in both formats, as text."""
+
+    text: str
+    openmetrics: str
+    text_bytes: int
+
+
+def _write(family: Metric) -> _Written:
+    name = family.name
+    text_name = name + _TEXT_SUFFIX.get(family.type, "")
+    text_doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
+    om_doc = _escape_value(family.documentation)
+    om_only = {name + suffix: suffix for suffix in _OM_ONLY_SUFFIXES}
+    lines: list[str] = []
+    kept: list[str] = []
+    moved: dict[str, list[str]] = {}
     for s in family.samples:
         value = _go_float(s.value)
         if s.labels:
             labels = ",".join([f'{k}="{_escape_value(v)}"' for k, v in sorted(s.labels.items())])
-            out.append(f"{s.name}{{{labels}}} {value}\n")
+            line = f"{s.name}{{{labels}}} {value}\n"
         else:
-            out.append(f"{s.name} {value}\n")
-    return "".join(out)
+            line = f"{s.name} {value}\n"
+        lines.append(line)
+        suffix = om_only.get(s.name)
+        if suffix is None:
+            kept.append(line)
+        else:
+            moved.setdefault(suffix, []).append(line)
+    samples = "".join(lines)
+    unit = f"# UNIT {name} {family.unit}\n" if family.unit else ""
+    om = f"# HELP {name} {om_doc}\n# TYPE {name} {family.type}\n{unit}{samples}"
+    text_samples = "".join(kept) if moved else samples
+    text_type = _TEXT_TYPE.get(family.type, family.type)
+    text = [f"# HELP {text_name} {text_doc}\n# TYPE {text_name} {text_type}\n{text_samples}"]
+    for suffix, group in sorted(moved.items()):
+        text.append(f"# HELP {name}{suffix} {text_doc}\n# TYPE {name}{suffix} gauge\n{''.join(group)}")
+    return _written("".join(text), om)
+
+
+def _written(text: str, openmetrics: str) -> _Written:
+    return _Written(text, openmetrics, len(text) if text.isascii() else len(text.encode()))
+
+
+def _write_any(family: Metric) -> _Written:
+    """:func:`_write`, or the library's writers for what they do not handle."""
+    if all(s.timestamp is None and s.exemplar is None and s.native_histogram is None for s in family.samples):
+        return _write(family)
+    one = _Families([family])
+    om = generate_openmetrics(one).decode()  # type: ignore[no-untyped-call]
+    return _written(generate_latest(one).decode(), om.removesuffix("# EOF\n"))
+
+
+class _Families:
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
 
 
 def _go_float(v: float) -> str:
@@ -114,24 +235,6 @@ def _go_float(v: float) -> str:
 
 def _escape_value(v: str) -> str:
     return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-
-
-def _text(families: list[Metric], lines: list[str]) -> bytes:
-    out = []
-    for f, samples in zip(families, lines, strict=True):
-        name = f.name + "_total" if f.type == "counter" else f.name
-        doc = f.documentation.replace("\\", r"\\").replace("\n", r"\n")
-        out.append(f"# HELP {name} {doc}\n# TYPE {name} {_TEXT_TYPE.get(f.type, f.type)}\n{samples}")
-    return "".join(out).encode()
-
-
-def _openmetrics(families: list[Metric], lines: list[str]) -> bytes:
-    out = []
-    for f, samples in zip(families, lines, strict=True):
-        doc = _escape_value(f.documentation)
-        unit = f"# UNIT {f.name} {f.unit}\n" if f.unit else ""
-        out.append(f"# HELP {f.name} {doc}\n# TYPE {f.name} {f.type}\n{unit}{samples}")
-    return "".join(out).encode()
 
 
 def _non_empty(families: Iterable[Metric]) -> Iterator[Metric]:

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client.registry import Collector
 
 from gpumon.devices.model import Snapshot
-from gpumon.exporter.exposition import Profile, RenderedMetrics, render
+from gpumon.exporter.exposition import Profile, RenderedMetrics, Variant, prerender_variants, render
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class RenderThread:
         extra: Sequence[Collector],
         on_rendered: Callable[[Snapshot, RenderedMetrics], None],
         on_failed: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._profile: Profile = profile
         self._extra = tuple(extra)
@@ -49,6 +51,14 @@ class RenderThread:
         self._idle = asyncio.Event()
         self._idle.set()
         self.rendered: RenderedMetrics | None = None
+        self._clock = clock
+        # Variant -> when a scrape last asked for it (clock time); those asked lately are
+        # written by the thread before the payload is published.
+        self._asked: dict[Variant, float] = {}
+
+    def asked(self, variant: Variant) -> None:
+        """A scrape asked for ``variant``; call on the loop."""
+        self._asked[variant] = self._clock()
 
     def submit(self, snapshot: Snapshot) -> None:
         """Render ``snapshot`` when the thread is free, unless a newer one comes first."""
@@ -72,11 +82,12 @@ class RenderThread:
             return
         self._idle.clear()
         loop = asyncio.get_running_loop()
-        self._running = loop.run_in_executor(self._executor, self._render, snapshot)
+        wanted = prerender_variants(self._asked, self._clock())
+        self._running = loop.run_in_executor(self._executor, self._render, snapshot, wanted)
         self._running.add_done_callback(self._done)
 
-    def _render(self, snapshot: Snapshot) -> tuple[Snapshot, RenderedMetrics]:
-        return snapshot, render(snapshot, profile=self._profile, extra=self._extra)
+    def _render(self, snapshot: Snapshot, wanted: frozenset[Variant]) -> tuple[Snapshot, RenderedMetrics]:
+        return snapshot, render(snapshot, profile=self._profile, extra=self._extra, prerender=wanted)
 
     def _done(self, future: asyncio.Future[tuple[Snapshot, RenderedMetrics]]) -> None:
         self._running = None

@@ -42,7 +42,7 @@ from gpumon.devices.model import (
     Snapshot,
     XidEvent,
 )
-from gpumon.exporter.exposition import Profile, RenderedMetrics
+from gpumon.exporter.exposition import Profile, RenderedMetrics, Variant
 from gpumon.exporter.gpu_state import (
     GpuState,
     carry_over,
@@ -179,6 +179,10 @@ class Sampler:
     def rendered(self) -> RenderedMetrics | None:
         """The last payload rendered: what a scrape is served, never waiting for a render."""
         return self._render.rendered
+
+    def asked(self, variant: Variant) -> None:
+        """A scrape asked for ``variant``: the next renders write it before they publish."""
+        self._render.asked(variant)
 
     async def rendered_latest(self) -> RenderedMetrics | None:
         """The payload once every snapshot published so far is rendered."""
@@ -463,7 +467,7 @@ class Sampler:
 
     def _rendered(self, snapshot: Snapshot, rendered: RenderedMetrics) -> None:
         self._rendered_complete |= snapshot.complete
-        self._metrics.scrape_bytes.set(len(rendered.text))
+        self._metrics.scrape_bytes.set(rendered.text_bytes)
 
     def _publish(self, *, attribute: bool = False) -> None:
         now = self._wall()

@@ -188,12 +188,12 @@ async def _metrics(request: web.Request) -> web.Response:
     rendered = request.app[STATE].sampler.rendered
     if rendered is None:
         return web.Response(status=503, text="no sample rendered yet\n", headers={"Retry-After": "1"})
-    openmetrics = choose_format(request.headers.get("Accept", "")) == "openmetrics"
+    fmt = choose_format(request.headers.get("Accept", ""))
+    openmetrics = fmt == "openmetrics"
     gzip = accepts_gzip(request.headers.get("Accept-Encoding", ""))
-    if openmetrics:
-        body = rendered.openmetrics_gzip if gzip else rendered.openmetrics
-    else:
-        body = rendered.text_gzip if gzip else rendered.text
+    # Written by the render thread when asked for lately, else now, once for this tick.
+    request.app[STATE].sampler.asked((fmt, gzip))
+    body = rendered.body(fmt, gzip)
     headers = {
         "Content-Type": CONTENT_TYPE_OPENMETRICS if openmetrics else CONTENT_TYPE_TEXT,
         "Vary": "Accept, Accept-Encoding",

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from self_metrics_in_use import self_metrics_in_use
 
 from gpumon.devices.model import (
     DriverInfo,
@@ -141,7 +142,9 @@ def assert_promtool_accepts(text: bytes) -> None:
 
 @pytest.mark.parametrize("profile", ["native", "dcgm", "both"])
 def test_promtool_accepts_rendered_profiles(profile: Profile) -> None:
-    text = render(rich_snapshot(), profile=profile).text
+    # With the exporter's own series, which the same writer renders (issue #19).
+    text = render(rich_snapshot(), profile=profile, extra=[self_metrics_in_use()]).text
+    assert "gpumon_exporter_sample_duration_seconds_bucket" in text.decode()
     assert_promtool_accepts(text)
     if profile == "native":
         assert promtool_findings(text) == (0, set())

@@ -9,11 +9,12 @@ from dataclasses import replace
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.openmetrics import exposition as om_exposition
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_client.registry import Collector
+from self_metrics_in_use import self_metrics_in_use
 
 from gpumon.devices.model import (
     CLOCK_EVENT_REASONS,
@@ -35,7 +36,10 @@ from gpumon.devices.model import (
 from gpumon.exporter.exposition import (
     CONTENT_TYPE_OPENMETRICS,
     CONTENT_TYPE_TEXT,
+    VARIANTS,
     Profile,
+    Variant,
+    prerender_variants,
     render,
     snapshot_families,
 )
@@ -622,6 +626,15 @@ def self_metrics() -> CollectorRegistry:
     return registry
 
 
+def exporter_self_metrics() -> CollectorRegistry:
+    """The real self-metrics, plus one family the writer hands to the library (a timestamp)."""
+    registry = self_metrics_in_use()
+    stamped = GaugeMetricFamily("gpumon_test_stamped", "With a timestamp.", labels=["a"])
+    stamped.add_metric(["x"], 2.5, timestamp=1_763_900_000.5)
+    registry.register(_Families([stamped]))
+    return registry
+
+
 class _Families:
     def __init__(self, families: Iterable[Metric]) -> None:
         self._families = list(families)
@@ -646,13 +659,15 @@ SNAPSHOTS = {
 @pytest.mark.parametrize("name", SNAPSHOTS)
 def test_output_is_byte_for_byte_what_prometheus_client_renders(name: str, profile: Profile) -> None:
     snap = SNAPSHOTS[name]
-    extra: list[Collector] = [self_metrics()]
+    extra: list[Collector] = [self_metrics(), exporter_self_metrics()]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families(snapshot_families(snap, profile)))
-    registry.register(extra[0])
+    for collector in extra:
+        registry.register(collector)
     out = render(snap, profile=profile, extra=extra)
     assert out.text == generate_latest(registry)
     assert out.openmetrics == om_exposition.generate_latest(registry)  # type: ignore[no-untyped-call]
+    assert out.text_bytes == len(out.text)
 
 
 def test_extra_collectors_are_rendered_once_in_both_formats() -> None:
@@ -668,7 +683,28 @@ def test_gzip_round_trip_and_timestamp() -> None:
     assert gzip.decompress(out.text_gzip) == out.text
     assert gzip.decompress(out.openmetrics_gzip) == out.openmetrics
     assert out.rendered_at == SNAPSHOTS["full"].taken_at
-    assert render(SNAPSHOTS["full"], profile="both") == out  # deterministic, gzip included
+    again = render(SNAPSHOTS["full"], profile="both")
+    for variant in VARIANTS:  # deterministic, gzip included
+        assert again.body(*variant) == out.body(*variant)
+
+
+def test_bodies_are_written_when_asked_for_once_each() -> None:
+    out = render(SNAPSHOTS["odd"], profile="both", extra=[exporter_self_metrics()])
+    assert out.written() == frozenset(), "nothing is written or compressed that nobody asked for"
+    assert out.text_bytes == len(out.text)  # known before the text is written; non-ASCII values
+    compressed = out.body("openmetrics", True)
+    assert out.written() == {("text", False), ("openmetrics", False), ("openmetrics", True)}
+    assert out.body("openmetrics", True) is compressed, "written once per payload"
+    pre = render(SNAPSHOTS["odd"], profile="both", prerender=[("openmetrics", True)])
+    assert pre.written() == {("openmetrics", False), ("openmetrics", True)}
+
+
+def test_prerendered_variants_are_those_scraped_lately() -> None:
+    asked: dict[Variant, float] = {("openmetrics", True): 1000.0, ("text", False): 600.0}
+    assert prerender_variants(asked, now=1000.0, keep=300.0) == {("openmetrics", True)}
+    assert prerender_variants(asked, now=900.0, keep=300.0) == {("openmetrics", True), ("text", False)}
+    assert prerender_variants(asked, now=1301.0, keep=300.0) == frozenset()
+    assert prerender_variants({}, now=0.0) == frozenset()
 
 
 def test_content_types() -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from gpumon.devices.model import Snapshot
-from gpumon.exporter.exposition import RenderedMetrics
+from gpumon.exporter.exposition import PRERENDER_SECONDS, RenderedMetrics, Variant
 from gpumon.exporter.render_thread import RenderThread
 
 
@@ -91,3 +91,27 @@ async def test_a_failed_render_keeps_the_previous_payload_and_renders_the_next()
         assert third is not None and third.rendered_at == 3.0
     finally:
         renderer.close()
+
+
+async def test_the_variants_scraped_lately_are_written_before_the_payload_is_published() -> None:
+    now = [1000.0]
+    written: list[frozenset[Variant]] = []
+    renderer = RenderThread(
+        profile="native",
+        extra=(),
+        on_rendered=lambda _, out: written.append(out.written()),
+        on_failed=lambda: None,
+        clock=lambda: now[0],
+    )
+    try:
+        renderer.submit(snapshot(1.0))
+        await renderer.idle()
+        renderer.asked(("openmetrics", True))
+        renderer.submit(snapshot(2.0))
+        await renderer.idle()
+        now[0] += PRERENDER_SECONDS + 1  # nobody has asked for it since
+        renderer.submit(snapshot(3.0))
+        await renderer.idle()
+    finally:
+        renderer.close()
+    assert written == [frozenset(), {("openmetrics", False), ("openmetrics", True)}, frozenset()]

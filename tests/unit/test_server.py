@@ -445,3 +445,22 @@ async def test_a_sampler_that_dies_is_restarted_counted_and_shown_in_readyz(
         and "gpumon-sampler restarted: RuntimeError: a bug in the sampler" in await resp.text()
     )
     assert (await client.get("/healthz")).status == 200  # one restart heals in place
+
+
+async def test_the_renders_after_a_scrape_write_only_what_it_asked_for(
+    aiohttp_client: MakeClient, backend: SimulatedBackend
+) -> None:
+    client = await started(aiohttp_client, backend)
+    sampler = client.app[STATE].sampler
+    assert sampler.rendered is not None and sampler.rendered.written() == frozenset()
+    resp = await client.get("/metrics", headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"})
+    assert resp.headers["Content-Encoding"] == "gzip"
+    served = sampler.rendered
+    assert served.written() == {("openmetrics", False), ("openmetrics", True)}
+
+    async def next_render() -> bool:
+        return sampler.rendered is not served
+
+    await until(next_render)
+    # Written off the loop before it was published; the text was not written, nor compressed.
+    assert sampler.rendered.written() == {("openmetrics", False), ("openmetrics", True)}
