@@ -1,6 +1,7 @@
 """The exporter's HTTP face (aiohttp): cached bytes out, never a device call on a request.
 
-Routes: ``/metrics`` (pre-rendered Prometheus text or OpenMetrics, pre-gzipped), ``/healthz``,
+Routes: ``/metrics`` (Prometheus text or OpenMetrics, plain or gzip, written once per tick for
+the variants scraped: :class:`~gpumon.exporter.exposition.RenderedMetrics`), ``/healthz``,
 ``/readyz``, ``/api/v1/snapshot`` (JSON), ``/api/v1/watch`` (health transitions as
 newline-delimited JSON), plus the routes the caller passes in (the simulator's ``/api/v1/faults``,
 added by the wiring that picks the simulated backend: this module knows no simulator).
