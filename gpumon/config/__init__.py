@@ -35,6 +35,7 @@ from gpumon.configfile import ConfigError as ConfigError
 from gpumon.configfile import read_yaml_mapping
 from gpumon.configtypes import Float, Int
 from gpumon.devices.model import HealthState
+from gpumon.dra import NVIDIA_GPU_DRIVER
 from gpumon.gpu_health import HealthPolicy
 from gpumon.resources import GPU_RESOURCE_NAMES, GPU_RESOURCE_PREFIXES
 
@@ -405,6 +406,9 @@ class DrainConfig(Section):
     # GPU resource gpumon knows (gpumon/resources.py), shared and Windows ones included.
     gpu_resource_names: tuple[str, ...] = GPU_RESOURCE_NAMES
     gpu_resource_prefixes: tuple[str, ...] = GPU_RESOURCE_PREFIXES
+    # DRA drivers whose devices are GPUs: a pod whose ResourceClaim holds one is a GPU pod, and
+    # the driver's ResourceSlices say which GPU each device is (docs/controller.md, "DRA").
+    gpu_dra_drivers: tuple[str, ...] = (NVIDIA_GPU_DRIVER,)
 
 
 class BreakerConfig(Section):

@@ -33,6 +33,7 @@ from gpumon.controller.act.retry import RetryPolicy
 from gpumon.controller.configure import build_policy, pool_from_config
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.breaker import SafetyPolicy
+from gpumon.controller.core.claims import ClaimView, SliceView, claim_from_json, slice_from_json
 from gpumon.controller.core.drain_plan import DrainPolicy, Escalation
 from gpumon.controller.core.node_plan import QuarantinePolicy
 from gpumon.controller.core.objects import (
@@ -55,6 +56,7 @@ from gpumon.controller.shell.remediation_loop import Reconciler, Settings
 from gpumon.controller.shell.signal_sources.direct import DirectSettings, DirectSource
 from gpumon.controller.shell.signal_sources.endpoints import DiscoveredEndpoints, StaticEndpoints
 from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource
+from gpumon.dra import RESOURCE_SLICES_PATH, resource_claims_path
 from gpumon.httpauth.guard import guard
 from gpumon.httpauth.tls import client_context
 from gpumon.tasks import Supervisor, TaskTrouble
@@ -108,6 +110,8 @@ class Controller:
     pods: Informer[PodView]
     pdbs: Informer[PdbView]
     state: Informer[Mapping[str, str]]
+    claims: Informer[ClaimView]
+    slices: Informer[SliceView]
     reconciler: Reconciler
     elector: LeaderElector | None
     source: SignalSource
@@ -127,7 +131,7 @@ class Controller:
     def informers(self) -> list[Informer[Any]]:
         extra = [self.endpoints.informer] if self.endpoints is not None else []
         extra += self.autoscaler.informers if self.autoscaler is not None else []
-        return [self.nodes, self.pods, self.pdbs, self.state, *extra]
+        return [self.nodes, self.pods, self.pdbs, self.state, self.claims, self.slices, *extra]
 
 
 CONTROLLER = web.AppKey("controller", Controller)
@@ -148,7 +152,11 @@ def make_app(
     pools = [pool_from_config(p) for p in config.pools]
     # Pods using a pool's shared-GPU resources are GPU pods too: their node is never idle.
     resources = gpu_resources(
-        GpuResources(frozenset(config.drain.gpu_resource_names), tuple(config.drain.gpu_resource_prefixes)),
+        GpuResources(
+            frozenset(config.drain.gpu_resource_names),
+            tuple(config.drain.gpu_resource_prefixes),
+            frozenset(config.drain.gpu_dra_drivers),
+        ),
         pools,
     )
 
@@ -156,8 +164,9 @@ def make_app(
         return lambda kind: metrics.api_errors.labels(component, kind).inc()
 
     def gpu_pod(obj: Mapping[str, Any]) -> PodView | None:
+        # A pod with ResourceClaims is kept too: the claims' cache says whether they hold GPUs.
         pod = pod_from_json(obj, resources)
-        return pod if pod.uses_gpu and pod.node_name else None
+        return pod if (pod.uses_gpu or pod.claims) and pod.node_name else None
 
     def ignoring_version(a: NodeView, b: NodeView) -> bool:
         return replace(a, resource_version="") == replace(b, resource_version="")
@@ -185,6 +194,23 @@ def make_app(
         name="state",
         params={"fieldSelector": f"metadata.name={config.state_configmap}"},
         on_error=on_error("state"),
+    )
+    # DRA: the claims allocated GPU devices and the slices saying which GPU each device is.
+    drivers = resources.drivers
+    claims: Informer[ClaimView] = Informer(
+        api,
+        resource_claims_path(),
+        lambda obj: claim_from_json(obj, drivers),
+        name="resourceclaims",
+        on_error=on_error("resourceclaims"),
+    )
+    slices: Informer[SliceView] = Informer(
+        api,
+        RESOURCE_SLICES_PATH,
+        lambda obj: slice_from_json(obj, drivers),
+        name="resourceslices",
+        index=lambda s: s.node,
+        on_error=on_error("resourceslices"),
     )
     elector = None
     if config.leader.enabled:
@@ -240,6 +266,8 @@ def make_app(
         pods=pods,
         pdbs=pdbs,
         state=state,
+        claims=claims,
+        slices=slices,
         source=source,
         is_leader=lambda: elector is None or elector.is_leader(),
         recorder=recorder,
@@ -250,6 +278,8 @@ def make_app(
     )
     nodes.on_change = reconciler.on_node
     pods.on_change = reconciler.on_pod
+    claims.on_change = reconciler.on_claim
+    slices.on_change = reconciler.on_slice
     state.on_change = lambda key, old, new: reconciler.mark(nodes.items())
     autoscaler = None
     if pools:
@@ -276,6 +306,8 @@ def make_app(
         pods=pods,
         pdbs=pdbs,
         state=state,
+        claims=claims,
+        slices=slices,
         reconciler=reconciler,
         elector=elector,
         source=source,

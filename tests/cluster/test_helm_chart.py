@@ -352,6 +352,10 @@ def test_controller_rbac_is_what_it_needs_and_no_more(
         ("watch", "pods"),
         ("create", "pods", "--subresource=eviction"),
         ("list", "poddisruptionbudgets.policy"),
+        ("list", "resourceclaims.resource.k8s.io"),
+        ("watch", "resourceclaims.resource.k8s.io"),
+        ("list", "resourceslices.resource.k8s.io"),
+        ("watch", "resourceslices.resource.k8s.io"),
         ("create", "events"),
         ("create", "leases.coordination.k8s.io"),
         ("update", f"leases.coordination.k8s.io/{sa}"),
@@ -374,6 +378,8 @@ def test_controller_rbac_is_what_it_needs_and_no_more(
         ("patch", "deployments.apps"),
         ("create", "clusterroles.rbac.authorization.k8s.io"),
         ("create", "serviceaccounts", "--subresource=token"),
+        ("update", "resourceclaims.resource.k8s.io"),
+        ("create", "resourceslices.resource.k8s.io"),
     ]
     assert [c for c in need if not _can(devcluster, sa, namespace, *c)] == []
     assert [c for c in must_not if _can(devcluster, sa, namespace, *c)] == []

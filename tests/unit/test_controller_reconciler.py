@@ -15,6 +15,7 @@ from gpumon.controller.act.evict import Evictor
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.breaker import SafetyPolicy
+from gpumon.controller.core.claims import ClaimView, PlacedDevice, SliceView
 from gpumon.controller.core.drain_plan import DrainPolicy
 from gpumon.controller.core.node_plan import QuarantinePolicy
 from gpumon.controller.core.objects import PodView, node_from_json, to_rfc3339
@@ -25,9 +26,14 @@ from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
 from gpumon.controller.shell.remediation_loop import Reconciler, Settings
 from gpumon.devices.model import PodRef
+from gpumon.dra import NVIDIA_GPU_DRIVER, ClaimRef, DeviceRef
 
 NS = "gpumon"
 CM = f"/api/v1/namespaces/{NS}/configmaps/gpumon-controller"
+
+
+def dev(index: int) -> DeviceRef:
+    return DeviceRef(NVIDIA_GPU_DRIVER, "n0", f"gpu-{index}")
 
 
 class StaticSource:
@@ -57,6 +63,10 @@ class World:
         self.pdbs: Informer[Any] = Informer(self.api, "/b", lambda o: None, name="pdbs")
         self.state: Informer[Any] = Informer(self.api, "/s", lambda o: None, name="state")
         self.state.update_local(f"{NS}/gpumon-controller", {}, "")
+        self.claims: Informer[Any] = Informer(self.api, "/c", lambda o: None, name="resourceclaims")
+        self.slices: Informer[Any] = Informer(
+            self.api, "/r", lambda o: None, name="resourceslices", index=lambda s: s.node
+        )
         self.metrics = ControllerMetrics(CollectorRegistry())
         self.reconciler = Reconciler(
             api=self.api,
@@ -64,6 +74,8 @@ class World:
             pods=self.pods,
             pdbs=self.pdbs,
             state=self.state,
+            claims=self.claims,
+            slices=self.slices,
             source=self.source,
             is_leader=lambda: self.leader,
             recorder=EventRecorder(self.api, instance="t", wall_clock=self.clock),
@@ -220,6 +232,32 @@ async def test_partial_drain_evicts_only_the_pod_on_the_bad_gpu_and_labels_progr
     assert w.node_obj("n0")["metadata"]["labels"][c.LABEL_STATE] == "drained"
 
 
+async def test_dra_pods_are_drained_by_the_gpu_their_claims_hold():
+    # The exporter names no pods; the claims' cache and the node's slice place the DRA pods.
+    w = World()
+    w.node("n0")
+    w.slices.update_local(
+        "n0-slice",
+        SliceView("n0", 1, tuple(PlacedDevice(dev(i), f"n0-GPU-{i}", f"n0-GPU-{i}") for i in range(2))),
+        "",
+    )
+    for i, name in enumerate(("bystander", "victim")):
+        w.claims.update_local(
+            f"ml/{name}-gpu", ClaimView(ClaimRef("ml", f"{name}-gpu"), (dev(i),), (name,)), ""
+        )
+        view = PodView("ml", name, f"uid-{name}", "n0", "Running", claims=(ClaimRef("ml", f"{name}-gpu"),))
+        w.pods.update_local(f"ml/{name}", view, "")
+    w.signals("n0", xid=79)
+    await w.reconciler.round(["n0"])
+    evictions = [p for m, p, _ in w.api.calls if p.endswith("/eviction")]
+    assert evictions == ["/api/v1/namespaces/ml/pods/victim/eviction"]
+    # A claim's change looks at the nodes of the pods it is reserved for (this one: quarantined).
+    w.claims.on_change = w.reconciler.on_claim
+    w.reconciler._dirty.clear()
+    w.claims._put("ml/victim-gpu", None)
+    assert w.reconciler._dirty == {"n0"}
+
+
 async def test_after_a_restart_recorded_quarantine_waits_out_the_hysteresis():
     w = World()
     records = (
@@ -306,7 +344,7 @@ async def test_the_loop_stops_when_cancelled_as_a_change_wakes_it():
     # Python 3.11's asyncio.wait_for handed the loop its wake-up and dropped the cancellation:
     # a controller stopping at that moment never did.
     w = World()
-    for informer in (w.nodes, w.pods, w.pdbs):
+    for informer in (w.nodes, w.pods, w.pdbs, w.claims, w.slices):
         informer.synced.set()
     task = asyncio.create_task(w.reconciler.run())
     for _ in range(5):  # into its wait for a change

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpumon.controller.core.contract import CONDITION_TYPE, MIRROR_POD_ANNOTATION
+from gpumon.dra import NVIDIA_GPU_DRIVER, ClaimRef, pod_claims
 from gpumon.resources import GPU_RESOURCE_NAMES, GPU_RESOURCE_PREFIXES
 from gpumon.selectors import LabelSelector
 from gpumon.sharing import CardRef, pod_cards
@@ -114,10 +115,12 @@ def node_from_json(obj: Mapping[str, Any]) -> NodeView:
 
 @dataclass(frozen=True, slots=True)
 class GpuResources:
-    """Which extended resources make a pod a GPU pod: by default every one gpumon knows."""
+    """Which extended resources make a pod a GPU pod: by default every one gpumon knows; and
+    which DRA drivers' devices are GPUs (a pod holding one through a claim is a GPU pod too)."""
 
     names: frozenset[str] = frozenset(GPU_RESOURCE_NAMES)
     prefixes: tuple[str, ...] = GPU_RESOURCE_PREFIXES
+    drivers: frozenset[str] = frozenset({NVIDIA_GPU_DRIVER})
 
     def matches(self, resource: str) -> bool:
         return resource in self.names or resource.startswith(self.prefixes)
@@ -137,6 +140,8 @@ class PodView:
     uses_gpu: bool = False
     # The cards its sharing annotations (gpushare, cGPU, HAMi) place it on; () for other pods.
     cards: tuple[CardRef, ...] = ()
+    # The ResourceClaims it uses (DRA): what they were allocated is in the claims' cache.
+    claims: tuple[ClaimRef, ...] = ()
 
     @property
     def key(self) -> tuple[str, str]:
@@ -173,6 +178,7 @@ def pod_from_json(obj: Mapping[str, Any], resources: GpuResources) -> PodView:
         terminating=meta.get("deletionTimestamp") is not None,
         uses_gpu=_requests_gpu(spec, resources),
         cards=pod_cards(obj),
+        claims=pod_claims(obj),
     )
 
 

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -61,7 +61,7 @@ def gpu_resources(base: GpuResources, pools: Iterable[Pool]) -> GpuResources:
     names = set(base.names)
     for pool in pools:
         names |= pool.template.gpu_resources
-    return GpuResources(frozenset(names), base.prefixes)
+    return replace(base, names=frozenset(names))
 
 
 # ---------------------------------------------------------------------------------------------

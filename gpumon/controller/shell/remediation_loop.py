@@ -33,6 +33,7 @@ from gpumon.controller.core.breaker import (
     breaker_to_annotation,
     breakers_from_annotations,
 )
+from gpumon.controller.core.claims import ClaimView, SliceView, holds_by_pod
 from gpumon.controller.core.contract import DRY_RUN_PREFIX
 from gpumon.controller.core.drain_plan import DrainPolicy, Escalation, needs_drain, plan_drain
 from gpumon.controller.core.node_plan import (
@@ -83,6 +84,8 @@ class Reconciler:
         pods: Informer[PodView],
         pdbs: Informer[PdbView],
         state: Informer[Mapping[str, str]],
+        claims: Informer[ClaimView],
+        slices: Informer[SliceView],
         source: SignalSource,
         is_leader: Callable[[], bool],
         recorder: EventRecorder,
@@ -96,6 +99,8 @@ class Reconciler:
         self._pods = pods
         self._pdbs = pdbs
         self._state = state
+        self._claims = claims
+        self._slices = slices
         self._source = source
         self._is_leader = is_leader
         self._recorder = recorder
@@ -124,9 +129,28 @@ class Reconciler:
         assert pod is not None
         if new is None:
             self._evictor.forget(pod.uid)
-        node = self._nodes.get(pod.node_name)
-        if pod.node_name in self._states or (node is not None and is_quarantined(node)):
-            self.mark((pod.node_name,))
+        self._mark_if_watched(pod.node_name)
+
+    def on_claim(self, key: str, old: ClaimView | None, new: ClaimView | None) -> None:
+        # The pods a claim is reserved for hold its devices: their nodes may drain differently.
+        claim = new or old
+        assert claim is not None
+        for name in {*(old.reserved_for if old else ()), *(new.reserved_for if new else ())}:
+            pod = self._pods.get(f"{claim.ref.namespace}/{name}")
+            if pod is not None:
+                self._mark_if_watched(pod.node_name)
+
+    def on_slice(self, key: str, old: SliceView | None, new: SliceView | None) -> None:
+        for view in (old, new):
+            if view is not None and view.node:
+                self._mark_if_watched(view.node)
+
+    def _mark_if_watched(self, name: str) -> None:
+        """Look at a node again when a change of its pods could matter: it has findings or a
+        quarantine."""
+        node = self._nodes.get(name)
+        if name in self._states or (node is not None and is_quarantined(node)):
+            self.mark((name,))
 
     def _schedule(self, when: float | None, node: str) -> None:
         if when is not None:
@@ -192,7 +216,7 @@ class Reconciler:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        for informer in (self._nodes, self._pods, self._pdbs):
+        for informer in (self._nodes, self._pods, self._pdbs, self._claims, self._slices):
             await informer.synced.wait()
         next_resync = self._wall()
         while True:
@@ -334,14 +358,16 @@ class Reconciler:
             and headed_for_quarantine
             and needs_drain(verdict, self.settings.drain)
         ):
+            pods = self._pods.indexed(view.name)
             drain_plan = plan_drain(
                 verdict,
                 reading,
-                self._pods.indexed(view.name),
+                pods,
                 list(self._pdbs.items().values()),
                 now=now,
                 started_at=drain_started_at(view, now),
                 policy=self.settings.drain,
+                holds=holds_by_pod(pods, self._claims.items(), self._slices.indexed(view.name)),
             )
             phase = drain_plan.phase
         plan = plan_node(
