@@ -28,7 +28,8 @@ from gpumon.config import PodsConfig
 from gpumon.devices.model import GpuIdentity, GpuSample, MigInstance, PodGpuUsage, PodRef, ProcessSample
 from gpumon.exporter.attribution_metrics import AttributionMetrics, SourceState
 from gpumon.exporter.cgroups import ContainerKey
-from gpumon.exporter.pod_metadata import PodMeta, PodMetadataWatch, PodsApi
+from gpumon.exporter.list_watch import KubeGet
+from gpumon.exporter.pod_metadata import PodMeta, PodMetadataWatch
 from gpumon.exporter.podresources_client import (
     DeviceAssignment,
     PodKey,
@@ -351,7 +352,7 @@ class PodAttribution:
         processes: ProcessPods | None,
         call_timeout_seconds: float,
         initial_states: Mapping[str, SourceState],
-        pods_api: PodsApi | None = None,
+        pods_api: KubeGet | None = None,
     ) -> None:
         self._config = config
         self.metrics = metrics
@@ -489,7 +490,7 @@ def build_attribution(
     node: str,
     *,
     call_timeout_seconds: float,
-    pods_api: PodsApi | None = None,
+    pods_api: KubeGet | None = None,
 ) -> PodAttribution:
     """The attributor and its sources, not started: run :meth:`PodAttribution.lifespan` (an
     aiohttp ``cleanup_ctx``) around its use. Without ``pods_api`` (a client the caller owns),
@@ -518,7 +519,7 @@ def build_attribution(
     )
 
 
-async def _api_client(stack: contextlib.AsyncExitStack, metrics: AttributionMetrics) -> PodsApi | None:
+async def _api_client(stack: contextlib.AsyncExitStack, metrics: AttributionMetrics) -> KubeGet | None:
     try:
         credentials = load_credentials()
     except CredentialsError as e:

@@ -342,7 +342,7 @@ def pod_source(*pods: PodMeta) -> PodMetadataWatch:
 
 
 def set_pods(watch: PodMetadataWatch, *pods: PodMeta) -> None:
-    watch.pods = {p.uid: p for p in pods}
+    watch.items = {p.uid: p for p in pods}
     watch.generation += 1
 
 
@@ -412,7 +412,7 @@ async def test_attributor_with_real_sources(host_proc: Path, kubelet: tuple[Fake
 
 async def test_refresh_never_raises() -> None:
     broken = pod_source()
-    broken.pods = {"u": "not a pod"}  # type: ignore[dict-item]
+    broken.items = {"u": "not a pod"}  # type: ignore[dict-item]
     metrics = AttributionMetrics()
     attributor = PodAttribution(
         PodsConfig(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -13,7 +14,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from gpumon import sharing
-from gpumon.exporter.pod_metadata import PodMetadataWatch, project_pod, watch_wait
+from gpumon.exporter.list_watch import watch_wait
+from gpumon.exporter.pod_metadata import PodMetadataWatch, project_pod
 from gpumon.kubeclient import Credentials, KubeClient
 
 NODE = "gpu-node-1"
@@ -222,22 +224,50 @@ async def test_list_watch_resume_bookmark_and_relist_on_410(serve: Any) -> None:
     assert watch.synced
 
 
+class Warnings(logging.Handler):
+    """The messages of the list+watch's own logger at WARNING and above, whatever another test
+    left behind (``gpumon doctor`` and ``gpumon status`` call ``logging.disable`` for the process)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+        self.logger = logging.getLogger("gpumon.exporter.list_watch")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+    def __enter__(self) -> Warnings:
+        self.before = (self.logger.level, logging.root.manager.disable)
+        self.logger.setLevel(logging.DEBUG)
+        logging.disable(logging.NOTSET)
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self.before[0])
+        logging.disable(self.before[1])
+
+
 async def test_rbac_refusal_backs_off_and_keeps_the_last_view(serve: Any) -> None:
     api = FakeApi([listing("10", pod("a", "u1")), status(403), status(403), status(403)])
     core = await serve(api)
     errors = Errors()
     delays = Delays(park_after=3)
     watch = PodMetadataWatch(NODE, errors, sleep=delays.sleep)
-    task = asyncio.create_task(watch.run(core))
-    try:
-        await until(lambda: len(delays) == 3)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    with Warnings() as warnings:
+        task = asyncio.create_task(watch.run(core))
+        try:
+            await until(lambda: len(delays) == 3)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
     # The watch is refused, then each relist: forbidden each time, 1 s, 2 s, 4 s apart.
     assert errors == [("api", "forbidden")] * 3
     assert delays == [1.0, 2.0, 4.0]
-    assert not watch.up
+    assert not watch.up and watch.failure == "forbidden"
+    # One warning for the outage, not one per retry.
+    assert warnings.messages == ["pod watch failed; retrying with backoff"]
     assert list(watch.pods) == ["u1"]
 
 
