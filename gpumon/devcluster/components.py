@@ -22,6 +22,19 @@ SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 POD_CIDR = "10.244.0.1/16"  # kwok hands out pod IPs from here; kept apart from the service range
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
+# Dynamic Resource Allocation. resource.k8s.io/v1 (DeviceClass, ResourceClaim,
+# ResourceClaimTemplate, ResourceSlice) is GA and served by default in v1.36.3, and so are the
+# beta gates gpumon's DRA tests lean on (DRAExtendedResource, DRAPartitionableDevices,
+# DRADeviceTaints, DRAConsumableCapacity). DeviceTaintRule is the exception: its gate
+# DRADeviceTaintRules is beta but off by default, and its API, resource.k8s.io/v1beta2
+# devicetaintrules, is a beta API and so off by default too. The gate is read by the API server
+# (bootstrap RBAC lets the scheduler and KCM's device-taint-eviction controller read the rules),
+# by the scheduler (it hides tainted devices from allocation) and by KCM (that controller watches
+# the rules and writes their status), so all three get it; only the API server serves the
+# resource (docs/devcluster.md, "Dynamic Resource Allocation").
+DRA_FEATURE_GATES = "DRADeviceTaintRules=true"
+DRA_RUNTIME_CONFIG = "resource.k8s.io/v1beta2/devicetaintrules=true"
+
 
 @dataclass(frozen=True)
 class Ports:
@@ -139,6 +152,8 @@ def kube_apiserver(tools: Tools, ports: Ports, layout: Layout) -> Component:
             f"--proxy-client-cert-file={pki.front_proxy_client_cert}",
             f"--proxy-client-key-file={pki.front_proxy_client_key}",
             "--enable-aggregator-routing=true",
+            f"--feature-gates={DRA_FEATURE_GATES}",
+            f"--runtime-config={DRA_RUNTIME_CONFIG}",
         ),
         health=HealthCheck(f"{_loopback(ports.apiserver)}/readyz", client_cert=True),
         wave=1,
@@ -176,6 +191,7 @@ def kube_controller_manager(tools: Tools, ports: Ports, layout: Layout, options:
             f"--node-monitor-period={options.node_monitor_period_seconds}s",
             f"--node-monitor-grace-period={options.node_monitor_grace_period_seconds}s",
             f"--horizontal-pod-autoscaler-sync-period={options.hpa_sync_period_seconds}s",
+            f"--feature-gates={DRA_FEATURE_GATES}",
         ),
         # Its plain /healthz says ok before it has built its controllers, and it exits if the API
         # server goes away meanwhile; the verbose answer lists the controllers once they run.
@@ -191,7 +207,11 @@ def kube_controller_manager(tools: Tools, ports: Ports, layout: Layout, options:
 def kube_scheduler(tools: Tools, ports: Ports, layout: Layout) -> Component:
     return Component(
         name="kube-scheduler",
-        argv=(str(tools.kube_scheduler), *_secure_serving(layout, ports.scheduler, "kube-scheduler")),
+        argv=(
+            str(tools.kube_scheduler),
+            *_secure_serving(layout, ports.scheduler, "kube-scheduler"),
+            f"--feature-gates={DRA_FEATURE_GATES}",
+        ),
         health=HealthCheck(f"{_loopback(ports.scheduler)}/readyz", client_cert=False),
         wave=2,
     )

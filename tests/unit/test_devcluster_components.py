@@ -145,3 +145,19 @@ def test_kwok_config_is_a_configuration_then_the_stages() -> None:
 def test_kwok_config_refuses_what_is_not_a_stage() -> None:
     with pytest.raises(ValueError, match="not a kwok Stage"):
         components.kwok_config(["kind: Pod\n"])
+
+
+def test_device_taint_rules_are_enabled_on_every_component_that_reads_them(
+    tools: binaries.Tools, layout: Layout
+) -> None:
+    # Beta and off by default in v1.36.3: the API server serves the rules and grants their RBAC,
+    # the scheduler hides tainted devices, KCM's device-taint-eviction controller watches them.
+    by_name = {
+        c.name: _flags(c.argv)
+        for c in components.all_components(tools, PORTS, layout, Options())
+        if c.name != "etcd"  # etcd has a bare flag; it knows no Kubernetes gates anyway
+    }
+    for name in ("kube-apiserver", "kube-scheduler", "kube-controller-manager"):
+        assert by_name[name]["feature-gates"] == "DRADeviceTaintRules=true", name
+    assert by_name["kube-apiserver"]["runtime-config"] == "resource.k8s.io/v1beta2/devicetaintrules=true"
+    assert "feature-gates" not in by_name["kwok"]
