@@ -228,17 +228,23 @@ def pod_claims(pod: Mapping[str, Any]) -> tuple[ClaimRef, ...]:
     A pod entry names its claim directly (``resourceClaimName``) or through a template, whose
     claim the resourceclaim controller creates and records in ``status.resourceClaimStatuses``
     (absent until it does, and for an entry that needs no claim)."""
+    return tuple(pod_claims_by_entry(pod).values())
+
+
+def pod_claims_by_entry(pod: Mapping[str, Any]) -> dict[str, ClaimRef]:
+    """The same claims keyed by the pod's own name for each (``spec.resourceClaims[].name``),
+    which is what a container's ``resources.claims[].name`` refers to."""
     namespace = str(_field(pod, "metadata").get("namespace") or "")
     generated = {
         s.get("name"): s.get("resourceClaimName")
         for s in _list(_field(pod, "status"), "resourceClaimStatuses")
         if isinstance(s, Mapping)
     }
-    out: list[ClaimRef] = []
+    out: dict[str, ClaimRef] = {}
     for entry in _list(_field(pod, "spec"), "resourceClaims"):
-        if not isinstance(entry, Mapping):
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
             continue
         name = entry.get("resourceClaimName") or generated.get(entry.get("name"))
         if isinstance(name, str) and name:
-            out.append(ClaimRef(namespace, name))
-    return tuple(out)
+            out[entry["name"]] = ClaimRef(namespace, name)
+    return out

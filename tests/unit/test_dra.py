@@ -13,6 +13,7 @@ from gpumon.dra import (
     DeviceRef,
     claim_devices,
     pod_claims,
+    pod_claims_by_entry,
     resource_claims_path,
     slice_devices,
 )
@@ -150,6 +151,11 @@ def test_pod_claims_named_directly_or_through_a_template() -> None:
     # The template's claim not created yet ("pending") has no name to give.
     assert pod_claims(pod) == (ClaimRef("ml", "train-0-gpu-abcde"), ClaimRef("ml", "team-gpus"))
     assert pod_claims({"metadata": {"namespace": "ml"}, "spec": {}}) == ()
+    # What a container's resources.claims[].name refers to.
+    assert pod_claims_by_entry(pod) == {
+        "gpu": ClaimRef("ml", "train-0-gpu-abcde"),
+        "shared": ClaimRef("ml", "team-gpus"),
+    }
 
 
 def test_claim_collection_paths() -> None:
