@@ -393,6 +393,9 @@ class PolicyConfig(Section):
 
 class QuarantineConfig(Section):
     cordon: bool = False
+    # Mark an unhealthy GPU's DRA devices NoSchedule with DeviceTaintRules (resource.k8s.io/v1beta2),
+    # where the API server serves them; docs/controller.md, "DRA device taints".
+    device_taints: bool = True
 
 
 class DrainConfig(Section):

@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from gpumon.config import ControllerConfig
 from gpumon.configfile import read_config_text
+from gpumon.controller.act.device_taint import served
 from gpumon.controller.act.events import EventRecorder
 from gpumon.controller.act.evict import Evictor
 from gpumon.controller.act.retry import RetryPolicy
@@ -34,6 +35,7 @@ from gpumon.controller.configure import build_policy, pool_from_config
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.breaker import SafetyPolicy
 from gpumon.controller.core.claims import ClaimView, SliceView, claim_from_json, slice_from_json
+from gpumon.controller.core.device_taints import RULES_PATH, SELECTOR, RuleView, rule_from_json
 from gpumon.controller.core.drain_plan import DrainPolicy, Escalation
 from gpumon.controller.core.node_plan import QuarantinePolicy
 from gpumon.controller.core.objects import (
@@ -47,7 +49,7 @@ from gpumon.controller.core.objects import (
 )
 from gpumon.controller.core.policy import Policy
 from gpumon.controller.core.signals import SignalSource
-from gpumon.controller.kube import KubeApi
+from gpumon.controller.kube import KubeApi, KubeError
 from gpumon.controller.shell.autoscaler_loop import AutoscaleMetrics, Autoscaler, gpu_resources
 from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.leader import LeaderElector, LeaderSettings
@@ -118,6 +120,9 @@ class Controller:
     session: aiohttp.ClientSession
     endpoints: DiscoveredEndpoints | None = None
     autoscaler: Autoscaler | None = None
+    # gpumon's DeviceTaintRules; None when quarantine.device_taints is off. Not among the
+    # informers that readiness waits for: it runs only if discovery finds the API.
+    rules: Informer[RuleView] | None = None
     supervisor: Supervisor = field(default_factory=lambda: Supervisor(delay=TASK_BACKOFF.delay))
 
     @property
@@ -212,6 +217,19 @@ def make_app(
         index=lambda s: s.node,
         on_error=on_error("resourceslices"),
     )
+    rules: Informer[RuleView] | None = None
+    if config.quarantine.device_taints:
+        rules = Informer(
+            api,
+            RULES_PATH,
+            rule_from_json,
+            name="devicetaintrules",
+            params={"labelSelector": SELECTOR},
+            on_error=on_error("devicetaintrules"),
+        )
+        metrics.device_taints_state("unknown")
+    else:
+        metrics.device_taints_state("disabled")
     elector = None
     if config.leader.enabled:
         elector = LeaderElector(
@@ -275,11 +293,14 @@ def make_app(
         metrics=metrics,
         settings=settings,
         wall_clock=wall_clock,
+        rules=rules,
     )
     nodes.on_change = reconciler.on_node
     pods.on_change = reconciler.on_pod
     claims.on_change = reconciler.on_claim
     slices.on_change = reconciler.on_slice
+    if rules is not None:
+        rules.on_change = reconciler.on_rule
     state.on_change = lambda key, old, new: reconciler.mark(nodes.items())
     autoscaler = None
     if pools:
@@ -315,6 +336,7 @@ def make_app(
         endpoints=endpoints,
         autoscaler=autoscaler,
         supervisor=supervisor,
+        rules=rules,
     )
     registry.register(
         ClusterGauges(
@@ -412,6 +434,8 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
 
         start("leadership changes", follow_leadership)
     start("reconciler", controller.reconciler.run)
+    if controller.rules is not None:
+        start("device taints", functools.partial(_device_taints, controller, controller.rules))
     if controller.autoscaler is not None:
         start("autoscaler", controller.autoscaler.run)
     yield
@@ -419,6 +443,40 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
     if controller.elector is not None:
         await controller.elector.release()
     await controller.session.close()
+
+
+DISCOVERY_BACKOFF = Backoff(initial_seconds=1.0, max_seconds=60.0)
+
+
+async def _device_taints(controller: Controller, rules: Informer[RuleView]) -> None:
+    """Ask once whether the API server serves DeviceTaintRules (retrying only while it cannot
+    be reached); if it does, keep gpumon's rules cached and let the reconciler write them,
+    otherwise say so once and stay idle: an absent API is a cluster's choice, not an error."""
+    attempt = 0
+    while True:
+        try:
+            found = await served(controller.api)
+            break
+        except KubeError as e:
+            attempt += 1
+            await asyncio.sleep(DISCOVERY_BACKOFF.delay(attempt))
+            log.debug("device taint discovery failed; retrying", extra={"error": str(e)})
+    if not found:
+        controller.metrics.device_taints_state("unserved")
+        log.info(
+            "DeviceTaintRules are not served (resource.k8s.io/v1beta2 devicetaintrules, gate "
+            "DRADeviceTaintRules): bad GPUs' DRA devices are not tainted; the node taint and the "
+            "drain still apply"
+        )
+        await asyncio.Event().wait()
+    controller.metrics.device_taints_state("active")
+    run = asyncio.ensure_future(rules.run())
+    try:
+        await rules.synced.wait()
+        controller.reconciler.rules_served()
+        await run
+    finally:
+        run.cancel()
 
 
 async def _metrics(request: web.Request) -> web.Response:

@@ -356,6 +356,10 @@ def test_controller_rbac_is_what_it_needs_and_no_more(
         ("watch", "resourceclaims.resource.k8s.io"),
         ("list", "resourceslices.resource.k8s.io"),
         ("watch", "resourceslices.resource.k8s.io"),
+        ("list", "devicetaintrules.resource.k8s.io"),
+        ("watch", "devicetaintrules.resource.k8s.io"),
+        ("create", "devicetaintrules.resource.k8s.io"),
+        ("delete", "devicetaintrules.resource.k8s.io"),
         ("create", "events"),
         ("create", "leases.coordination.k8s.io"),
         ("update", f"leases.coordination.k8s.io/{sa}"),
@@ -380,6 +384,7 @@ def test_controller_rbac_is_what_it_needs_and_no_more(
         ("create", "serviceaccounts", "--subresource=token"),
         ("update", "resourceclaims.resource.k8s.io"),
         ("create", "resourceslices.resource.k8s.io"),
+        ("update", "devicetaintrules.resource.k8s.io"),
     ]
     assert [c for c in need if not _can(devcluster, sa, namespace, *c)] == []
     assert [c for c in must_not if _can(devcluster, sa, namespace, *c)] == []

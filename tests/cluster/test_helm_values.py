@@ -358,3 +358,24 @@ def test_security_contexts_are_as_tight_as_each_program_allows(helm: Path, attri
         assert bool(pod.get("hostPID")) is root
         host_paths = sorted(v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v)
         assert host_paths == (["/proc", "/var/lib/kubelet/pod-resources"] if root else [])
+
+
+def _controller_rules(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    (role,) = [
+        o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("-controller")
+    ]
+    return role["rules"]
+
+
+@pytest.mark.parametrize("value", [False, "false"])
+def test_device_taint_rights_follow_the_controllers_setting(helm: Path, value: Any) -> None:
+    """DeviceTaintRule rights are granted while quarantine.device_taints is on (the default)
+    and left out when it is off; the DRA reads stay either way."""
+
+    def resources(values: Values) -> set[str]:
+        return {r for rule in _controller_rules(render(helm, values)) for r in rule.get("resources") or ()}
+
+    on = resources({})
+    assert {"devicetaintrules", "resourceclaims", "resourceslices"} <= on
+    off = resources({"controller.config": {"quarantine": {"device_taints": value}}})
+    assert on - off == {"devicetaintrules"}

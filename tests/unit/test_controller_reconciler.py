@@ -16,6 +16,7 @@ from gpumon.controller.core import contract as c
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.breaker import SafetyPolicy
 from gpumon.controller.core.claims import ClaimView, PlacedDevice, SliceView
+from gpumon.controller.core.device_taints import RULES_PATH, RuleView, rule_from_json
 from gpumon.controller.core.drain_plan import DrainPolicy
 from gpumon.controller.core.node_plan import QuarantinePolicy
 from gpumon.controller.core.objects import PodView, node_from_json, to_rfc3339
@@ -50,7 +51,9 @@ class StaticSource:
 
 
 class World:
-    def __init__(self, *, dry_run: bool = False, leader: bool = True, **safety: Any) -> None:
+    def __init__(
+        self, *, dry_run: bool = False, leader: bool = True, rules: bool = False, **safety: Any
+    ) -> None:
         self.t = 1_000_000.0
         self.api = FakeKube()
         self.api.add(CM, {"metadata": {"name": "gpumon-controller", "namespace": NS, "annotations": {}}})
@@ -68,6 +71,10 @@ class World:
             self.api, "/r", lambda o: None, name="resourceslices", index=lambda s: s.node
         )
         self.metrics = ControllerMetrics(CollectorRegistry())
+        self.rules: Informer[RuleView] | None = None
+        if rules:
+            self.api.creatable.add(RULES_PATH)
+            self.rules = Informer(self.api, RULES_PATH, rule_from_json, name="devicetaintrules")
         self.reconciler = Reconciler(
             api=self.api,
             nodes=self.nodes,
@@ -90,6 +97,7 @@ class World:
                 namespace=NS,
             ),
             wall_clock=self.clock,
+            rules=self.rules,
         )
 
     def clock(self) -> float:
@@ -256,6 +264,43 @@ async def test_dra_pods_are_drained_by_the_gpu_their_claims_hold():
     w.reconciler._dirty.clear()
     w.claims._put("ml/victim-gpu", None)
     assert w.reconciler._dirty == {"n0"}
+
+
+async def test_bad_gpus_dra_devices_are_tainted_before_the_eviction_and_untainted_on_recovery():
+    w = World(rules=True)
+    w.node("n0")
+    devices = (*(PlacedDevice(dev(i), f"n0-GPU-{i}", f"n0-GPU-{i}") for i in range(2)),)
+    mig = PlacedDevice(DeviceRef(NVIDIA_GPU_DRIVER, "n0", "gpu-1-mig-9-0-4"), "n0-GPU-1", "MIG-1")
+    w.slices.update_local("n0-slice", SliceView("n0", 1, (*devices, mig)), "")
+    w.claims.update_local("ml/v-gpu", ClaimView(ClaimRef("ml", "v-gpu"), (dev(1),), ("victim",)), "")
+    w.pods.update_local(
+        "ml/victim",
+        PodView("ml", "victim", "uid-victim", "n0", "Running", claims=(ClaimRef("ml", "v-gpu"),)),
+        "",
+    )
+    w.reconciler.rules_served()
+    w.signals("n0", xid=79)
+    await w.reconciler.round(["n0"])
+    posts = [(p, b) for m, p, b in w.api.calls if m == "POST" and not p.endswith("/events")]
+    assert [p for p, _ in posts] == [RULES_PATH, RULES_PATH, "/api/v1/namespaces/ml/pods/victim/eviction"]
+    selected = [b["spec"]["deviceSelector"]["device"] for _, b in posts[:2]]
+    assert selected == ["gpu-1", "gpu-1-mig-9-0-4"], "the whole GPU and its MIG device, not GPU 0"
+    assert {b["spec"]["taint"]["effect"] for _, b in posts[:2]} == {"NoSchedule"}
+    assert w.events("GpuDevicesTainted")
+    # Another round changes nothing: the rules are in the cache.
+    w.t += 1
+    w.signals("n0", xid=79)
+    await w.reconciler.round(["n0"])
+    assert [p for m, p, _ in w.api.calls if m == "POST" and p == RULES_PATH] == [RULES_PATH] * 2
+    # Recovered after the hysteresis: the node's record goes, and its rules with it.
+    w.signals("n0")
+    await w.reconciler.round(["n0"])
+    w.t += 900
+    w.signals("n0")
+    await w.reconciler.round(["n0"])
+    assert w.events("GpuRecovered")
+    deleted = sorted(p.rsplit("/", 1)[1] for m, p, _ in w.api.calls if m == "DELETE")
+    assert deleted == sorted(b["metadata"]["name"] for _, b in posts[:2])
 
 
 async def test_after_a_restart_recorded_quarantine_waits_out_the_hysteresis():

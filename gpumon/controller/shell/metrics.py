@@ -19,7 +19,8 @@ class ControllerMetrics:
         self.registry = registry
         self.actions = Counter(
             "gpumon_controller_actions",
-            "Node actions decided, by action (quarantine, update, recover, refused, skipped) and result.",
+            "Node actions decided, by action (quarantine, update, recover, refused, skipped, "
+            "device_taint) and result.",
             ["action", "result"],
             registry=registry,
         )
@@ -93,6 +94,18 @@ class ControllerMetrics:
         self.dry_run = Gauge(
             "gpumon_controller_dry_run", "1 when decisions are only reported.", registry=registry
         )
+        self.device_taints = Gauge(
+            "gpumon_controller_device_taints",
+            "DRA device taints for unhealthy GPUs (DeviceTaintRules): 1 for their state, one of "
+            "active, disabled (config), unserved (the API server does not serve them), unknown "
+            "(not asked yet).",
+            ["state"],
+            registry=registry,
+        )
+
+    def device_taints_state(self, state: str) -> None:
+        for s in ("active", "disabled", "unserved", "unknown"):
+            self.device_taints.labels(s).set(1 if s == state else 0)
 
     def forget_refusals(self, node: str, kinds: frozenset[str]) -> None:
         """Drop a node's refusal series once its exporter is gone from the endpoints."""

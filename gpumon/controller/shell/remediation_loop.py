@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from gpumon.controller.act.breaker_record import record_breaker
+from gpumon.controller.act.device_taint import apply_rules
 from gpumon.controller.act.events import EventRecorder
 from gpumon.controller.act.evict import EvictionResult, Evictor
 from gpumon.controller.act.node_write import apply_node_write
@@ -35,6 +36,7 @@ from gpumon.controller.core.breaker import (
 )
 from gpumon.controller.core.claims import ClaimView, SliceView, holds_by_pod
 from gpumon.controller.core.contract import DRY_RUN_PREFIX
+from gpumon.controller.core.device_taints import EFFECT, RulesPlan, RuleView, plan_rules, wanted_rules
 from gpumon.controller.core.drain_plan import DrainPolicy, Escalation, needs_drain, plan_drain
 from gpumon.controller.core.node_plan import (
     QuarantinePolicy,
@@ -93,6 +95,7 @@ class Reconciler:
         metrics: ControllerMetrics,
         settings: Settings,
         wall_clock: Callable[[], float] = time.time,
+        rules: Informer[RuleView] | None = None,
     ) -> None:
         self._api = api
         self._nodes = nodes
@@ -101,6 +104,10 @@ class Reconciler:
         self._state = state
         self._claims = claims
         self._slices = slices
+        # gpumon's DeviceTaintRules; written only once discovery found the API and the cache
+        # is filled (rules_served).
+        self._rules = rules
+        self._rules_ready = False
         self._source = source
         self._is_leader = is_leader
         self._recorder = recorder
@@ -144,6 +151,18 @@ class Reconciler:
         for view in (old, new):
             if view is not None and view.node:
                 self._mark_if_watched(view.node)
+
+    def on_rule(self, key: str, old: RuleView | None, new: RuleView | None) -> None:
+        # One of gpumon's rules changed (or a person deleted it): put its node's rules right,
+        # whatever state the node is in (it may be gone, leaving its rules behind).
+        self.mark({v.node for v in (old, new) if v is not None and v.node})
+
+    def rules_served(self) -> None:
+        """The API serves DeviceTaintRules and their cache is filled: put every node's right."""
+        self._rules_ready = True
+        self.mark(self._nodes.items())
+        if self._rules is not None:
+            self.mark(r.node for r in self._rules.items().values() if r.node)
 
     def _mark_if_watched(self, name: str) -> None:
         """Look at a node again when a change of its pods could matter: it has findings or a
@@ -252,11 +271,13 @@ class Reconciler:
         fleet = self._source.current()
         policy = self.settings.policy
         evaluated: list[tuple[NodeView, NodeVerdict, NodeReading | None, SignalStatus]] = []
+        gone: list[str] = []
         for name in sorted(names):
             view = self._nodes.get(name)
             if view is None:
                 self._states.pop(name, None)
                 self._status.pop(name, None)
+                gone.append(name)
                 continue
             records = records_from_json(view.annotations.get(c.ANNOTATION_UNHEALTHY_GPUS))
             prev = with_records(self._states.get(name, EMPTY_NODE_STATE), records, policy)
@@ -282,6 +303,8 @@ class Reconciler:
         order = sorted(evaluated, key=lambda e: (e[1].first_bad_at or float("inf"), e[0].name))
         for view, verdict, reading, _ in order:
             await self._act(view, verdict, reading, admission.refused.get(view.name), now)
+        for name in gone:
+            await self._sync_device_taints(name, now)
 
     # -- deciding -----------------------------------------------------------------------------
 
@@ -374,6 +397,7 @@ class Reconciler:
             view, verdict, now=now, phase=phase, refusal=refusal, policy=self.settings.quarantine
         )
         if plan.kind is PlanKind.NONE and drain_plan is None:
+            await self._sync_device_taints(view.name, now)
             return
         if self.paused() and plan.kind in (PlanKind.QUARANTINE, PlanKind.UPDATE, PlanKind.RECOVER):
             msg = f"paused: not applying {plan.kind.value} ({c.ANNOTATION_PAUSED} or config)"
@@ -382,8 +406,36 @@ class Reconciler:
             )
             return
         applied = await self._apply(view, plan, verdict, phase, refusal, now)
+        # Before any eviction: the replacement's new claim must not get a device of the bad GPU.
+        await self._sync_device_taints(view.name, now)
         if drain_plan is not None and applied and plan.kind not in (PlanKind.REFUSED, PlanKind.SKIPPED):
             await self._drain(view, drain_plan, now)
+
+    async def _sync_device_taints(self, name: str, now: float) -> None:
+        """Make the node's DeviceTaintRules what its unhealthy-GPU record asks for (the record
+        as written, so in dry-run there is nothing to follow)."""
+        rules = self._rules
+        if rules is None or not self._rules_ready or self.settings.dry_run:
+            return
+        if self.paused() or not self._is_leader():
+            return
+        view = self._nodes.get(name)
+        plan = plan_rules(name, wanted_rules(name, view, self._slices.indexed(name)), rules.items().values())
+        if not plan:
+            return
+        try:
+            created = await apply_rules(self._api, plan)
+        except KubeError as e:
+            self._metrics.actions.labels("device_taint", "error").inc()
+            self._metrics.api_errors.labels("device_taints", type(e).__name__).inc()
+            log.warning("device taint rules not written; will retry", extra={"node": name, "error": str(e)})
+            self._schedule(now + self.settings.retry.round_retry_seconds, name)
+            return
+        for rule in created:
+            rules.update_local(rule.name, rule, "")
+        self._metrics.actions.labels("device_taint", "success").inc()
+        if view is not None:
+            await self._recorder.record(_device_taint_event(view, plan))
 
     async def _apply(
         self,
@@ -493,3 +545,14 @@ class Reconciler:
             if not plan.overdue:
                 wake.append(plan.deadline_at)
             self._schedule(min(wake), view.name)
+
+
+def _device_taint_event(view: NodeView, plan: RulesPlan) -> Event:
+    if plan.create:
+        devices = ", ".join(f"{w.ref.device} (GPU {w.gpu_uuid})" for w in plan.create)
+        msg = f"DeviceTaintRule {EFFECT} on DRA device(s) {devices}: no new ResourceClaim gets them"
+        return Event(
+            node_ref(view), "GpuDevicesTainted", msg, key="devtaint:" + ",".join(w.name for w in plan.create)
+        )
+    msg = f"DeviceTaintRule(s) {', '.join(plan.delete)} deleted: the GPUs are no longer recorded unhealthy"
+    return Event(node_ref(view), "GpuDevicesUntainted", msg, key="devuntaint:" + ",".join(plan.delete))
