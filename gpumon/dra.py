@@ -227,8 +227,15 @@ def pod_claims(pod: Mapping[str, Any]) -> tuple[ClaimRef, ...]:
 
     A pod entry names its claim directly (``resourceClaimName``) or through a template, whose
     claim the resourceclaim controller creates and records in ``status.resourceClaimStatuses``
-    (absent until it does, and for an entry that needs no claim)."""
-    return tuple(pod_claims_by_entry(pod).values())
+    (absent until it does, and for an entry that needs no claim). Last, the claim the scheduler
+    made for the pod's extended resources where a DeviceClass backs them (DRAExtendedResource,
+    beta and on in 1.36: a pod asking ``nvidia.com/gpu`` on a node whose GPUs only the DRA
+    driver publishes), recorded in ``status.extendedResourceClaimStatus``."""
+    claims = tuple(pod_claims_by_entry(pod).values())
+    extended = _field(_field(pod, "status"), "extendedResourceClaimStatus").get("resourceClaimName")
+    if isinstance(extended, str) and extended:
+        return (*claims, ClaimRef(str(_field(pod, "metadata").get("namespace") or ""), extended))
+    return claims
 
 
 def pod_claims_by_entry(pod: Mapping[str, Any]) -> dict[str, ClaimRef]:

@@ -158,6 +158,28 @@ def test_pod_claims_named_directly_or_through_a_template() -> None:
     }
 
 
+def test_pod_claims_include_the_claim_backing_extended_resources() -> None:
+    # kube-scheduler 1.36 (DRAExtendedResource) allocates a pod's nvidia.com/gpu through a claim
+    # it creates, where a DeviceClass names that extendedResourceName and no device plugin does.
+    mapping = {
+        "containerName": "cuda",
+        "resourceName": "nvidia.com/gpu",
+        "requestName": "container-0-request-0",
+    }
+    pod = {
+        "metadata": {"namespace": "ml", "name": "train-0"},
+        "spec": {"containers": [{"name": "cuda", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        "status": {
+            "extendedResourceClaimStatus": {
+                "requestMappings": [mapping],
+                "resourceClaimName": "train-0-extended-resources-x8k2d",
+            }
+        },
+    }
+    assert pod_claims(pod) == (ClaimRef("ml", "train-0-extended-resources-x8k2d"),)
+    assert pod_claims_by_entry(pod) == {}, "no entry of the pod names it"
+
+
 def test_claim_collection_paths() -> None:
     assert resource_claims_path() == "/apis/resource.k8s.io/v1/resourceclaims"
     assert resource_claims_path("ml") == "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims"
