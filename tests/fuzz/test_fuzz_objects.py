@@ -15,7 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import FUZZ, scalars, strings
 
+from gpumon.controller.core.claims import claim_from_json, slice_from_json
 from gpumon.controller.core.demand import Template, pending_gpu_pod
+from gpumon.controller.core.device_taints import rule_from_json
 from gpumon.controller.core.objects import (
     GpuResources,
     from_rfc3339,
@@ -89,8 +91,17 @@ POD: dict[str, Any] = {
             }
         ],
         "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "2"}}}],
+        "resourceClaims": [
+            {"name": "gpu", "resourceClaimTemplateName": "one-gpu"},
+            {"name": "shared", "resourceClaimName": "team-gpus"},
+        ],
     },
     "status": {
+        "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x2k9d"}],
+        "extendedResourceClaimStatus": {
+            "requestMappings": [{"containerName": "c", "resourceName": "nvidia.com/gpu", "requestName": "r"}],
+            "resourceClaimName": "p-extended-resources-8hx2k",
+        },
         "phase": "Pending",
         "conditions": [
             {
@@ -112,6 +123,65 @@ PDB: dict[str, Any] = {
         }
     },
     "status": {"disruptionsAllowed": 1},
+}
+
+CLAIM: dict[str, Any] = {
+    "metadata": {"name": "p-gpu-x2k9d", "namespace": "ml", "uid": "u"},
+    "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+    "status": {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "gpu-1", "device": "gpu-0"},
+                    {
+                        "request": "gpu",
+                        "driver": "gpu.nvidia.com",
+                        "pool": "gpu-1",
+                        "device": "gpu-1",
+                        "shareID": "s",
+                    },
+                ]
+            }
+        },
+        "reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}],
+    },
+}
+
+SLICE: dict[str, Any] = {
+    "metadata": {"name": "gpu-1-gpu.nvidia.com"},
+    "spec": {
+        "driver": "gpu.nvidia.com",
+        "nodeName": "gpu-1",
+        "pool": {"name": "gpu-1", "generation": 3, "resourceSliceCount": 1},
+        "devices": [
+            {
+                "name": "gpu-0",
+                "attributes": {"type": {"string": "gpu"}, "uuid": {"string": "GPU-0"}},
+                "capacity": {"memory": {"value": "80Gi"}},
+            },
+            {
+                "name": "gpu-1-mig-9-0-4",
+                "attributes": {
+                    "type": {"string": "mig"},
+                    "uuid": {"string": "MIG-1"},
+                    "parentUUID": {"string": "GPU-1"},
+                    "profile": {"string": "3g.40gb"},
+                },
+            },
+        ],
+    },
+}
+
+RULE: dict[str, Any] = {
+    "metadata": {
+        "name": "gpumon-gpu-0-0123456789",
+        "labels": {"app.kubernetes.io/managed-by": "gpumon"},
+        "annotations": {"gpumon.io/node": "gpu-1", "gpumon.io/gpu-uuid": "GPU-0"},
+    },
+    "spec": {
+        "deviceSelector": {"driver": "gpu.nvidia.com", "pool": "gpu-1", "device": "gpu-0"},
+        "taint": {"key": "gpumon.io/gpu-unhealthy", "value": "unhealthy", "effect": "NoSchedule"},
+    },
 }
 
 TEMPLATE = Template(resources={"nvidia.com/gpu": 8000, "cpu": 64000, "pods": 110000})
@@ -167,6 +237,15 @@ def test_a_node_converts(obj: dict[str, Any]) -> None:
 def test_a_pod_converts(obj: dict[str, Any]) -> None:
     pod_from_json(obj, GpuResources())
     pending_gpu_pod(obj, GpuResources(), from_rfc3339)
+
+
+@FUZZ
+@given(damaged(CLAIM), damaged(SLICE), damaged(RULE))
+def test_dra_objects_convert(claim: dict[str, Any], slice_: dict[str, Any], rule: dict[str, Any]) -> None:
+    drivers = frozenset({"gpu.nvidia.com"})
+    claim_from_json(claim, drivers)
+    slice_from_json(slice_, drivers)
+    rule_from_json(rule)
 
 
 @FUZZ
