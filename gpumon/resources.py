@@ -81,16 +81,25 @@ _SCALE: Mapping[str, Decimal] = {
 }
 
 
-def milli(value: object) -> int | None:
-    """A Kubernetes quantity (``"500m"``, ``"16Gi"``, ``2``) in thousandths, rounded up as the
-    API server rounds requests; None when it is not one."""
+def quantity(value: object) -> Decimal | None:
+    """A Kubernetes quantity (``"500m"``, ``"16Gi"``, ``2``) as its exact value; None when it is
+    not one."""
     m = _QUANTITY.match(str(value).strip())
     if m is None or m.group(2) not in _SCALE:
         return None
     try:
-        amount = Decimal(m.group(1)) * _SCALE[m.group(2)] * 1000
+        return Decimal(m.group(1)) * _SCALE[m.group(2)]
     except InvalidOperation:
         return None
+
+
+def milli(value: object) -> int | None:
+    """A Kubernetes quantity in thousandths, rounded up as the API server rounds requests; None
+    when it is not one."""
+    exact = quantity(value)
+    if exact is None:
+        return None
+    amount = exact * 1000
     whole = int(amount)
     return whole + (1 if amount > whole else 0)
 

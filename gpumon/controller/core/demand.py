@@ -10,17 +10,26 @@ Shared GPUs (Alibaba gpushare and cGPU): the node advertises ``aliyun.com/gpu-me
 its cards and ``aliyun.com/gpu-core.percentage`` at 100 per card, but the scheduler extender
 puts each pod on one card: the pod's memory and core share must fit what one card has left.
 Whole GPUs, MIG profiles (``nvidia.com/mig-*``) and time-sliced replicas are plain per-node
-counts.
+counts. Devices asked for through DRA ResourceClaims are allocated on the devices a template
+publishes (:mod:`gpumon.controller.core.device_claims`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from gpumon.controller.core.device_claims import (
+    ClaimDemand,
+    ClaimView,
+    DeviceClassView,
+    TemplateDevices,
+    resolve,
+)
 from gpumon.controller.core.objects import GpuResources, Taint
+from gpumon.dra import ClaimRef, pod_claims
 from gpumon.resources import (
     CGPU_CORE_RESOURCE,
     CGPU_CORE_STEP,
@@ -115,6 +124,8 @@ class Template:
     labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     taints: tuple[Taint, ...] = ()
     shared: SharedCards | None = None
+    # The DRA devices its ResourceSlice will publish (with the matching cache): None for none.
+    dra: TemplateDevices | None = field(default=None, compare=False)
 
     @property
     def gpu_resources(self) -> frozenset[str]:
@@ -134,6 +145,13 @@ class PodDemand:
     tolerations: tuple[Toleration, ...] = ()
     priority: int = 0
     pending_since: float | None = None  # when the scheduler first called it unschedulable
+    # DRA: the ResourceClaims it names; claims_missing while the resourceclaim controller has
+    # not created one of them yet. ``claims`` are those claims resolved for planning
+    # (:func:`with_claims`), ``refused`` set when the planner cannot evaluate them.
+    claim_refs: tuple[ClaimRef, ...] = ()
+    claims_missing: bool = False
+    claims: tuple[ClaimDemand, ...] = ()
+    refused: Refusal | None = None
 
     @property
     def key(self) -> str:
@@ -156,13 +174,26 @@ class Refusal:
     message: str
 
 
-REFUSAL_KINDS = ("cgpu_core_step",)
+REFUSAL_KINDS = ("cgpu_core_step", "dra_unsupported", "dra_unevaluable")
 
 
-def refusal(pod: PodDemand) -> Refusal | None:
-    """A cGPU core share that is not a whole number of steps: ACK's scheduler refuses such a job
-    ("Allocate computing power by scheduling shared GPU": multiples of 5, at least 5). Checked
-    on the pod's sum, which is what lands on its one card."""
+def refusal(pod: PodDemand, templates: Iterable[Template] = ()) -> Refusal | None:
+    """Why the pod is never demand, or None.
+
+    - Its DRA claims use a form the planner does not evaluate, or a selector that does not
+      compile, or one that has no boolean value on a device of one of ``templates`` (a missing
+      attribute, an unknown function): the scheduler's allocation stops on such an error too,
+      and whether another template would do is not guessed.
+    - A cGPU core share that is not a whole number of steps: ACK's scheduler refuses such a job
+      ("Allocate computing power by scheduling shared GPU": multiples of 5, at least 5). Checked
+      on the pod's sum, which is what lands on its one card."""
+    if pod.refused is not None:
+        return pod.refused
+    if pod.claims:
+        for template in templates:
+            why = template.dra.unevaluable(pod.claims) if template.dra is not None else None
+            if why is not None:
+                return Refusal("dra_unevaluable", why + ": not counted as demand")
     core = pod.card_core
     if core and core % (CGPU_CORE_STEP * 1000):
         return Refusal(
@@ -175,7 +206,7 @@ def refusal(pod: PodDemand) -> Refusal | None:
 
 def why_not_hosted(template: Template, pod: PodDemand) -> str | None:
     """Why a node of ``template`` could never run ``pod`` (even empty), or None when it can."""
-    refused = refusal(pod)
+    refused = refusal(pod, (template,))
     if refused is not None:
         return refused.message
     for taint in template.taints:
@@ -202,6 +233,12 @@ def why_not_hosted(template: Template, pod: PodDemand) -> str | None:
             )
         if pod.card_core > CARD_CORE:
             return f"asks {units(pod.card_core)} % of one card's cores"
+    if pod.claims:
+        dra = template.dra
+        if dra is None:
+            return "asks for DRA devices, the template publishes none"
+        if dra.allocate(pod.claims, [True] * len(dra.devices)) is None:
+            return "its claims' devices are not all on one node of the template"
     return None
 
 
@@ -294,17 +331,26 @@ def _pending_since(obj: Mapping[str, Any], parse_time: Callable[[str], float | N
     return None
 
 
+def _claims_missing(obj: Mapping[str, Any]) -> bool:
+    """Whether a claim the pod's templates stand for is not created yet (no status entry)."""
+    spec_entries = (obj.get("spec") or {}).get("resourceClaims") or ()
+    decided = {s.get("name") for s in (obj.get("status") or {}).get("resourceClaimStatuses") or ()}
+    return any(not e.get("resourceClaimName") and e.get("name") not in decided for e in spec_entries)
+
+
 def pending_gpu_pod(
     obj: Mapping[str, Any],
     gpu: GpuResources,
     parse_time: Callable[[str], float | None],
 ) -> PodDemand | None:
-    """The pod as GPU demand when it is unschedulable and asks for a GPU resource, else None."""
+    """The pod as demand when it is unschedulable and asks for a GPU resource or names DRA
+    ResourceClaims (which the autoscaler resolves, :func:`with_claims`), else None."""
     if not is_unschedulable(obj):
         return None
     spec = obj.get("spec") or {}
     requests = pod_requests(spec)
-    if not any(gpu.matches(r) for r in requests):
+    claim_refs = pod_claims(obj)
+    if not any(gpu.matches(r) for r in requests) and not spec.get("resourceClaims"):
         return None
     meta = obj.get("metadata") or {}
     return PodDemand(
@@ -325,7 +371,30 @@ def pending_gpu_pod(
         ),
         priority=int(spec.get("priority") or 0),
         pending_since=_pending_since(obj, parse_time),
+        claim_refs=claim_refs,
+        claims_missing=_claims_missing(obj),
     )
+
+
+def with_claims(
+    pod: PodDemand, claims: Mapping[str, ClaimView], classes: Mapping[str, DeviceClassView]
+) -> PodDemand | None:
+    """The pod with its DRA claims resolved for planning; None when it is no demand yet or no
+    more: a claim not created or not in the cache yet, or one already allocated (its devices
+    are on a node already, which new nodes cannot change)."""
+    if not pod.claim_refs and not pod.claims_missing:
+        return pod
+    if pod.claims_missing:
+        return None
+    views = [claims.get(str(ref)) for ref in pod.claim_refs]
+    present = [v for v in views if v is not None]
+    if len(present) < len(views) or any(v.allocated for v in present):
+        return None
+    resolved = resolve(present, classes)
+    if resolved and isinstance(resolved[0], str):
+        kind, why = resolved
+        return replace(pod, refused=Refusal(str(kind), f"{why}: not counted as demand"))
+    return replace(pod, claims=tuple(c for c in resolved if isinstance(c, ClaimDemand)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,17 +408,21 @@ def size(pod: PodDemand, template: Template) -> float:
     ]
     if template.shared is not None and template.shared.memory_per_card:
         shares.append(pod.card_memory / template.shared.memory_per_card)
+    if pod.claims and template.dra is not None and template.dra.devices:
+        shares.append(template.dra.wanted(pod.claims) / len(template.dra.devices))
     return max(shares, default=0.0)
 
 
 class _Node:
-    __slots__ = ("cards", "free")
+    __slots__ = ("cards", "devices", "free")
 
     def __init__(self, template: Template) -> None:
         self.free = dict(template.resources)
         shared = template.shared
         # [memory free, core free] per card
         self.cards = [[shared.memory_per_card, CARD_CORE] for _ in range(shared.cards)] if shared else []
+        # Free or not, per DRA device of the template.
+        self.devices = [True] * (len(template.dra.devices) if template.dra is not None else 0)
 
     def card_for(self, pod: PodDemand) -> int | None:
         """The card the gpushare extender's binpack policy picks: the fullest one that fits."""
@@ -363,7 +436,8 @@ class _Node:
                 best = i
         return best
 
-    def take(self, pod: PodDemand) -> bool:
+    def take(self, pod: PodDemand, template: Template, claims: Sequence[ClaimDemand]) -> bool:
+        """Place the pod, allocating ``claims`` (its claims not placed with another pod yet)."""
         free = self.free
         wanted = [(r, a) for r, a in pod.requests.items() if r in free or r not in NODE_BASICS]
         if any(free.get(r, 0) < amount for r, amount in wanted):
@@ -373,15 +447,24 @@ class _Node:
             card = self.card_for(pod)
             if card is None:
                 return False
+        devices = None
+        if claims:
+            if template.dra is None:
+                return False
+            devices = template.dra.allocate(claims, self.devices)
+            if devices is None:
+                return False
         for r, amount in wanted:
             free[r] -= amount
         if card is not None:
             self.cards[card][0] -= pod.card_memory
             self.cards[card][1] -= pod.card_core
+        if devices is not None:
+            self.devices = devices
         return True
 
     def empty(self, template: Template) -> bool:
-        return self.free == template.resources
+        return self.free == template.resources and all(self.devices)
 
 
 class Packer:
@@ -392,6 +475,8 @@ class Packer:
         self.template = template
         self.initial = empty_nodes
         self._nodes = [_Node(template) for _ in range(empty_nodes)]
+        # A claim several pods share is allocated once: its pods go where it went.
+        self._claim_node: dict[str, int] = {}
 
     @property
     def new_nodes(self) -> int:
@@ -399,16 +484,25 @@ class Packer:
 
     def place(self, pod: PodDemand, *, may_open: bool) -> int | None:
         """The index of the node the pod went to (new nodes after the initial ones), or None."""
+        placed = {self._claim_node[c.key] for c in pod.claims if c.key in self._claim_node}
+        if len(placed) > 1:
+            return None  # claims it shares went to different nodes: no node has them all
+        new_claims = [c for c in pod.claims if c.key not in self._claim_node]
         for i, node in enumerate(self._nodes):
-            if node.take(pod):
-                return i
-        if not may_open:
+            if (not placed or i in placed) and node.take(pod, self.template, new_claims):
+                return self._placed(pod, i)
+        if not may_open or placed:
             return None
         node = _Node(self.template)
-        if not node.take(pod):
+        if not node.take(pod, self.template, new_claims):
             return None  # bigger than a whole node: callers filter with why_not_hosted first
         self._nodes.append(node)
-        return len(self._nodes) - 1
+        return self._placed(pod, len(self._nodes) - 1)
+
+    def _placed(self, pod: PodDemand, index: int) -> int:
+        for c in pod.claims:
+            self._claim_node.setdefault(c.key, index)
+        return index
 
     def still_empty(self, start: int = 0, stop: int | None = None) -> int:
         """How many of the initial nodes [start, stop) nothing was placed on."""

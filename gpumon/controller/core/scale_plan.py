@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from gpumon.controller.core.demand import Packer, PodDemand, size, why_not_hosted
+from gpumon.controller.core.demand import Packer, PodDemand, refusal, size, why_not_hosted
 from gpumon.controller.core.pools import (
     CA_MAX_ANNOTATION,
     CA_MIN_ANNOTATION,
@@ -257,6 +257,9 @@ def _prepare(inp: PoolInput, now: float) -> _Pool | PoolPlan:
 
 
 def _place(pools: list[_Pool], pending: Sequence[PodDemand], now: float) -> None:
+    templates = [p.pool.template for p in pools]
+    # A pod refused anywhere (a DRA selector with no value on some template) is demand nowhere.
+    pending = [pod for pod in pending if refusal(pod, templates) is None]
     for pod in pending:
         for p in pools:
             if why_not_hosted(p.pool.template, pod) is None:
