@@ -6,18 +6,21 @@ Declarations only, validated when config loads; the controller turns them into i
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from gpumon.config.section import Section
 from gpumon.configtypes import Float, Int, NoBool
+from gpumon.dra import NVIDIA_GPU_DRIVER, DeviceRef, SliceDevice, qualified
 from gpumon.resources import (
     CGPU_CORE_RESOURCE,
     GPUSHARE_COUNT_RESOURCE,
     GPUSHARE_MEMORY_RESOURCE,
     gpu_only,
     milli,
+    quantity,
 )
 from gpumon.selectors import parse_selector
 
@@ -46,12 +49,77 @@ class SharedGpusConfig(Section):
     memory_per_card: Int = Field(..., ge=1)
 
 
+# resource.k8s.io/v1: a device name is a DNS label; an attribute or capacity name a C identifier
+# of at most 32 characters, optionally qualified by a DNS subdomain ("domain/name").
+_DEVICE_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+_ATTRIBUTE_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z_][A-Za-z0-9_]{0,31}$")
+
+
+def _names_ok(names: list[str]) -> None:
+    bad = sorted(n for n in names if not _ATTRIBUTE_NAME.match(n))
+    if bad:
+        raise ValueError("not an attribute name (a C identifier, optionally domain/): " + ", ".join(bad))
+
+
+class DraDeviceConfig(Section):
+    """One device, or ``count`` alike, of the ResourceSlice a new node publishes. With a count,
+    they are named ``<name>-0`` ... (NVIDIA's driver names GPUs ``gpu-<minor>``)."""
+
+    name: str = Field(..., pattern=_DEVICE_NAME)
+    count: Int = Field(1, ge=1, le=512)
+    # type, productName, profile, uuid...: NVIDIA's names, unqualified names in the driver's domain.
+    attributes: dict[str, StrictBool | StrictInt | StrictStr] = Field(default_factory=dict)
+    # Quantities in whole base units: {"memory": "80Gi"}.
+    capacity: dict[str, Annotated[str | int, NoBool]] = Field(default_factory=dict)
+
+    @field_validator("attributes")
+    @classmethod
+    def _attribute_names(cls, v: dict[str, bool | int | str]) -> dict[str, bool | int | str]:
+        _names_ok(list(v))
+        return v
+
+    @field_validator("capacity")
+    @classmethod
+    def _capacities(cls, v: dict[str, str | int]) -> dict[str, str | int]:
+        _names_ok(list(v))
+        bad = [k for k, q in v.items() if (x := quantity(q)) is None or x < 0 or x != int(x)]
+        if bad:
+            raise ValueError("not a whole quantity: " + ", ".join(f"{k}={v[k]!r}" for k in sorted(bad)))
+        return v
+
+
+class DraConfig(Section):
+    """The devices a new node of the pool publishes in its ResourceSlice (Dynamic Resource
+    Allocation), as its DRA driver will: what pending pods' claims are allocated on."""
+
+    driver: str = Field(NVIDIA_GPU_DRIVER, min_length=1)
+    devices: list[DraDeviceConfig] = Field(..., min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> DraConfig:
+        names = [d.ref.device for d in self.slice_devices("")]
+        if len(set(names)) != len(names):
+            raise ValueError("device names must be unique (counted devices are <name>-<i>)")
+        return self
+
+    def slice_devices(self, pool: str) -> tuple[SliceDevice, ...]:
+        """The devices, as :func:`gpumon.dra.slice_devices` reads them off a published slice."""
+        out = []
+        for d in self.devices:
+            names = [d.name] if d.count == 1 else [f"{d.name}-{i}" for i in range(d.count)]
+            attributes = {qualified(k, self.driver): v for k, v in d.attributes.items()}
+            capacity = {qualified(k, self.driver): int(quantity(q) or 0) for k, q in d.capacity.items()}
+            out += [SliceDevice(DeviceRef(self.driver, pool, n), attributes, capacity) for n in names]
+        return tuple(out)
+
+
 class TemplateConfig(Section):
     # Allocatable resources of one node, as quantities: {"nvidia.com/gpu": 8, "cpu": "96", ...}.
     resources: dict[str, Annotated[str | int, NoBool]] = Field(default_factory=dict)
     shared_gpus: SharedGpusConfig | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     taints: list[TaintConfig] = Field(default_factory=list)
+    dra: DraConfig | None = None
 
     @field_validator("resources")
     @classmethod
@@ -63,8 +131,8 @@ class TemplateConfig(Section):
 
     @model_validator(mode="after")
     def _has_gpus(self) -> TemplateConfig:
-        if not gpu_only(self.allocatable()):
-            raise ValueError("a GPU pool's template needs a GPU resource (resources or shared_gpus)")
+        if not gpu_only(self.allocatable()) and self.dra is None:
+            raise ValueError("a GPU pool's template needs a GPU resource (resources, shared_gpus or dra)")
         return self
 
     def allocatable(self) -> dict[str, int]:

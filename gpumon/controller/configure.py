@@ -12,6 +12,7 @@ from gpumon.config import ControllerConfig
 from gpumon.config.pools import PoolConfig
 from gpumon.config.rules import RuleConfig
 from gpumon.controller.core.demand import SharedCards, Template
+from gpumon.controller.core.device_claims import TemplateDevices
 from gpumon.controller.core.objects import Taint
 from gpumon.controller.core.policy import Policy, Rule
 from gpumon.controller.core.pools import Pool, ScaleTarget
@@ -82,6 +83,7 @@ def pool_from_config(p: PoolConfig) -> Pool:
             shared=SharedCards(tc.shared_gpus.cards, tc.shared_gpus.memory_per_card * 1000)
             if tc.shared_gpus
             else None,
+            dra=TemplateDevices(tc.dra.slice_devices(f"{p.name}-template")) if tc.dra else None,
         ),
         min_replicas=p.min_replicas,
         max_replicas=p.max_replicas,

@@ -31,7 +31,8 @@ from gpumon.controller.act.node_write import cordon_for_removal, uncordon
 from gpumon.controller.act.retry import DEFAULT_RETRY, Outcome, RetryPolicy, outcome
 from gpumon.controller.act.scale import read_scale, set_replicas, write_record
 from gpumon.controller.core.contract import DRY_RUN_PREFIX
-from gpumon.controller.core.demand import REFUSAL_KINDS, PodDemand, pending_gpu_pod, refusal
+from gpumon.controller.core.demand import REFUSAL_KINDS, PodDemand, pending_gpu_pod, refusal, with_claims
+from gpumon.controller.core.device_claims import ClaimView, DeviceClassView, claim_view, device_class_view
 from gpumon.controller.core.objects import (
     GpuResources,
     PdbView,
@@ -51,6 +52,8 @@ from gpumon.controller.core.pools import (
 from gpumon.controller.core.scale_plan import Action, PoolInput, PoolPlan, plan_pools, removal_record
 from gpumon.controller.kube import KubeApi, KubeError, NotFound
 from gpumon.controller.shell.informer import Informer
+from gpumon.dra import DEVICE_CLASSES_PATH, resource_claims_path
+from gpumon.dra_cel import compile_selector
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +102,9 @@ class AutoscaleMetrics:
         )
         self.refused_pods = Gauge(
             "gpumon_autoscaler_refused_pods",
-            "Pending GPU pods no scheduler would place whatever the node (kind: cgpu_core_step, a "
-            "gpu-core.percentage not a multiple of 5): reported, never demand.",
+            "Pending GPU pods the autoscaler never counts as demand, reported (kind: cgpu_core_step, a "
+            "gpu-core.percentage not a multiple of 5; dra_unsupported, a ResourceClaim form the planner "
+            "does not evaluate; dra_unevaluable, a DRA selector with no value on a template's devices).",
             ["kind"],
             registry=registry,
         )
@@ -207,6 +211,27 @@ class Autoscaler:
             on_change=self._changed,
             on_error=on_error,
         )
+        # DRA: the claims pending pods name and the DeviceClasses they ask for, watched only when
+        # a pool's template publishes devices (a cluster without DRA may not serve the API).
+        self.claims: Informer[ClaimView] | None = None
+        self.device_classes: Informer[DeviceClassView] | None = None
+        if any(pool.template.dra is not None for pool in pools):
+            self.claims = Informer(
+                api,
+                resource_claims_path(None),
+                lambda obj: claim_view(obj, compile_selector),
+                name="resource-claims",
+                on_change=self._changed,
+                on_error=on_error,
+            )
+            self.device_classes = Informer(
+                api,
+                DEVICE_CLASSES_PATH,
+                lambda obj: device_class_view(obj, compile_selector),
+                name="device-classes",
+                on_change=self._changed,
+                on_error=on_error,
+            )
         self.nodes: dict[str, Informer[PoolNode]] = {
             pool.name: Informer(
                 api,
@@ -233,7 +258,20 @@ class Autoscaler:
 
     @property
     def informers(self) -> list[Informer[Any]]:
-        return [self.pending, *self.nodes.values()]
+        dra = [i for i in (self.claims, self.device_classes) if i is not None]
+        return [self.pending, *dra, *self.nodes.values()]
+
+    def pending_demand(self) -> list[PodDemand]:
+        """The pending pods, their DRA claims resolved: without claims to read, pods that name
+        claims are no demand."""
+        claims = self.claims.items() if self.claims is not None else {}
+        classes = self.device_classes.items() if self.device_classes is not None else {}
+        out = []
+        for pod in self.pending.items().values():
+            resolved = with_claims(pod, claims, classes)
+            if resolved is not None:
+                out.append(resolved)
+        return out
 
     def _changed(self, key: str, old: object, new: object) -> None:
         self._wake.set()
@@ -317,7 +355,7 @@ class Autoscaler:
         now = self._wall()
         inputs = self.inputs(scales, now)
         started = time.perf_counter()
-        pending = list(self.pending.items().values())
+        pending = self.pending_demand()
         plans = plan_pools(inputs, pending, now)
         self.metrics.plan_duration.observe(time.perf_counter() - started)
         await self._report_refused(pending)
@@ -343,8 +381,9 @@ class Autoscaler:
         and their number by kind."""
         counts: dict[str, int] = {}
         prefix = DRY_RUN_PREFIX if self.dry_run else ""
+        templates = [pool.template for pool in self.pools]
         for pod in pending:
-            refused = refusal(pod)
+            refused = refusal(pod, templates)
             if refused is None:
                 continue
             counts[refused.kind] = counts.get(refused.kind, 0) + 1
