@@ -282,6 +282,11 @@ def test_exact_count_and_all() -> None:
     assert plan1(dra_pool(), scale(0), four).desired == 3  # two 4-GPU pods per 8-GPU node
     every = demand(3, lambda i: claim(f"c{i}", mode="All"))
     assert plan1(dra_pool(), scale(0), every).desired == 3  # each takes a whole node
+    # All needs at least one matching device.
+    none = ('device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3"',)
+    nothing = demand(1, lambda i: claim(f"c{i}", mode="All", selectors=none))
+    assert why_not_hosted(dra_pool().template, nothing[0]) is not None
+    assert plan1(dra_pool(), scale(0), nothing).action is Action.NONE
     too_many = demand(1, lambda i: claim(f"c{i}", count=9))
     p = plan1(dra_pool(), scale(0), too_many)
     assert p.action is Action.NONE and p.pending == 0
@@ -336,6 +341,7 @@ def test_a_claim_shared_by_pods_is_one_demand() -> None:
     shared = demand(3, lambda i: claim("team", count=8), shared=True)
     p = plan1(dra_pool(), scale(0), shared)
     assert p.desired == 1 and p.pending == 3
+    assert p.pods == ("ml/p0", "ml/p1", "ml/p2") and not [n for n in p.notes if n.reason == "GpuPoolAtLimit"]
 
 
 def test_a_selector_the_template_cannot_answer_is_refused_and_nothing_scaled() -> None:
