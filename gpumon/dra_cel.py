@@ -171,9 +171,7 @@ def device_variable(device: SliceDevice) -> celtypes.MapType:
         {
             celtypes.StringType("driver"): celtypes.StringType(device.ref.driver),
             celtypes.StringType("attributes"): _grouped(device.attributes, _cel_value),
-            celtypes.StringType("capacity"): _grouped(
-                device.capacity, lambda v: Quantity(Decimal(int(v)))
-            ),
+            celtypes.StringType("capacity"): _grouped(device.capacity, lambda v: Quantity(Decimal(int(v)))),
             # Consumable capacity (several allocations of one device) is not published by the
             # templates gpumon plans with.
             celtypes.StringType("allowMultipleAllocations"): celtypes.BoolType(False),

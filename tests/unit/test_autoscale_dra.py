@@ -232,13 +232,31 @@ def test_cel_that_does_not_parse_fails_at_compile() -> None:
 @pytest.mark.parametrize(
     ("change", "kind", "why"),
     [
-        (lambda r: r.update(firstAvailable=[{"name": "a", "deviceClassName": "gpu.nvidia.com"}]) or r.pop("exactly"),
-         "dra_unsupported", "firstAvailable"),
+        (
+            lambda r: (
+                r.update(firstAvailable=[{"name": "a", "deviceClassName": "gpu.nvidia.com"}])
+                or r.pop("exactly")
+            ),
+            "dra_unsupported",
+            "firstAvailable",
+        ),
         (lambda r: r["exactly"].update(adminAccess=True), "dra_unsupported", "adminAccess"),
-        (lambda r: r["exactly"].update(capacity={"requests": {"memory": "10Gi"}}), "dra_unsupported", "capacity"),
+        (
+            lambda r: r["exactly"].update(capacity={"requests": {"memory": "10Gi"}}),
+            "dra_unsupported",
+            "capacity",
+        ),
         (lambda r: r["exactly"].update(selectors=[{"other": {}}]), "dra_unsupported", "not CEL"),
-        (lambda r: r["exactly"].update(selectors=[{"cel": {"expression": "device.("}}]), "dra_unevaluable", "parse"),
-        (lambda r: r["exactly"].update(deviceClassName="nope.example.com"), "dra_unevaluable", "does not exist"),
+        (
+            lambda r: r["exactly"].update(selectors=[{"cel": {"expression": "device.("}}]),
+            "dra_unevaluable",
+            "parse",
+        ),
+        (
+            lambda r: r["exactly"].update(deviceClassName="nope.example.com"),
+            "dra_unevaluable",
+            "does not exist",
+        ),
     ],
 )
 def test_forms_the_planner_does_not_evaluate_are_refused(change: Any, kind: str, why: str) -> None:
@@ -294,11 +312,23 @@ def test_exact_count_and_all() -> None:
 
 def test_mig_profiles_are_devices_of_their_class() -> None:
     pool = dra_pool(migs("1g.10gb", 14, "10Gi"), migs("3g.40gb", 4, "40Gi"))
-    small = demand(20, lambda i: claim(f"s{i}", device_class_name="mig.nvidia.com",
-                                       selectors=('device.attributes["gpu.nvidia.com"].profile == "1g.10gb"',)))
+    small = demand(
+        20,
+        lambda i: claim(
+            f"s{i}",
+            device_class_name="mig.nvidia.com",
+            selectors=('device.attributes["gpu.nvidia.com"].profile == "1g.10gb"',),
+        ),
+    )
     assert plan1(pool, scale(0), small).desired == 2  # 14 per node
-    big = demand(9, lambda i: claim(f"b{i}", device_class_name="mig.nvidia.com",
-                                    selectors=('device.attributes["gpu.nvidia.com"].profile == "3g.40gb"',)))
+    big = demand(
+        9,
+        lambda i: claim(
+            f"b{i}",
+            device_class_name="mig.nvidia.com",
+            selectors=('device.attributes["gpu.nvidia.com"].profile == "3g.40gb"',),
+        ),
+    )
     assert plan1(pool, scale(0), big).desired == 3  # 4 per node
     # Whole GPUs are not in a MIG-only template.
     assert plan1(pool, scale(0), demand(1)).action is Action.NONE
@@ -352,7 +382,12 @@ def test_a_selector_the_template_cannot_answer_is_refused_and_nothing_scaled() -
     assert p.action is Action.NONE and p.desired == 0 and p.pending == 0
     refused = refusal(pods[0], [pool.template])
     assert refused is not None and refused.kind == "dra_unevaluable" and "uuid" in refused.message
-    unknown = demand(1, lambda i: claim("x", selectors=('device.attributes["gpu.nvidia.com"].productName.lowerAscii() == "a"',)))
+    unknown = demand(
+        1,
+        lambda i: claim(
+            "x", selectors=('device.attributes["gpu.nvidia.com"].productName.lowerAscii() == "a"',)
+        ),
+    )
     assert plan1(pool, scale(0), unknown).desired == 0
     assert (r := refusal(unknown[0], [pool.template])) is not None and "lowerAscii" in r.message
 
@@ -370,7 +405,10 @@ def test_dra_template_config_becomes_slice_devices() -> None:
     assert pool.template.dra is not None
     devs = pool.template.dra.devices
     assert [d.ref.device for d in devs] == ["gpu-0", "gpu-1", "mig-1g-10gb"]
-    assert devs[0].attributes == {"gpu.nvidia.com/type": "gpu", "gpu.nvidia.com/productName": "NVIDIA A100-SXM4-80GB"}
+    assert devs[0].attributes == {
+        "gpu.nvidia.com/type": "gpu",
+        "gpu.nvidia.com/productName": "NVIDIA A100-SXM4-80GB",
+    }
     assert devs[0].capacity == {"gpu.nvidia.com/memory": 80 * GIB} and devs[2].kind == "mig"
 
 
@@ -379,9 +417,21 @@ def test_dra_template_config_becomes_slice_devices() -> None:
     [
         ({"devices": []}, "template.dra.devices", "at least 1"),
         ({"devices": [{"name": "GPU_0"}]}, "template.dra.devices.0.name", "pattern"),
-        ({"devices": [{"name": "g", "capacity": {"memory": "lots"}}]}, "template.dra.devices.0.capacity", "whole quantity"),
-        ({"devices": [{"name": "g", "capacity": {"memory": "1.5"}}]}, "template.dra.devices.0.capacity", "whole quantity"),
-        ({"devices": [{"name": "g", "attributes": {"bad name": "x"}}]}, "template.dra.devices.0.attributes", "attribute name"),
+        (
+            {"devices": [{"name": "g", "capacity": {"memory": "lots"}}]},
+            "template.dra.devices.0.capacity",
+            "whole quantity",
+        ),
+        (
+            {"devices": [{"name": "g", "capacity": {"memory": "1.5"}}]},
+            "template.dra.devices.0.capacity",
+            "whole quantity",
+        ),
+        (
+            {"devices": [{"name": "g", "attributes": {"bad name": "x"}}]},
+            "template.dra.devices.0.attributes",
+            "attribute name",
+        ),
         ({"devices": [{"name": "g", "attributes": {"x": 1.5}}]}, "template.dra.devices.0.attributes.x", ""),
         ({"devices": [{"name": "g", "count": 2}, {"name": "g-1"}]}, "template.dra", "unique"),
     ],
@@ -414,5 +464,7 @@ def test_exact_count_on_identical_gpus_scales_like_nvidia_com_gpu(counts: list[i
     dra = demand(len(counts), lambda i: claim(f"c{i}", count=counts[i]))
     plain = [pod for i, c in enumerate(counts) for pod in gpu_pods(1, c, prefix=f"p{i}-")]
     got = plan1(dra_pool(gpus(per_node), max_replicas=20), scale(0), dra)
-    want = plan1(make_pool(template={"resources": {"nvidia.com/gpu": per_node}}, max_replicas=20), scale(0), plain)
+    want = plan1(
+        make_pool(template={"resources": {"nvidia.com/gpu": per_node}}, max_replicas=20), scale(0), plain
+    )
     assert (got.action, got.desired, got.pending) == (want.action, want.desired, want.pending)

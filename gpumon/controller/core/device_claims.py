@@ -72,7 +72,9 @@ class DeviceClassView:
     unevaluable: str | None = None
 
 
-def _selectors(raw: Any, compile_: Compile, where: str) -> tuple[tuple[Selector, ...], str | None, str | None]:
+def _selectors(
+    raw: Any, compile_: Compile, where: str
+) -> tuple[tuple[Selector, ...], str | None, str | None]:
     """(selectors, unsupported, unevaluable) of a ``selectors`` list."""
     out: list[Selector] = []
     for s in raw or ():
@@ -153,7 +155,10 @@ def resolve(
         for r in claim.requests:
             dc = classes.get(r.device_class)
             if dc is None:
-                return ("dra_unevaluable", f"claim {claim.key}: DeviceClass {r.device_class!r} does not exist")
+                return (
+                    "dra_unevaluable",
+                    f"claim {claim.key}: DeviceClass {r.device_class!r} does not exist",
+                )
             if dc.unsupported:
                 return ("dra_unsupported", dc.unsupported)
             if dc.unevaluable:
