@@ -19,9 +19,9 @@ from test_autoscale_properties import PROPERTY
 from gpumon.config.pools import PoolConfig
 from gpumon.controller.core.demand import PodDemand, pending_gpu_pod, refusal, why_not_hosted, with_claims
 from gpumon.controller.core.device_claims import (
-    ClaimView,
+    ClaimRequests,
     DeviceClassView,
-    claim_view,
+    claim_requests,
     device_class_view,
 )
 from gpumon.controller.core.objects import GpuResources
@@ -129,11 +129,11 @@ def demand(
 ) -> list[PodDemand]:
     """``pods`` pending pods, each with its own claim (``claim_for(i)``) or one shared claim."""
     claim_for = claim_for or (lambda i: claim(f"c{i}"))
-    claims: dict[str, ClaimView] = {}
+    claims: dict[str, ClaimRequests] = {}
     out = []
     for i in range(pods):
         obj = claim_for(0 if shared else i)
-        view = claim_view(obj, compile_selector)
+        view = claim_requests(obj, compile_selector)
         claims[view.key] = view
         pod = pending_gpu_pod(
             pod_obj(f"p{i}", obj["metadata"]["name"], template=not shared), RESOURCES, lambda _: NOW
@@ -278,7 +278,7 @@ def test_pods_whose_claims_are_not_there_or_allocated_are_not_demand() -> None:
     pod = pending_gpu_pod(pod_obj("p0", "c0"), RESOURCES, lambda _: NOW)
     assert pod is not None and [str(c) for c in pod.claim_refs] == [f"{NS}/c0"]
     assert with_claims(pod, {}, CLASSES) is None  # not in the cache yet
-    allocated = claim_view(claim("c0", allocated=True), compile_selector)
+    allocated = claim_requests(claim("c0", allocated=True), compile_selector)
     assert with_claims(pod, {allocated.key: allocated}, CLASSES) is None
     # The resourceclaim controller has not created the template's claim yet.
     obj = pod_obj("p1", "c1")

@@ -23,7 +23,7 @@ from typing import Any
 
 from gpumon.controller.core.device_claims import (
     ClaimDemand,
-    ClaimView,
+    ClaimRequests,
     DeviceClassView,
     TemplateDevices,
     resolve,
@@ -377,7 +377,7 @@ def pending_gpu_pod(
 
 
 def with_claims(
-    pod: PodDemand, claims: Mapping[str, ClaimView], classes: Mapping[str, DeviceClassView]
+    pod: PodDemand, claims: Mapping[str, ClaimRequests], classes: Mapping[str, DeviceClassView]
 ) -> PodDemand | None:
     """The pod with its DRA claims resolved for planning; None when it is no demand yet or no
     more: a claim not created or not in the cache yet, or one already allocated (its devices

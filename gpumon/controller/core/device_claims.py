@@ -54,8 +54,9 @@ class DeviceRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class ClaimView:
-    """A ResourceClaim as the autoscaler reads it."""
+class ClaimRequests:
+    """What a ResourceClaim asks for, as the autoscaler reads it (the devices allocated to one
+    are core.claims.ClaimView, what remediation reads)."""
 
     key: str  # namespace/name
     requests: tuple[DeviceRequest, ...] = ()
@@ -88,40 +89,42 @@ def _selectors(
     return tuple(out), None, None
 
 
-def claim_view(obj: Mapping[str, Any], compile_: Compile) -> ClaimView:
+def claim_requests(obj: Mapping[str, Any], compile_: Compile) -> ClaimRequests:
     meta = obj.get("metadata") or {}
     key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
     status = obj.get("status") or {}
     devices = (obj.get("spec") or {}).get("devices") or {}
     allocated = bool(status.get("allocation"))
     if devices.get("constraints"):
-        return ClaimView(key, allocated=allocated, unsupported=f"claim {key}: constraints (matchAttribute)")
+        return ClaimRequests(
+            key, allocated=allocated, unsupported=f"claim {key}: constraints (matchAttribute)"
+        )
     requests: list[DeviceRequest] = []
     for r in devices.get("requests") or ():
         name = str(r.get("name", ""))
         where = f"claim {key}, request {name}"
         if r.get("firstAvailable"):
-            return ClaimView(key, allocated=allocated, unsupported=f"{where}: firstAvailable")
+            return ClaimRequests(key, allocated=allocated, unsupported=f"{where}: firstAvailable")
         exactly = r.get("exactly")
         if not isinstance(exactly, Mapping):
-            return ClaimView(key, allocated=allocated, unsupported=f"{where}: no exactly")
+            return ClaimRequests(key, allocated=allocated, unsupported=f"{where}: no exactly")
         if exactly.get("adminAccess"):
-            return ClaimView(key, allocated=allocated, unsupported=f"{where}: adminAccess")
+            return ClaimRequests(key, allocated=allocated, unsupported=f"{where}: adminAccess")
         if exactly.get("capacity"):
-            return ClaimView(key, allocated=allocated, unsupported=f"{where}: capacity requests")
+            return ClaimRequests(key, allocated=allocated, unsupported=f"{where}: capacity requests")
         mode = exactly.get("allocationMode") or "ExactCount"
         if mode not in ("ExactCount", "All"):
-            return ClaimView(key, allocated=allocated, unsupported=f"{where}: allocationMode {mode}")
+            return ClaimRequests(key, allocated=allocated, unsupported=f"{where}: allocationMode {mode}")
         selectors, unsupported, unevaluable = _selectors(exactly.get("selectors"), compile_, where)
         if unsupported or unevaluable:
-            return ClaimView(key, allocated=allocated, unsupported=unsupported, unevaluable=unevaluable)
+            return ClaimRequests(key, allocated=allocated, unsupported=unsupported, unevaluable=unevaluable)
         count = exactly.get("count", 1) if mode == "ExactCount" else 0
         if not isinstance(count, int) or isinstance(count, bool) or (mode == "ExactCount" and count < 1):
-            return ClaimView(key, allocated=allocated, unsupported=f"{where}: count {count!r}")
+            return ClaimRequests(key, allocated=allocated, unsupported=f"{where}: count {count!r}")
         requests.append(
             DeviceRequest(name, str(exactly.get("deviceClassName", "")), selectors, count, mode == "All")
         )
-    return ClaimView(key, tuple(requests), allocated)
+    return ClaimRequests(key, tuple(requests), allocated)
 
 
 def device_class_view(obj: Mapping[str, Any], compile_: Compile) -> DeviceClassView:
@@ -141,7 +144,7 @@ class ClaimDemand:
 
 
 def resolve(
-    claims: Sequence[ClaimView], classes: Mapping[str, DeviceClassView]
+    claims: Sequence[ClaimRequests], classes: Mapping[str, DeviceClassView]
 ) -> tuple[ClaimDemand, ...] | tuple[str, str]:
     """A pod's claims with their classes' selectors, or (refusal kind, why) when the planner
     cannot evaluate them."""

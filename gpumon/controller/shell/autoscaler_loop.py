@@ -32,7 +32,12 @@ from gpumon.controller.act.retry import DEFAULT_RETRY, Outcome, RetryPolicy, out
 from gpumon.controller.act.scale import read_scale, set_replicas, write_record
 from gpumon.controller.core.contract import DRY_RUN_PREFIX
 from gpumon.controller.core.demand import REFUSAL_KINDS, PodDemand, pending_gpu_pod, refusal, with_claims
-from gpumon.controller.core.device_claims import ClaimView, DeviceClassView, claim_view, device_class_view
+from gpumon.controller.core.device_claims import (
+    ClaimRequests,
+    DeviceClassView,
+    claim_requests,
+    device_class_view,
+)
 from gpumon.controller.core.objects import (
     GpuResources,
     PdbView,
@@ -213,13 +218,13 @@ class Autoscaler:
         )
         # DRA: the claims pending pods name and the DeviceClasses they ask for, watched only when
         # a pool's template publishes devices (a cluster without DRA may not serve the API).
-        self.claims: Informer[ClaimView] | None = None
+        self.claims: Informer[ClaimRequests] | None = None
         self.device_classes: Informer[DeviceClassView] | None = None
         if any(pool.template.dra is not None for pool in pools):
             self.claims = Informer(
                 api,
                 resource_claims_path(None),
-                lambda obj: claim_view(obj, compile_selector),
+                lambda obj: claim_requests(obj, compile_selector),
                 name="resource-claims",
                 on_change=self._changed,
                 on_error=on_error,
