@@ -468,3 +468,42 @@ def test_exact_count_on_identical_gpus_scales_like_nvidia_com_gpu(counts: list[i
         make_pool(template={"resources": {"nvidia.com/gpu": per_node}}, max_replicas=20), scale(0), plain
     )
     assert (got.action, got.desired, got.pending) == (want.action, want.desired, want.pending)
+
+
+# -- the loop: informers in, plans and reports out ------------------------------------------------
+
+
+async def test_the_loop_resolves_claims_scales_and_reports_refusals() -> None:
+    from test_autoscale_actuator import ScaleKube, autoscaler, node
+
+    from gpumon.controller.core.objects import PodView
+
+    pool = dra_pool()
+    kube = ScaleKube(pool)
+    a = autoscaler(kube, pool)
+    assert a.claims is not None and a.device_classes is not None
+    for name, dc in CLASSES.items():
+        a.device_classes.update_local(name, dc, "1")
+    odd = ('device.attributes["gpu.nvidia.com"].productName.lowerAscii() == "a"',)
+    for i in range(10):
+        obj = claim(f"c{i}", selectors=odd if i == 9 else ())
+        a.claims.update_local(f"{NS}/c{i}", claim_requests(obj, compile_selector), "1")
+        pod = pending_gpu_pod(pod_obj(f"p{i}", f"c{i}"), RESOURCES, lambda _: NOW)
+        assert pod is not None
+        a.pending.update_local(f"{NS}/p{i}", pod, "1")
+    (plan,) = await a.round()
+    assert plan.desired == 2 and kube.scale_patches() == [2] and plan.pending == 9
+    (event,) = kube.events("GpuRequestRefused")
+    assert event["involvedObject"]["name"] == "p9" and "lowerAscii" in event["message"]
+    assert a.metrics.refused_pods.labels("dra_unevaluable")._value.get() == 1
+    # A node running a pod that holds a claim is not idle (never scaled down from under it).
+    node(a, "n0")
+    a._pods.update_local("ml/job", PodView("ml", "job", "u", "n0", "Running", claims=pod.claim_refs), "1")
+    assert a._busy("n0")
+
+
+def test_without_dra_templates_claims_are_not_watched() -> None:
+    from test_autoscale_actuator import ScaleKube, autoscaler
+
+    a = autoscaler(ScaleKube(make_pool()), make_pool())
+    assert a.claims is None and a.device_classes is None and len(a.informers) == 2

@@ -86,6 +86,12 @@ def _stays(pod: PodView) -> bool:
     return pod.mirror or pod.owner_kind == "DaemonSet" or pod.finished
 
 
+def _keeps_node(pod: PodView) -> bool:
+    """A GPU pod that keeps its node from being scaled down: one asking for a GPU resource, or
+    holding DRA claims (whatever their devices: a node is never taken from under a claim)."""
+    return (pod.uses_gpu or bool(pod.claims)) and not _stays(pod)
+
+
 # ---------------------------------------------------------------------------------------------
 # Metrics
 
@@ -284,7 +290,7 @@ class Autoscaler:
     # -- observing ----------------------------------------------------------------------------
 
     def _busy(self, node: str) -> bool:
-        return any(p.uses_gpu and not _stays(p) for p in self._pods.indexed(node))
+        return any(_keeps_node(p) for p in self._pods.indexed(node))
 
     def inputs(self, scales: Mapping[str, ScaleState | str], now: float) -> list[PoolInput]:
         """What the planner sees of every pool; ``scales`` holds each target's state, or the
@@ -509,7 +515,7 @@ class Autoscaler:
     async def _drain(self, node: PoolNode, pool: Pool, now: float) -> bool:
         """Cordon and evict; True once only pods that stay with the node are left."""
         pods = await pods_on(self._api, node.name, self._resources)
-        if any(p.uses_gpu and not _stays(p) for p in pods):
+        if any(_keeps_node(p) for p in pods):
             # A GPU pod got there after the plan was made: leave the node in service.
             if node.removing_since is not None:
                 await self._give_up(node.name, now, pool)
