@@ -43,9 +43,9 @@ from gpumon.controller.core.objects import (
     NodeView,
     PdbView,
     PodView,
+    gpu_pod_from_json,
     node_from_json,
     pdb_from_json,
-    pod_from_json,
 )
 from gpumon.controller.core.policy import Policy
 from gpumon.controller.core.signals import SignalSource
@@ -168,11 +168,6 @@ def make_app(
     def on_error(component: str) -> Callable[[str], None]:
         return lambda kind: metrics.api_errors.labels(component, kind).inc()
 
-    def gpu_pod(obj: Mapping[str, Any]) -> PodView | None:
-        # A pod with ResourceClaims is kept too: the claims' cache says whether they hold GPUs.
-        pod = pod_from_json(obj, resources)
-        return pod if (pod.uses_gpu or pod.claims) and pod.node_name else None
-
     def ignoring_version(a: NodeView, b: NodeView) -> bool:
         return replace(a, resource_version="") == replace(b, resource_version="")
 
@@ -187,7 +182,12 @@ def make_app(
         on_error=on_error("nodes"),
     )
     pods: Informer[PodView] = Informer(
-        api, "/api/v1/pods", gpu_pod, name="pods", index=lambda p: p.node_name, on_error=on_error("pods")
+        api,
+        "/api/v1/pods",
+        functools.partial(gpu_pod_from_json, resources=resources),
+        name="pods",
+        index=lambda p: p.node_name,
+        on_error=on_error("pods"),
     )
     pdbs: Informer[PdbView] = Informer(
         api, "/apis/policy/v1/poddisruptionbudgets", pdb_from_json, name="pdbs", on_error=on_error("pdbs")

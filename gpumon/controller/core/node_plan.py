@@ -44,7 +44,7 @@ class QuarantinePolicy:
 
 
 def node_ref(view: NodeView) -> ObjectRef:
-    return ObjectRef("Node", view.name, view.uid)
+    return ObjectRef("Node", view.name)
 
 
 def is_quarantined(view: NodeView) -> bool:

@@ -69,8 +69,9 @@ class NodeCondition:
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
+    # No uid: Events name a Node by its name, as the kubelet does (act/events.py), and nothing
+    # else reads one; it was 93 bytes of every node in the cache.
     name: str
-    uid: str
     resource_version: str
     labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     # gpumon's annotations only.
@@ -101,7 +102,6 @@ def node_from_json(obj: Mapping[str, Any]) -> NodeView:
             )
     return NodeView(
         name=str(meta.get("name", "")),
-        uid=str(meta.get("uid", "")),
         resource_version=str(meta.get("resourceVersion", "")),
         labels=MappingProxyType(dict(meta.get("labels") or {})),
         annotations=MappingProxyType(
@@ -180,6 +180,13 @@ def pod_from_json(obj: Mapping[str, Any], resources: GpuResources) -> PodView:
         cards=pod_cards(obj),
         claims=pod_claims(obj),
     )
+
+
+def gpu_pod_from_json(obj: Mapping[str, Any], resources: GpuResources) -> PodView | None:
+    """The pod cache's view: a GPU pod bound to a node; None keeps every other pod out. A pod
+    with ResourceClaims is kept too: the claims' cache says whether they hold GPUs."""
+    pod = pod_from_json(obj, resources)
+    return pod if (pod.uses_gpu or pod.claims) and pod.node_name else None
 
 
 @dataclass(frozen=True, slots=True)
