@@ -79,6 +79,10 @@ class Options:
     # The HPA controller's resync (15 s upstream): every HPA step waits up to this long, and no
     # test but the end-to-end HPA one runs an HPA, so a shorter period costs the others nothing.
     hpa_sync_period_seconds: int = 5
+    # Appended to etcd's and the API server's command lines: what a benchmark tunes for a large
+    # fleet (bench/controller_scale.py, docs/benchmarks.md); tests leave them empty.
+    etcd_flags: tuple[str, ...] = ()
+    apiserver_flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,7 @@ def _loopback(port: int, scheme: str = "https") -> str:
     return f"{scheme}://127.0.0.1:{port}"
 
 
-def etcd(tools: Tools, ports: Ports, layout: Layout) -> Component:
+def etcd(tools: Tools, ports: Ports, layout: Layout, options: Options) -> Component:
     client = _loopback(ports.etcd_client, "http")
     peer = _loopback(ports.etcd_peer, "http")
     return Component(
@@ -117,13 +121,14 @@ def etcd(tools: Tools, ports: Ports, layout: Layout) -> Component:
             f"--initial-cluster=gpumon-devcluster={peer}",
             "--unsafe-no-fsync",
             "--log-level=warn",
+            *options.etcd_flags,
         ),
         health=HealthCheck(f"{client}/readyz", client_cert=False),
         wave=0,
     )
 
 
-def kube_apiserver(tools: Tools, ports: Ports, layout: Layout) -> Component:
+def kube_apiserver(tools: Tools, ports: Ports, layout: Layout, options: Options) -> Component:
     pki = layout.pki
     return Component(
         name="kube-apiserver",
@@ -154,6 +159,7 @@ def kube_apiserver(tools: Tools, ports: Ports, layout: Layout) -> Component:
             "--enable-aggregator-routing=true",
             f"--feature-gates={DRA_FEATURE_GATES}",
             f"--runtime-config={DRA_RUNTIME_CONFIG}",
+            *options.apiserver_flags,
         ),
         health=HealthCheck(f"{_loopback(ports.apiserver)}/readyz", client_cert=True),
         wave=1,
@@ -235,8 +241,8 @@ def kwok(tools: Tools, ports: Ports, layout: Layout, options: Options) -> Compon
 
 def all_components(tools: Tools, ports: Ports, layout: Layout, options: Options) -> tuple[Component, ...]:
     return (
-        etcd(tools, ports, layout),
-        kube_apiserver(tools, ports, layout),
+        etcd(tools, ports, layout, options),
+        kube_apiserver(tools, ports, layout, options),
         kube_controller_manager(tools, ports, layout, options),
         kube_scheduler(tools, ports, layout),
         kwok(tools, ports, layout, options),

@@ -73,7 +73,7 @@ def test_locate_names_what_is_missing_and_how_to_build_it(tmp_path: Path) -> Non
 
 
 def test_apiserver_flags(tools: binaries.Tools, layout: Layout) -> None:
-    c = components.kube_apiserver(tools, PORTS, layout)
+    c = components.kube_apiserver(tools, PORTS, layout, Options())
     flags = _flags(c.argv)
     assert flags["etcd-servers"] == "http://127.0.0.1:2379"
     assert flags["secure-port"] == "6443" and flags["bind-address"] == "127.0.0.1"
@@ -98,6 +98,15 @@ def test_components_start_in_waves_on_their_own_ports(tools: binaries.Tools, lay
     ports = [c.health.url.rsplit(":", 1)[1].split("/")[0] for c in all_]
     assert len(set(ports)) == len(ports)
     assert "--unsafe-no-fsync" in all_[0].argv
+
+
+def test_benchmark_flags_reach_etcd_and_the_api_server(tools: binaries.Tools, layout: Layout) -> None:
+    options = Options(
+        etcd_flags=("--quota-backend-bytes=8589934592",), apiserver_flags=("--max-requests-inflight=800",)
+    )
+    etcd, apiserver, *_ = components.all_components(tools, PORTS, layout, options)
+    assert etcd.argv[-1] == "--quota-backend-bytes=8589934592"
+    assert _flags(apiserver.argv)["max-requests-inflight"] == "800"
 
 
 def test_controller_manager_flags(tools: binaries.Tools, layout: Layout) -> None:
