@@ -40,9 +40,10 @@ import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench import autoscale_plan
+from bench import autoscale_plan, scale_curve
+from bench.cache_bytes import CacheSize, cache_size
 from bench.procs import cpu_seconds, free_port, memory
-from bench.report import Row, Table, section_markdown, splice
+from bench.report import Grid, Row, Table, section_markdown, splice
 from bench.run import alone, compare, cpu_model, log, mib
 from bench.scale_fleet import (
     CONTROLLER_NAMESPACE,
@@ -61,6 +62,7 @@ from bench.scale_fleet import (
     pool_target,
 )
 from gpumon.controller.core.contract import TAINT_KEY
+from gpumon.controller.core.objects import GpuResources, gpu_pod_from_json, node_from_json
 from gpumon.controller.kube import ApiClientKube, Conflict, KubeApi, KubeError, Unreachable, connect
 from gpumon.devcluster import capi, kubeconfig, processes
 from gpumon.devcluster.binaries import ETCD_VERSION, KUBERNETES_VERSION, KWOK_VERSION
@@ -98,6 +100,8 @@ class Plan:
     fault_trials: int  # ≤ 5: the controller's default rate limit of new quarantines
     pending: int
     quick: bool
+    naive: bool = True  # measure the naive controller after gpumon (the single point does)
+    restart: bool = False  # kill the controller and time its start again (the curve does)
 
 
 FULL = Plan(
@@ -196,16 +200,18 @@ async def create_all(api: KubeApi, items: Iterable[tuple[str, Mapping[str, Any]]
 
 
 async def list_all(
-    api: KubeApi, path: str, params: Mapping[str, str] | None = None
+    api: KubeApi, path: str, params: Mapping[str, str] | None = None, *, at_most: float = math.inf
 ) -> list[Mapping[str, Any]]:
+    """Every object at ``path`` in pages of 500, or the first pages holding ``at_most``."""
     items: list[Mapping[str, Any]] = []
     cont = ""
-    while True:
+    while len(items) < at_most:
         doc = await api.get(path, {**(params or {}), "limit": "500", **({"continue": cont} if cont else {})})
         items += doc.get("items") or ()
         cont = str((doc.get("metadata") or {}).get("continue") or "")
         if not cont:
-            return items
+            break
+    return items
 
 
 def ready(node: Mapping[str, Any]) -> bool:
@@ -608,6 +614,72 @@ async def scale_trial(cluster: Cluster, pending: int) -> Scale:
 
 
 @dataclass(frozen=True, slots=True)
+class Restart:
+    """Seconds from the controller's process started again to each milestone."""
+
+    node: str  # given a fault while the controller was down
+    synced: float  # every informer's cache filled
+    leading: float
+    fresh: float  # every node's signals fresh
+    decision: float  # that node tainted: its first correct decision
+
+
+async def restart_trial(
+    cluster: Cluster,
+    farm: Farm,
+    ctl: ControllerProcess,
+    session: aiohttp.ClientSession,
+    node: str,
+    nodes: int,
+) -> Restart:
+    """Kill the controller (SIGKILL, as a crash or an OOM kill would), give ``node`` a fault
+    while it is down, start it again with the same identity (a container restart: the lease is
+    its own) and time it back to work."""
+    tainted = asyncio.create_task(
+        first_event(
+            cluster.api,
+            "/api/v1/nodes",
+            {"fieldSelector": f"metadata.name={node}"},
+            lambda _, o: has_taint(o),
+        )
+    )
+    try:
+        await asyncio.sleep(1.0)  # the watch is open
+        assert ctl.child is not None
+        ctl.child.process.kill()
+        await asyncio.to_thread(ctl.child.process.wait)
+        log(f"controller killed; fault on {node}; starting it again")
+        await farm.fault(node)
+        started = time.time()
+        ctl.spawn()
+        marks: dict[str, float] = {}
+        while len(marks) < 3 and time.time() - started < DEADLINE:
+            try:
+                text = await controller_metrics(session, ctl)
+            except aiohttp.ClientError:
+                text = ""
+            synced = metric_values(text, "gpumon_controller_informer_synced")
+            at = time.time() - started
+            if synced and all(v == 1 for _, v in synced):
+                marks.setdefault("synced", at)
+            if metric_sum(text, "gpumon_controller_leader"):
+                marks.setdefault("leading", at)
+            if metric_sum(text, "gpumon_controller_nodes_by_signal_status", status="fresh") >= nodes:
+                marks.setdefault("fresh", at)
+            await asyncio.sleep(0.25)
+        taint_at, _ = await asyncio.wait_for(tainted, DEADLINE)
+    finally:
+        tainted.cancel()
+    return Restart(
+        node,
+        marks.get("synced", math.nan),
+        marks.get("leading", math.nan),
+        marks.get("fresh", math.nan),
+        taint_at - started,
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Naive:
     window: Window
     rss: int
@@ -665,9 +737,65 @@ class Outcome:
     scale: Scale | None = None
     pending_to_request_metric: tuple[float, int] = (math.nan, 0)
     naive: Naive | None = None
+    restart: Restart | None = None
+    cache: tuple[CacheSize, ...] = ()
     control_plane_rss: dict[str, int] = field(default_factory=dict)
+    etcd_db_bytes: int = 0
     memory_available: int = 0
     loads: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+
+
+# Lease renewals the curve lets kwok make per second at any size (it renews each node's lease
+# every quarter of its duration): at the kubelet's 40 s, 10,000 nodes would renew 1,000 a
+# second, more than the API server on this machine can take beside everything else (2,000
+# nodes' 200 a second kept it at 0.6 cores). The controller watches no Lease, so their rate is
+# the control plane's load, not the controller's.
+CURVE_LEASE_RENEWALS_PER_SECOND = 100
+KUBELET_LEASE_SECONDS = 40
+# Head-room over etcd's default 2 GiB backend quota for 100,000 pods and their history between
+# the API server's compactions (every 5 minutes).
+CURVE_ETCD_QUOTA_BYTES = 8 << 30
+
+
+def lease_seconds(nodes: int) -> int:
+    """kwok's node lease duration for ``nodes``: the kubelet's, or longer so that the fleet
+    renews at most CURVE_LEASE_RENEWALS_PER_SECOND."""
+    return max(KUBELET_LEASE_SECONDS, math.ceil(4 * nodes / CURVE_LEASE_RENEWALS_PER_SECOND))
+
+
+def control_plane_options(plan: Plan) -> Options:
+    # A lease renewal late by minutes on a loaded machine must not turn nodes NotReady.
+    if not plan.restart:  # the single point, as it was measured
+        return Options(node_monitor_grace_period_seconds=300)
+    lease = lease_seconds(plan.nodes)
+    return Options(
+        node_monitor_grace_period_seconds=max(300, 2 * lease),
+        node_lease_duration_seconds=lease,
+        etcd_flags=(f"--quota-backend-bytes={CURVE_ETCD_QUOTA_BYTES}",),
+    )
+
+
+def etcd_db_bytes(dev: DevCluster) -> int:
+    db = dev.layout.etcd_data / "member" / "snap" / "db"
+    return db.stat().st_size if db.exists() else 0
+
+
+# Enough objects for bytes per object, few enough that the bench's own memory stays small at
+# 100,000 pods: the first pages, in name order, so whole nodes' pods (8 GPU pods, 2 CPU pods).
+CACHE_SAMPLE_NODES = 500
+CACHE_SAMPLE_PODS = 2_500
+
+
+async def cache_sample(api: KubeApi) -> tuple[CacheSize, ...]:
+    """Nodes and pods as the API server lists them (in pages, as the informers list them),
+    measured as the controller's views and as whole objects."""
+    nodes = await list_all(api, "/api/v1/nodes", at_most=CACHE_SAMPLE_NODES)
+    pods = await list_all(api, f"/api/v1/namespaces/{NAMESPACE}/pods", at_most=CACHE_SAMPLE_PODS)
+    resources = GpuResources()
+    return (
+        cache_size("nodes", nodes, node_from_json),
+        cache_size("pods", pods, functools.partial(gpu_pod_from_json, resources=resources)),
+    )
 
 
 def memory_available() -> int:
@@ -683,10 +811,7 @@ async def measure(plan: Plan, workdir: Path) -> Outcome:
     names = node_names(plan.nodes)
     with ExitStack() as stack:
         log("starting the control plane")
-        # A lease renewal late by minutes on a loaded machine must not turn nodes NotReady.
-        dev = stack.enter_context(
-            DevCluster.start(workdir / "cluster", options=Options(node_monitor_grace_period_seconds=300))
-        )
+        dev = stack.enter_context(DevCluster.start(workdir / "cluster", options=control_plane_options(plan)))
         api = await connect(dev.kubeconfig)
         try:
             cluster = Cluster(dev, api, workdir)
@@ -697,9 +822,12 @@ async def measure(plan: Plan, workdir: Path) -> Outcome:
                 out.control_plane_rss = {
                     c: memory(cluster.pid(c))[0] for c in ("kube-apiserver", "etcd", "kwok")
                 }
+                out.etcd_db_bytes = etcd_db_bytes(dev)
                 out.loads["fleet built"] = os.getloadavg()
+                out.cache = await cache_sample(api)
                 await gpumon_phases(cluster, farm, workdir, controller_kubeconfig, names, plan, out)
-                out.naive = await naive_run(cluster, farm, workdir, naive_kubeconfig, plan)
+                if plan.naive:
+                    out.naive = await naive_run(cluster, farm, workdir, naive_kubeconfig, plan)
                 out.loads["end"] = os.getloadavg()
         finally:
             await api.close()
@@ -749,9 +877,10 @@ async def gpumon_phases(
             out.rss = memory(pid)
             out.farm = await farm.stats()
             # Spread over the fleet; each a fresh node (no rule is flapping, no breaker near).
-            for node in (
+            trial_nodes = [
                 names[(i * 2 + 1) * len(names) // (2 * plan.fault_trials)] for i in range(plan.fault_trials)
-            ):
+            ]
+            for node in trial_nodes:
                 log(f"fault: Xid {FAULT_XID} on GPU {FAULT_GPU} of {node}")
                 out.faults.append(await fault_trial(cluster, farm, node))
                 await asyncio.sleep(2.0)
@@ -762,6 +891,10 @@ async def gpumon_phases(
             out.pending_to_request_metric = histogram_mean(
                 text, "gpumon_autoscaler_pending_to_request_seconds"
             )
+            if plan.restart:  # another fresh node: the first, which no trial above took
+                node = next(n for n in names if n not in trial_nodes)
+                out.restart = await restart_trial(cluster, farm, ctl, session, node, len(names))
+                log(f"restart: {out.restart}")
     finally:
         ctl.stop()
 
@@ -1014,21 +1147,201 @@ async def run(plan: Plan, workdir: Path) -> str:
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# The curve: one fleet per size
+
+
+CURVE_SECTION = "controller-scale-curve"
+
+
+@dataclass(frozen=True, slots=True)
+class CurveRun:
+    """One size of the curve as it ran: its figures and what the machine did meanwhile."""
+
+    point: scale_curve.Point
+    out: Outcome
+    seconds: float
+
+
+def curve_point(out: Outcome, plan: Plan) -> scale_curve.Point:
+    steady, restart, scale = out.steady, out.restart, out.scale
+    assert steady is not None and restart is not None and scale is not None
+    return scale_curve.Point(
+        nodes=plan.nodes,
+        cpu_cores=steady.cores,
+        rss_bytes=float(out.rss[0]),
+        requests_per_second=steady.requests_per_second,
+        fault_to_taint=_median([f.to_taint for f in out.faults]),
+        taint_to_eviction=max((f.taint_to_eviction for f in out.faults), default=math.nan),
+        pending_to_request=max(scale.lags, default=math.inf),
+        restart_synced=restart.synced,
+        restart_decision=restart.decision,
+        load=steady.load[0],
+    )
+
+
+def control_plane_grid(runs: Sequence[CurveRun]) -> Grid:
+    header = (
+        "nodes",
+        "lease (renewals/s)",
+        "nodes created, Ready",
+        "pods created (per s), Running",
+        "kube-apiserver cores (steady)",
+        "RSS: kube-apiserver, etcd, kwok",
+        "etcd db",
+        "memory available",
+        "restart: leading, signals fresh",
+        "size took",
+    )
+    rows = []
+    for r in runs:
+        out, n = r.out, r.point.nodes
+        setup, steady, restart = out.setup, out.steady, out.restart
+        assert setup is not None and steady is not None and restart is not None
+        lease = lease_seconds(n)
+        rss = out.control_plane_rss
+        rows.append(
+            (
+                f"{n:,}",
+                f"{lease} s ({4 * n / lease:.0f}/s)",
+                f"{setup.nodes_seconds:.0f} s, +{setup.ready_seconds:.0f} s",
+                f"{setup.pods_seconds:.0f} s ({r.point.pods / setup.pods_seconds:.0f}/s), "
+                f"+{setup.running_seconds:.0f} s",
+                f"{steady.apiserver_cores:.2f}",
+                ", ".join(f"{rss.get(c, 0) / MIB:,.0f}" for c in ("kube-apiserver", "etcd", "kwok")) + " MiB",
+                f"{out.etcd_db_bytes / MIB:,.0f} MiB",
+                f"{out.memory_available / 2**30:.1f} GiB",
+                f"{seconds_text(restart.leading)}, {seconds_text(restart.fresh)}",
+                f"{r.seconds:.0f} s",
+            )
+        )
+    return Grid(
+        "Controller scale curve: the control plane at each size",
+        "What the test setup cost the machine at each size: the fleet's build, the API server's CPU during "
+        "the controller's steady window, the control plane's memory with the fleet built, etcd's database "
+        "file. Restart columns: from the controller's process started again.",
+        header,
+        tuple(rows),
+    )
+
+
+CURVE_INTRO = """\
+The controller at several fleet sizes, each in a fresh control plane: kwok GPU nodes of 8 GPUs
+with 10 pods each (8 single-GPU pods, 2 CPU pods), the signal farm as every node's exporter, the
+real `gpumon controller --act`. Per size: steady CPU, RSS and API requests, fault → taint →
+eviction, pending pods → scale request, and a restart (SIGKILL, a fault injected while it is down,
+started again) to its informers synced and to its first correct decision (that node tainted).
+Then a least-squares line per figure. Regenerate with
+`python -m bench controller-scale --curve 1000,2000,5000,10000`; docs/benchmarks.md says what
+the lines imply for 65,000 nodes."""
+
+CURVE_NOTES = (
+    "Each size starts its own control plane and fleet, so no size inherits another's quarantined "
+    "nodes, evicted pods, scaled pool or etcd history (docs/benchmarks.md argues this against growing "
+    "one fleet). The naive controller is not run on the curve: a round at 2,000 nodes already took "
+    "17 s and 0.9 GiB (the single-point section).",
+    "Test-setup tuning (not the controller's): kwok's node lease is lengthened so that the fleet "
+    f"renews at most {CURVE_LEASE_RENEWALS_PER_SECOND} leases a second at any size: the kubelet's "
+    f"{KUBELET_LEASE_SECONDS} s up to {CURVE_LEASE_RENEWALS_PER_SECOND * KUBELET_LEASE_SECONDS // 4:,} "
+    "nodes, "
+    f"4 × nodes / {CURVE_LEASE_RENEWALS_PER_SECOND} s beyond (the lease column); the node monitor's grace "
+    "period is twice the lease, at least 300 s; etcd's backend quota is 8 GiB. The controller watches "
+    "no Lease: their rate loads the control plane, not the controller.",
+    "Fault trials, the pending burst and the restart are those of the single point (3 faults, 500 "
+    "pending pods); the restart's fault is a fourth node, within the default quarantine rate limit "
+    "of 5. The restart keeps the controller's identity, as a container restart does, so the lease "
+    "is its own at once; a leader change to another replica would add the lease's expiry (15 s by "
+    "default) to the same path.",
+    "Times are wall-clock seconds on a machine of 2 cores that also runs the control plane, the "
+    "farm and other people's work: see the load column and the control-plane table.",
+)
+
+
+def curve_section(runs: Sequence[CurveRun], stopped: str | None, started: str) -> str:
+    points = [r.point for r in runs]
+    largest = max(runs, key=lambda r: r.point.nodes)
+    machine = [
+        ("date", started),
+        ("sizes", ", ".join(f"{r.point.nodes:,} nodes" for r in runs) + (f"; {stopped}" if stopped else "")),
+        ("CPU", f"{cpu_model()}, nproc {os.cpu_count()}; nothing pinned"),
+        ("memory", f"{_total_memory() / 2**30:.1f} GiB"),
+        (
+            "software",
+            f"Linux {platform.release()}, Python {platform.python_version()}, Kubernetes "
+            f"{KUBERNETES_VERSION}, etcd {ETCD_VERSION}, kwok {KWOK_VERSION}, aiohttp {version('aiohttp')}",
+        ),
+    ]
+    run_out = scale_curve.first_to_run_out(points)
+    tables = [
+        scale_curve.curve_grid(points),
+        scale_curve.fit_grid(points),
+        scale_curve.cache_grid(largest.out.cache, largest.point.nodes),
+        control_plane_grid(runs),
+    ]
+    notes = list(CURVE_NOTES)
+    if run_out is not None:
+        notes.append(
+            f"Of the figures with a goal, the first whose fitted line reaches it: {run_out[0]}, at "
+            f"{run_out[1]:,.0f} nodes."
+        )
+    return section_markdown(
+        CURVE_SECTION,
+        title="Controller scale curve",
+        intro=CURVE_INTRO,
+        machine=machine,
+        tables=tables,
+        notes=notes,
+    )
+
+
+async def curve(sizes: Sequence[int], base: Plan, workdir: Path, write: Callable[[str], None]) -> None:
+    """Each size in turn, in its own control plane; the section written after every size, so a
+    size that fails (or a stop) leaves the smaller ones; the first failure ends the curve."""
+    started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    runs: list[CurveRun] = []
+    for nodes in sizes:
+        plan = replace(base, nodes=nodes, naive=False, restart=True)
+        log(f"curve: {nodes:,} nodes")
+        t0 = time.monotonic()
+        try:
+            out = await measure(plan, workdir / f"n{nodes}")
+        except Exception as e:  # the curve stops at the largest size that runs, and says why
+            if not runs:
+                raise
+            stopped = f"{nodes:,} nodes did not run: {type(e).__name__}: {e}"
+            log(f"curve: {stopped}")
+            write(curve_section(runs, stopped.splitlines()[0], started))
+            return
+        runs.append(CurveRun(curve_point(out, plan), out, time.monotonic() - t0))
+        write(curve_section(runs, None, started))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench controller-scale", description=__doc__)
     parser.add_argument("--quick", action="store_true", help=f"{QUICK.nodes} nodes, short windows; print")
     parser.add_argument("--nodes", type=int, help="fleet size (default: 2,000, or 200 with --quick)")
+    parser.add_argument(
+        "--curve",
+        type=lambda text: [int(x) for x in text.split(",")],
+        help="fleet sizes, e.g. 1000,2000,5000,10000: one fresh fleet each, the curve section of RESULTS.md",
+    )
     parser.add_argument("--output", type=Path, help=f"where to write (default: {RESULTS}, full runs)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.nodes:
         plan = replace(plan, nodes=args.nodes)
-    with tempfile.TemporaryDirectory(prefix="gpumon-bench-scale-") as tmp:
-        section = asyncio.run(run(plan, Path(tmp)))
     output = args.output or (None if args.quick else RESULTS)
-    if output is None:
-        sys.stdout.write(section + "\n")
-    else:
-        output.write_text(splice(output.read_text() if output.exists() else "", section))
-        print(f"bench: wrote {output}", file=sys.stderr)
+
+    def write(section: str) -> None:
+        if output is None:
+            sys.stdout.write(section + "\n")
+        else:
+            output.write_text(splice(output.read_text() if output.exists() else "", section))
+            print(f"bench: wrote {output}", file=sys.stderr)
+
+    with tempfile.TemporaryDirectory(prefix="gpumon-bench-scale-") as tmp:
+        if args.curve:
+            asyncio.run(curve(args.curve, plan, Path(tmp), write))
+        else:
+            write(asyncio.run(run(plan, Path(tmp))))
     return 0

@@ -24,6 +24,16 @@ class Table:
     baseline: str = "naive"  # what gpumon is compared with: the column's name
 
 
+@dataclass(frozen=True, slots=True)
+class Grid:
+    """A table with columns of its own (a Table's are fixed: figure, target, gpumon, ...)."""
+
+    title: str
+    method: str
+    header: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
 _HEADER = ("figure", "target", "gpumon", "naive", "ratio", "target met")
 
 
@@ -31,10 +41,23 @@ def _cells(values: Sequence[str]) -> str:
     return "| " + " | ".join(v.replace("|", "\\|") for v in values) + " |"
 
 
-def table_markdown(table: Table) -> str:
-    header = (*_HEADER[:3], table.baseline, *_HEADER[4:])
-    lines = [f"## {table.title}", "", table.method, "", _cells(header), _cells(["---"] * len(header))]
-    lines += [_cells((r.figure, r.target, r.measured, r.naive, r.ratio, r.met)) for r in table.rows]
+def table_markdown(table: Table | Grid) -> str:
+    if isinstance(table, Table):
+        table = Grid(
+            table.title,
+            table.method,
+            (*_HEADER[:3], table.baseline, *_HEADER[4:]),
+            tuple((r.figure, r.target, r.measured, r.naive, r.ratio, r.met) for r in table.rows),
+        )
+    lines = [
+        f"## {table.title}",
+        "",
+        table.method,
+        "",
+        _cells(table.header),
+        _cells(["---"] * len(table.header)),
+    ]
+    lines += [_cells(r) for r in table.rows]
     return "\n".join(lines)
 
 
@@ -74,7 +97,7 @@ def section_markdown(
     title: str,
     intro: str,
     machine: Sequence[tuple[str, str]],
-    tables: Sequence[Table],
+    tables: Sequence[Table | Grid],
     notes: Sequence[str],
 ) -> str:
     """A marked section (see :func:`splice`): its own title, machine table, tables and notes."""
