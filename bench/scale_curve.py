@@ -215,7 +215,7 @@ def fit_grid(points: Sequence[Point]) -> Grid:
                 _per(f.text, fit.slope),
                 _per(f.text, fit.per_pod),
                 residuals,
-                f.text(fit.at(LARGEST_CLUSTERS)),
+                _predicted(f.text, fit.at(LARGEST_CLUSTERS)),
                 f.goal_text,
                 crossing,
             )
@@ -229,6 +229,11 @@ def fit_grid(points: Sequence[Point]) -> Grid:
         header,
         tuple(rows),
     )
+
+
+def _predicted(text: Callable[[float], str], value: float) -> str:
+    # A falling line (noise over sizes that cost the same) says nothing below zero.
+    return text(value) if value >= 0 else "below 0: the line falls"
 
 
 def _per(text: Callable[[float], str], value: float) -> str:

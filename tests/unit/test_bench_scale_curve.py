@@ -106,6 +106,9 @@ def test_fit_table_says_the_form_the_residuals_and_65000() -> None:
     cells = cpu.split(" | ")
     assert "1,000: " in cells[4] and "5,000: " in cells[4]
     assert cells[7].endswith("nodes |") or cells[7].endswith("nodes")
+    falling = table_markdown(fit_grid([point(1000, fault_to_taint=0.09), point(2000, fault_to_taint=0.03)]))
+    taint = next(x for x in falling.splitlines() if x.startswith("| fault → taint")).split(" | ")
+    assert taint[5] == "below 0: the line falls" and taint[7].startswith("never")
     one = table_markdown(fit_grid([point(1000)]))
     assert "fewer than 2 sizes" in one
 
