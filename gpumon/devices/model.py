@@ -108,9 +108,21 @@ VIOLATION_POLICIES: Mapping[str, int] = MappingProxyType(
 class MigInstance:
     gpu_instance: int
     compute_instance: int
-    profile: str
+    profile: str  # the compute instance's: "1c.3g.20gb" when it spans part of its GPU instance
     uuid: str
     memory: MemoryInfo | None = None
+    # The GPU instance's own profile ("3g.20gb"), which its compute instances share; None when
+    # the backend does not tell it apart (every compute instance spans its GPU instance).
+    gpu_instance_profile: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfiling:
+    """GPM of one MIG GPU instance (nvmlGpmMigSampleGet): its compute instances together."""
+
+    gpu_instance: int
+    profile: str  # the GPU instance's profile, e.g. "3g.40gb"
+    profiling: Profiling
 
 
 # NVML clock event ("throttle") reasons by short name, with their nvmlClocksEventReason* bit.
@@ -169,6 +181,8 @@ class SlowFields:
     mig_instances: tuple[MigInstance, ...] = ()
     # None until two GPM samples were taken, and on GPUs without GPM.
     profiling: Profiling | None = None
+    # GPM per MIG GPU instance, once it has an interval; empty without MIG or per-instance GPM.
+    mig_profiling: tuple[MigProfiling, ...] = ()
     encoder_utilization_ratio: float | None = None
     decoder_utilization_ratio: float | None = None
     fan_speed_ratio: float | None = None
@@ -186,6 +200,9 @@ class SlowFields:
     # NVLink data-link error counters by (link, kind in NVLINK_ERROR_KINDS), since the driver
     # loaded; a counter the device does not report is left out.
     nvlink_errors: Mapping[tuple[int, str], int] = field(default_factory=dict)
+    # Whether a vGPU guest's vGPU licence is held (DCGM's DCGM_FI_DEV_VGPU_LICENSE_STATUS);
+    # None on a GPU that is not a vGPU, and when the driver cannot tell.
+    vgpu_licensed: bool | None = None
 
 
 # Xid codes NVIDIA documents: its Xid catalog

@@ -41,6 +41,7 @@ from gpumon.devices.model import (
     GpuIdentity,
     MemoryInfo,
     MigInstance,
+    MigProfiling,
     ProcessSample,
     Profiling,
     SlowFields,
@@ -148,6 +149,13 @@ GPM_METRICS: Mapping[str, int] = {
     "nvlink_tx_bytes_per_second": pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
     "nvlink_rx_bytes_per_second": pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
 }
+# What GPM measures per MIG GPU instance (nvmlGpmMigSampleGet): the engine and pipe activities
+# and DRAM. DCGM 4.6 serves these fields for GPU-instance entities and PCIe and NVLink traffic
+# for whole GPUs only (dcgm_fields.cpp: entity level GPU_CI or GPU_I, against GPU), so that is
+# all gpumon asks a GPU instance for.
+GPM_MIG_METRICS: Mapping[str, int] = {
+    name: metric for name, metric in GPM_METRICS.items() if not name.startswith(("pcie_", "nvlink_"))
+}
 _MIB = 2**20
 
 
@@ -235,6 +243,26 @@ def nvlink_rate(previous: tuple[float, int] | None, now: float, total: int) -> f
     if now <= then or total < before:
         return None
     return (total - before) / (now - then)
+
+
+def vgpu_licensed(features: Any) -> bool | None:
+    """Whether a vGPU's licence is held, from a ``c_nvmlGridLicensableFeatures_v4_t``, read as
+    DCGM 4.6 reads DCGM_FI_DEV_VGPU_LICENSE_STATUS (``DcgmCacheManager.cpp``): not licensed
+    when the device supports no GRID licence at all, else the state of its vGPU feature
+    (``featureState`` non-zero: licensed); None when it lists no vGPU feature (DCGM then stores
+    no value)."""
+    if not features.isGridLicenseSupported:
+        return False
+    listed = features.gridLicensableFeatures
+    for feature in listed[: min(features.licensableFeaturesCount, len(listed))]:
+        if feature.featureCode == pynvml.NVML_GRID_LICENSE_FEATURE_CODE_VGPU:
+            return bool(feature.featureState)
+    return None
+
+
+def gpu_instance_profiles(instances: Iterable[MigInstance]) -> dict[int, str]:
+    """Each GPU instance's profile, from its MIG devices (one per compute instance)."""
+    return {m.gpu_instance: m.gpu_instance_profile or m.profile for m in instances}
 
 
 def performance_state(pstate: int) -> int | None:
@@ -516,6 +544,16 @@ def _address(handle: Any) -> int:
 
 
 @dataclass(slots=True)
+class _GpmInterval:
+    """Two GPM sample buffers: the older one holds the previous tick's sample while ``held``,
+    so that each slow tick measures the interval since the last."""
+
+    samples: tuple[Any, Any]
+    older: int = 0
+    held: bool = False
+
+
+@dataclass(slots=True)
 class _Gpu:
     identity: GpuIdentity
     handle: Any = None  # None when the GPU could not be addressed at open()
@@ -524,15 +562,17 @@ class _Gpu:
     last_seen_us: int = 0  # newest per-process utilization sample taken
     # Which of a field's versioned calls this GPU answers (index into the call chain).
     variant: dict[str, int] = field(default_factory=dict)
-    # GPM: None until asked; two sample buffers, the older one holding the previous tick's
-    # sample while ``gpm_held``, so that each slow tick measures the interval since the last.
+    # GPM: None until asked; the whole GPU's interval, and each MIG GPU instance's by id
+    # (not asked again once the driver answers per-instance GPM unsupported).
     gpm_supported: bool | None = None
-    gpm_samples: tuple[Any, Any] | None = None
-    gpm_older: int = 0
-    gpm_held: bool = False
+    gpm: _GpmInterval | None = None
+    gpm_mig_unsupported: bool = False
+    gpm_mig: dict[int, _GpmInterval] = field(default_factory=dict)
     # NVLink: the link count, once known (0: no NVLink); the last (time, bytes both ways).
     nvlink_links: int | None = None
     nvlink_last: tuple[float, int] | None = None
+    # NVML_GPU_VIRTUALIZATION_MODE_*, once read.
+    virtualization_mode: int | None = None
 
     @property
     def index(self) -> int:
@@ -615,7 +655,7 @@ class NvmlBackend:
             gpus, self._gpus = self._gpus, None
             self._closing.set()
             for gpu in gpus.values():
-                _free_gpm_samples(gpu)
+                _free_gpm(gpu)
             with self._xid_lock:
                 if self._event_set is not None:
                     with contextlib.suppress(pynvml.NVMLError):  # NVML is going away either way
@@ -772,6 +812,7 @@ class NvmlBackend:
                 functools.partial(ecc_total, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, volatile),
             )
             rows = self._read(gpu.index, "remapped_rows", lambda: pynvml.nvmlDeviceGetRemappedRows(h))
+            migs = self._mig_instances(gpu)
             correctable, uncorrectable, pending, failure = (None,) * 4 if rows is None else rows
             encoder = self._read(
                 gpu.index, "encoder_utilization", lambda: pynvml.nvmlDeviceGetEncoderUtilization(h)
@@ -791,14 +832,16 @@ class NvmlBackend:
                 remapped_rows_uncorrectable=uncorrectable,
                 row_remap_pending=_maybe(bool, pending),
                 row_remap_failure=_maybe(bool, failure),
-                mig_instances=self._mig_instances(gpu),
+                mig_instances=migs,
                 profiling=self._profiling(gpu),
+                mig_profiling=self._mig_profiling(gpu, migs),
                 # Both answer [utilization %, sampling period in us].
                 encoder_utilization_ratio=None if encoder is None else ratio(encoder[0]),
                 decoder_utilization_ratio=None if decoder is None else ratio(decoder[0]),
                 fan_speed_ratio=_maybe(ratio, fan),
                 performance_state=None if pstate is None else performance_state(pstate),
                 violation_seconds=self._violations(gpu),
+                vgpu_licensed=self._vgpu_licensed(gpu),
                 **self._nvlink(gpu),
             )
 
@@ -996,31 +1039,96 @@ class NvmlBackend:
                     self._not_supported(gpu.index, "gpm")
         if not gpu.gpm_supported:
             return None
-        if gpu.gpm_samples is None:
-            first = self._read(gpu.index, "gpm", pynvml.nvmlGpmSampleAlloc)
-            second = None if first is None else self._read(gpu.index, "gpm", pynvml.nvmlGpmSampleAlloc)
-            if first is None or second is None:
-                if first is not None:
-                    self._read(gpu.index, "gpm", functools.partial(pynvml.nvmlGpmSampleFree, first))
+        if gpu.gpm is None:
+            gpu.gpm = self._gpm_alloc(gpu, "gpm")
+            if gpu.gpm is None:
                 return None
-            gpu.gpm_samples = (first, second)
-        older, newer = gpu.gpm_samples[gpu.gpm_older], gpu.gpm_samples[1 - gpu.gpm_older]
-        if self._read(gpu.index, "gpm", functools.partial(pynvml.nvmlGpmSampleGet, h, newer)) is None:
-            gpu.gpm_held = False  # a failed sample breaks the interval: start again
+        return self._gpm_tick(gpu, "gpm", gpu.gpm, functools.partial(pynvml.nvmlGpmSampleGet, h), GPM_METRICS)
+
+    def _mig_profiling(self, gpu: _Gpu, migs: Sequence[MigInstance]) -> tuple[MigProfiling, ...]:
+        """GPM per MIG GPU instance (``nvmlGpmMigSampleGet``), held between ticks like the
+        whole GPU's. A GPU instance that went away has its buffers freed; a driver answering
+        the call unsupported is counted once (``nvml.gpm_mig``) and not asked again."""
+        profiles = gpu_instance_profiles(migs) if gpu.gpm_supported and not gpu.gpm_mig_unsupported else {}
+        for gone in gpu.gpm_mig.keys() - profiles.keys():
+            _free_gpm_interval(gpu.gpm_mig.pop(gone))
+        out = []
+        for gi, profile in sorted(profiles.items()):
+            interval = gpu.gpm_mig.get(gi) or self._gpm_alloc(gpu, "gpm_mig")
+            if interval is None:
+                continue
+            gpu.gpm_mig[gi] = interval
+            take = functools.partial(self._gpm_mig_sample, gpu, gi)
+            result = self._gpm_tick(gpu, "gpm_mig", interval, take, GPM_MIG_METRICS)
+            if gpu.gpm_mig_unsupported:
+                for unused in gpu.gpm_mig.values():
+                    _free_gpm_interval(unused)
+                gpu.gpm_mig = {}
+                return ()
+            if result is not None:
+                out.append(MigProfiling(gi, profile, result))
+        return tuple(out)
+
+    @staticmethod
+    def _gpm_mig_sample(gpu: _Gpu, gpu_instance: int, sample: Any) -> Any:
+        try:
+            return pynvml.nvmlGpmMigSampleGet(gpu.handle, gpu_instance, sample)
+        except pynvml.NVMLError as err:
+            gpu.gpm_mig_unsupported = classify_error(err.value) is ErrorClass.UNSUPPORTED
+            raise
+
+    def _gpm_alloc(self, gpu: _Gpu, source: str) -> _GpmInterval | None:
+        first = self._read(gpu.index, source, pynvml.nvmlGpmSampleAlloc)
+        second = None if first is None else self._read(gpu.index, source, pynvml.nvmlGpmSampleAlloc)
+        if first is None or second is None:
+            if first is not None:
+                self._read(gpu.index, source, functools.partial(pynvml.nvmlGpmSampleFree, first))
             return None
-        held, gpu.gpm_held, gpu.gpm_older = gpu.gpm_held, True, 1 - gpu.gpm_older
+        return _GpmInterval((first, second))
+
+    def _gpm_tick(
+        self,
+        gpu: _Gpu,
+        source: str,
+        interval: _GpmInterval,
+        take: Callable[[Any], Any],
+        metrics: Mapping[str, int],
+    ) -> Profiling | None:
+        """Sample into the free buffer with ``take``; the metrics over the interval since the
+        held one, if one is held. A failed sample breaks the interval: it starts again."""
+        older, newer = interval.samples[interval.older], interval.samples[1 - interval.older]
+        if self._read(gpu.index, source, functools.partial(take, newer)) is None:
+            interval.held = False
+            return None
+        held, interval.held, interval.older = interval.held, True, 1 - interval.older
         if not held:
             return None
-        request = _gpm_request(older, newer)
-        if self._read(gpu.index, "gpm", functools.partial(pynvml.nvmlGpmMetricsGet, request)) is None:
+        request = _gpm_request(older, newer, metrics)
+        if self._read(gpu.index, source, functools.partial(pynvml.nvmlGpmMetricsGet, request)) is None:
             return None
-        names = list(GPM_METRICS)
+        names = list(metrics)
         result, failed = profiling(
             (names[i], request.metrics[i].nvmlReturn, request.metrics[i].value) for i in range(len(names))
         )
         for name, code in failed.items():
-            self._failed(gpu.index, f"gpm.{name}", code)
+            self._failed(gpu.index, f"{source}.{name}", code)
         return result
+
+    def _vgpu_licensed(self, gpu: _Gpu) -> bool | None:
+        """Only a vGPU guest's device (virtualization mode VGPU) has a vGPU licence to hold; on
+        bare metal, passthrough and hypervisor hosts the field is absent and nothing is asked.
+        The mode cannot change while the driver is loaded: it is read once per open."""
+        h = gpu.handle
+        if gpu.virtualization_mode is None:
+            gpu.virtualization_mode = self._read(
+                gpu.index, "virtualization_mode", functools.partial(pynvml.nvmlDeviceGetVirtualizationMode, h)
+            )
+        if gpu.virtualization_mode != pynvml.NVML_GPU_VIRTUALIZATION_MODE_VGPU:
+            return None
+        features = self._read(
+            gpu.index, "vgpu_license", functools.partial(pynvml.nvmlDeviceGetGridLicensableFeatures_v4, h)
+        )
+        return None if features is None else vgpu_licensed(features)
 
     def _processes(self, gpu: _Gpu) -> tuple[ProcessSample, ...]:
         compute = self._read(
@@ -1131,37 +1239,43 @@ class NvmlBackend:
 def _mig_instance(mig: Any, device_memory_bytes: int | None) -> MigInstance:
     attributes = pynvml.nvmlDeviceGetAttributes_v2(mig)
     memory = memory_info(pynvml.nvmlDeviceGetMemoryInfo(mig))
+    profile = functools.partial(
+        mig_profile_name,
+        gi_slices=attributes.gpuInstanceSliceCount,
+        instance_memory_mb=attributes.memorySizeMB,
+        device_memory_bytes=device_memory_bytes or memory.total_bytes,
+    )
     return MigInstance(
         gpu_instance=pynvml.nvmlDeviceGetGpuInstanceId(mig),
         compute_instance=pynvml.nvmlDeviceGetComputeInstanceId(mig),
-        profile=mig_profile_name(
-            gi_slices=attributes.gpuInstanceSliceCount,
-            ci_slices=attributes.computeInstanceSliceCount,
-            instance_memory_mb=attributes.memorySizeMB,
-            device_memory_bytes=device_memory_bytes or memory.total_bytes,
-        ),
+        profile=profile(ci_slices=attributes.computeInstanceSliceCount),
         uuid=text(pynvml.nvmlDeviceGetUUID(mig)),
         memory=memory,
+        gpu_instance_profile=profile(ci_slices=attributes.gpuInstanceSliceCount),
     )
 
 
-def _gpm_request(older: Any, newer: Any) -> Any:
+def _gpm_request(older: Any, newer: Any, metrics: Mapping[str, int]) -> Any:
     request = pynvml.c_nvmlGpmMetricsGet_t()
     request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-    request.numMetrics = len(GPM_METRICS)
+    request.numMetrics = len(metrics)
     request.sample1, request.sample2 = older, newer
-    for i, metric in enumerate(GPM_METRICS.values()):
+    for i, metric in enumerate(metrics.values()):
         request.metrics[i].metricId = metric
     return request
 
 
-def _free_gpm_samples(gpu: _Gpu) -> None:
-    if gpu.gpm_samples is None:
-        return
-    for sample in gpu.gpm_samples:
-        with contextlib.suppress(pynvml.NVMLError):  # NVML is shutting down either way
+def _free_gpm_interval(interval: _GpmInterval) -> None:
+    for sample in interval.samples:
+        with contextlib.suppress(pynvml.NVMLError):  # freed either way: NVML shuts down or the instance went
             pynvml.nvmlGpmSampleFree(sample)
-    gpu.gpm_samples, gpu.gpm_held = None, False
+
+
+def _free_gpm(gpu: _Gpu) -> None:
+    for interval in (gpu.gpm, *gpu.gpm_mig.values()):
+        if interval is not None:
+            _free_gpm_interval(interval)
+    gpu.gpm, gpu.gpm_mig = None, {}
 
 
 def _maybe(convert: Callable[[Any], T], value: Any) -> T | None:

@@ -23,6 +23,7 @@ bytes already written, and nothing is written or compressed that nobody asks for
 
 from __future__ import annotations
 
+import functools
 import gzip
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -46,6 +47,7 @@ from gpumon.devices.model import (
     HealthState,
     MemoryInfo,
     MigInstance,
+    MigProfiling,
     Profiling,
     SlowFields,
     Snapshot,
@@ -306,8 +308,49 @@ def _slow(get: Callable[[SlowFields], float | bool | None]) -> Getter:
     return lambda g: None if g.slow is None else _number(get(g.slow))
 
 
-def _prof(get: Callable[[Profiling], float | None]) -> Getter:
+ProfilingGetter = Callable[[Profiling], float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class _GpmField:
+    """A GPM family: the whole GPU's series, and a MIG GPU instance's where GPM measures it."""
+
+    name: str
+    doc: str
+    series: tuple[tuple[Labels, ProfilingGetter], ...]
+    unit: str = ""
+
+
+def _per_gpu(get: ProfilingGetter) -> tuple[tuple[Labels, ProfilingGetter], ...]:
+    return (({}, get),)
+
+
+def _prof(get: ProfilingGetter) -> Getter:
     return lambda g: None if g.slow is None or g.slow.profiling is None else get(g.slow.profiling)
+
+
+def _gpm_fields(table: Sequence[_GpmField]) -> tuple[_Field, ...]:
+    return tuple(
+        _Field(f.name, "gauge", f.doc, tuple((labels, _prof(get)) for labels, get in f.series), f.unit)
+        for f in table
+    )
+
+
+def _emit_mig_profiling(
+    table: Sequence[_GpmField], families: list[Metric], rows: Iterable[tuple[Profiling, Labels]]
+) -> None:
+    """MIG GPU instances' GPM joins the GPU's GPM families, told apart by the instance labels."""
+    by_name = {f.name: f for f in families}
+    for prof, labels in rows:
+        for field in table:
+            for extra, get in field.series:
+                value = get(prof)
+                if value is not None:
+                    _add(by_name[field.name], {**labels, **extra} if extra else labels, value)
+
+
+def _mig_profiling(g: GpuSample) -> tuple[MigProfiling, ...]:
+    return g.slow.mig_profiling if g.slow is not None else ()
 
 
 def _violation(policy: str, *, nanoseconds: bool = False) -> Getter:
@@ -372,6 +415,62 @@ _NATIVE_MEMORY: tuple[tuple[str, str, MemoryGetter], ...] = (
         "gpumon_gpu_memory_reserved_bytes",
         "Framebuffer memory reserved by the driver.",
         lambda m: m.reserved_bytes,
+    ),
+)
+
+_NATIVE_GPM: tuple[_GpmField, ...] = (
+    _GpmField(
+        "gpumon_gpu_graphics_engine_active_ratio",
+        "Fraction of the interval the graphics or compute engine was active (GPM).",
+        _per_gpu(lambda p: p.graphics_active_ratio),
+        "ratio",
+    ),
+    _GpmField(
+        "gpumon_gpu_sm_active_ratio",
+        "Fraction of the interval the SMs had at least one warp assigned (GPM).",
+        _per_gpu(lambda p: p.sm_active_ratio),
+        "ratio",
+    ),
+    _GpmField(
+        "gpumon_gpu_sm_occupancy_ratio",
+        "Resident warps as a fraction of the SMs' maximum (GPM).",
+        _per_gpu(lambda p: p.sm_occupancy_ratio),
+        "ratio",
+    ),
+    _GpmField(
+        "gpumon_gpu_pipe_active_ratio",
+        "Fraction of the interval a pipe was active, by pipe (GPM).",
+        (
+            ({"pipe": "tensor"}, lambda p: p.tensor_active_ratio),
+            ({"pipe": "fp64"}, lambda p: p.fp64_active_ratio),
+            ({"pipe": "fp32"}, lambda p: p.fp32_active_ratio),
+            ({"pipe": "fp16"}, lambda p: p.fp16_active_ratio),
+        ),
+        "ratio",
+    ),
+    _GpmField(
+        "gpumon_gpu_dram_active_ratio",
+        "Device memory bandwidth used as a fraction of its maximum (GPM).",
+        _per_gpu(lambda p: p.dram_active_ratio),
+        "ratio",
+    ),
+    _GpmField(
+        "gpumon_gpu_pcie_bytes_per_second",
+        "PCIe traffic, headers included, averaged over the interval, by direction (GPM).",
+        (
+            ({"direction": "tx"}, lambda p: p.pcie_tx_bytes_per_second),
+            ({"direction": "rx"}, lambda p: p.pcie_rx_bytes_per_second),
+        ),
+        "bytes_per_second",
+    ),
+    _GpmField(
+        "gpumon_gpu_nvlink_bytes_per_second",
+        "NVLink traffic over all links, averaged over the interval, by direction (GPM).",
+        (
+            ({"direction": "tx"}, lambda p: p.nvlink_tx_bytes_per_second),
+            ({"direction": "rx"}, lambda p: p.nvlink_rx_bytes_per_second),
+        ),
+        "bytes_per_second",
     ),
 )
 
@@ -500,65 +599,12 @@ _NATIVE_FIELDS: tuple[_Field, ...] = (
         "bytes",
     ),
     _Field(
-        "gpumon_gpu_graphics_engine_active_ratio",
+        "gpumon_gpu_vgpu_licensed",
         "gauge",
-        "Fraction of the interval the graphics or compute engine was active (GPM).",
-        _one(_prof(lambda p: p.graphics_active_ratio)),
-        "ratio",
+        "1 while the vGPU holds its licence, 0 while it does not (vGPU guests only).",
+        _one(_slow(lambda s: s.vgpu_licensed)),
     ),
-    _Field(
-        "gpumon_gpu_sm_active_ratio",
-        "gauge",
-        "Fraction of the interval the SMs had at least one warp assigned (GPM).",
-        _one(_prof(lambda p: p.sm_active_ratio)),
-        "ratio",
-    ),
-    _Field(
-        "gpumon_gpu_sm_occupancy_ratio",
-        "gauge",
-        "Resident warps as a fraction of the SMs' maximum (GPM).",
-        _one(_prof(lambda p: p.sm_occupancy_ratio)),
-        "ratio",
-    ),
-    _Field(
-        "gpumon_gpu_pipe_active_ratio",
-        "gauge",
-        "Fraction of the interval a pipe was active, by pipe (GPM).",
-        (
-            ({"pipe": "tensor"}, _prof(lambda p: p.tensor_active_ratio)),
-            ({"pipe": "fp64"}, _prof(lambda p: p.fp64_active_ratio)),
-            ({"pipe": "fp32"}, _prof(lambda p: p.fp32_active_ratio)),
-            ({"pipe": "fp16"}, _prof(lambda p: p.fp16_active_ratio)),
-        ),
-        "ratio",
-    ),
-    _Field(
-        "gpumon_gpu_dram_active_ratio",
-        "gauge",
-        "Device memory bandwidth used as a fraction of its maximum (GPM).",
-        _one(_prof(lambda p: p.dram_active_ratio)),
-        "ratio",
-    ),
-    _Field(
-        "gpumon_gpu_pcie_bytes_per_second",
-        "gauge",
-        "PCIe traffic, headers included, averaged over the interval, by direction (GPM).",
-        (
-            ({"direction": "tx"}, _prof(lambda p: p.pcie_tx_bytes_per_second)),
-            ({"direction": "rx"}, _prof(lambda p: p.pcie_rx_bytes_per_second)),
-        ),
-        "bytes_per_second",
-    ),
-    _Field(
-        "gpumon_gpu_nvlink_bytes_per_second",
-        "gauge",
-        "NVLink traffic over all links, averaged over the interval, by direction (GPM).",
-        (
-            ({"direction": "tx"}, _prof(lambda p: p.nvlink_tx_bytes_per_second)),
-            ({"direction": "rx"}, _prof(lambda p: p.nvlink_rx_bytes_per_second)),
-        ),
-        "bytes_per_second",
-    ),
+    *_gpm_fields(_NATIVE_GPM),
 )
 
 _POD_LABELS = ("node", "namespace", "pod", "container", "gpu", "uuid")
@@ -624,6 +670,16 @@ def _native(snap: Snapshot) -> list[Metric]:
         _NATIVE_MEMORY,
         per_gpu,
         ((mig, {**base, **_mig_labels(mig)}) for g, base in present for mig in _migs(g)),
+    )
+    # A GPU instance's GPM covers all its compute instances: no compute_instance label.
+    _emit_mig_profiling(
+        _NATIVE_GPM,
+        per_gpu,
+        (
+            (m.profiling, {**base, "gpu_instance": str(m.gpu_instance), "mig_profile": m.profile})
+            for g, base in present
+            for m in _mig_profiling(g)
+        ),
     )
     return [info, *per_gpu, nvlink_errors, throttled, xids, health, health_info, *_native_pods(snap)]
 
@@ -718,6 +774,71 @@ _DCGM_XID = _Field(
     "gauge",
     "Value of the last XID error encountered.",
     _one(lambda g: float(g.last_xid or 0)),
+)
+
+_DCGM_GPM: tuple[_GpmField, ...] = (
+    _GpmField(
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "Ratio of time the graphics engine is active.",
+        _per_gpu(lambda p: p.graphics_active_ratio),
+    ),
+    _GpmField(
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "The ratio of cycles an SM has at least 1 warp assigned.",
+        _per_gpu(lambda p: p.sm_active_ratio),
+    ),
+    _GpmField(
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+        "The ratio of number of warps resident on an SM.",
+        _per_gpu(lambda p: p.sm_occupancy_ratio),
+    ),
+    _GpmField(
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "Ratio of cycles the tensor (HMMA) pipe is active.",
+        _per_gpu(lambda p: p.tensor_active_ratio),
+    ),
+    _GpmField(
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "Ratio of cycles the device memory interface is active sending or receiving data.",
+        _per_gpu(lambda p: p.dram_active_ratio),
+    ),
+    _GpmField(
+        "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+        "Ratio of cycles the fp64 pipes are active.",
+        _per_gpu(lambda p: p.fp64_active_ratio),
+    ),
+    _GpmField(
+        "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+        "Ratio of cycles the fp32 pipes are active.",
+        _per_gpu(lambda p: p.fp32_active_ratio),
+    ),
+    _GpmField(
+        "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+        "Ratio of cycles the fp16 pipes are active.",
+        _per_gpu(lambda p: p.fp16_active_ratio),
+    ),
+    _GpmField(
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "The rate of data transmitted over the PCIe bus - including both protocol headers and data"
+        " payloads - in bytes per second.",
+        _per_gpu(lambda p: p.pcie_tx_bytes_per_second),
+    ),
+    _GpmField(
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "The rate of data received over the PCIe bus - including both protocol headers and data"
+        " payloads - in bytes per second.",
+        _per_gpu(lambda p: p.pcie_rx_bytes_per_second),
+    ),
+    _GpmField(
+        "DCGM_FI_PROF_NVLINK_TX_BYTES",
+        "The rate of data transmitted over NVLink, not including protocol headers, in bytes per second.",
+        _per_gpu(lambda p: p.nvlink_tx_bytes_per_second),
+    ),
+    _GpmField(
+        "DCGM_FI_PROF_NVLINK_RX_BYTES",
+        "The rate of data received over NVLink, not including protocol headers, in bytes per second.",
+        _per_gpu(lambda p: p.nvlink_rx_bytes_per_second),
+    ),
 )
 
 _DCGM_FIELDS: tuple[_Field, ...] = (
@@ -861,66 +982,10 @@ _DCGM_FIELDS: tuple[_Field, ...] = (
         )
     ),
     _Field(
-        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
         "gauge",
-        "Ratio of time the graphics engine is active.",
-        _one(_prof(lambda p: p.graphics_active_ratio)),
-    ),
-    _Field(
-        "DCGM_FI_PROF_SM_ACTIVE",
-        "gauge",
-        "The ratio of cycles an SM has at least 1 warp assigned.",
-        _one(_prof(lambda p: p.sm_active_ratio)),
-    ),
-    _Field(
-        "DCGM_FI_PROF_SM_OCCUPANCY",
-        "gauge",
-        "The ratio of number of warps resident on an SM.",
-        _one(_prof(lambda p: p.sm_occupancy_ratio)),
-    ),
-    _Field(
-        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-        "gauge",
-        "Ratio of cycles the tensor (HMMA) pipe is active.",
-        _one(_prof(lambda p: p.tensor_active_ratio)),
-    ),
-    _Field(
-        "DCGM_FI_PROF_DRAM_ACTIVE",
-        "gauge",
-        "Ratio of cycles the device memory interface is active sending or receiving data.",
-        _one(_prof(lambda p: p.dram_active_ratio)),
-    ),
-    _Field(
-        "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
-        "gauge",
-        "Ratio of cycles the fp64 pipes are active.",
-        _one(_prof(lambda p: p.fp64_active_ratio)),
-    ),
-    _Field(
-        "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
-        "gauge",
-        "Ratio of cycles the fp32 pipes are active.",
-        _one(_prof(lambda p: p.fp32_active_ratio)),
-    ),
-    _Field(
-        "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
-        "gauge",
-        "Ratio of cycles the fp16 pipes are active.",
-        _one(_prof(lambda p: p.fp16_active_ratio)),
-    ),
-    _Field(
-        "DCGM_FI_PROF_PCIE_TX_BYTES",
-        "gauge",
-        "The rate of data transmitted over the PCIe bus - including both protocol headers and data"
-        " payloads - in bytes per second.",
-        _one(_prof(lambda p: p.pcie_tx_bytes_per_second)),
-    ),
-    _Field(
-        "DCGM_FI_PROF_PCIE_RX_BYTES",
-        "gauge",
-        "The rate of data received over the PCIe bus - including both protocol headers and data"
-        " payloads - in bytes per second.",
-        _one(_prof(lambda p: p.pcie_rx_bytes_per_second)),
+        "vGPU License status",
+        _one(_slow(lambda s: s.vgpu_licensed)),
     ),
     _Field(
         "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
@@ -928,18 +993,7 @@ _DCGM_FIELDS: tuple[_Field, ...] = (
         "Total number of NVLink bandwidth counters for all lanes.",
         _one(_dcgm_nvlink_bandwidth),
     ),
-    _Field(
-        "DCGM_FI_PROF_NVLINK_TX_BYTES",
-        "gauge",
-        "The rate of data transmitted over NVLink, not including protocol headers, in bytes per second.",
-        _one(_prof(lambda p: p.nvlink_tx_bytes_per_second)),
-    ),
-    _Field(
-        "DCGM_FI_PROF_NVLINK_RX_BYTES",
-        "gauge",
-        "The rate of data received over NVLink, not including protocol headers, in bytes per second.",
-        _one(_prof(lambda p: p.nvlink_rx_bytes_per_second)),
-    ),
+    *_gpm_fields(_DCGM_GPM),
 )
 
 
@@ -951,6 +1005,7 @@ def _dcgm(snap: Snapshot) -> list[Metric]:
     present: list[tuple[GpuSample, Labels]] = []
     lost: list[tuple[GpuSample, Labels]] = []
     mig_rows: list[tuple[MigInstance, Labels]] = []
+    mig_gpm_rows: list[tuple[Profiling, Labels]] = []
     for g in snap.gpus:
         ident = g.identity
         device = {
@@ -963,18 +1018,10 @@ def _dcgm(snap: Snapshot) -> list[Metric]:
         row = (g, {**device, **host, **holders.get((ident.uuid, None), {})})
         if not g.lost:
             present.append(row)
-            mig_rows.extend(
-                (
-                    mig,
-                    {
-                        **device,
-                        "GPU_I_PROFILE": mig.profile,
-                        "GPU_I_ID": str(mig.gpu_instance),
-                        **host,
-                        **holders.get((ident.uuid, mig.gpu_instance), {}),
-                    },
-                )
-                for mig in _migs(g)
+            instance_labels = functools.partial(_dcgm_instance, device, host, holders, ident.uuid)
+            mig_rows.extend((mig, instance_labels(mig.gpu_instance, mig.profile)) for mig in _migs(g))
+            mig_gpm_rows.extend(
+                (m.profiling, instance_labels(m.gpu_instance, m.profile)) for m in _mig_profiling(g)
             )
         elif g.last_xid is not None:
             # dcgm has no health family: the last Xid (79, fallen off the bus, typically) is what
@@ -982,8 +1029,28 @@ def _dcgm(snap: Snapshot) -> list[Metric]:
             lost.append(row)
     families = _emit(_DCGM_FIELDS, present)
     _emit_mig_memory(_DCGM_MEMORY, families, mig_rows)
+    _emit_mig_profiling(_DCGM_GPM, families, mig_gpm_rows)
     families[_DCGM_FIELDS.index(_DCGM_XID)].samples.extend(_emit((_DCGM_XID,), lost)[0].samples)
     return families
+
+
+def _dcgm_instance(
+    device: Labels,
+    host: Labels,
+    holders: Mapping[tuple[str, int | None], Labels],
+    uuid: str,
+    gpu_instance: int,
+    profile: str,
+) -> Labels:
+    """A MIG GPU instance's labels as dcgm-exporter writes them: the card's, the instance's
+    profile and id, the host's, and the pod given that instance."""
+    return {
+        **device,
+        "GPU_I_PROFILE": profile,
+        "GPU_I_ID": str(gpu_instance),
+        **host,
+        **holders.get((uuid, gpu_instance), {}),
+    }
 
 
 def _sole_holders(snap: Snapshot) -> dict[tuple[str, int | None], Labels]:

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pynvml
+
 from gpumon.devices.backend import BackendError
 from gpumon.devices.model import XidEvent
 from gpumon.devices.nvml import NvmlBackend
@@ -169,13 +171,25 @@ def xid_burst(backend: NvmlBackend) -> dict[str, Any]:
     }
 
 
+def slow_ticks(backend: NvmlBackend) -> dict[str, Any]:
+    """``SLOW_TICKS`` slow reads of every GPU, as the sampler's slow ticks make them (GPM has an
+    interval from the second on); what each tick read."""
+    backend.open()
+    gpus = backend.devices()
+    ticks = [[plain(backend.read_slow(g.index)) for g in gpus] for _ in range(SLOW_TICKS)]
+    backend.close()
+    return {"devices": plain(gpus), "ticks": ticks}
+
+
 REINITS = 3
+SLOW_TICKS = 3
 SCENARIOS = {
     "inventory": inventory,
     "lost": lost,
     "ecc_xid": ecc_xid,
     "reinit": reinit,
     "xid_burst": xid_burst,
+    "slow_ticks": slow_ticks,
 }
 
 
@@ -183,7 +197,16 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("scenario", choices=sorted(SCENARIOS))
     parser.add_argument("--library", type=Path)
+    parser.add_argument(
+        "--mig-sample-from-gpu",
+        action="store_true",
+        help="answer nvmlGpmMigSampleGet, which the mock stubs, with the whole GPU's nvmlGpmSampleGet",
+    )
     args = parser.parse_args()
+    if args.mig_sample_from_gpu:
+        pynvml.nvmlGpmMigSampleGet = lambda device, _gpu_instance, sample: pynvml.nvmlGpmSampleGet(
+            device, sample
+        )
     errors: list[tuple[str, str]] = []
     backend = NvmlBackend(
         library_path=args.library, errors=lambda source, kind: errors.append((source, kind))

@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+import yaml
 from nvml_mock import (
     A100_MIG,
     REASON_NAMES,
@@ -35,16 +38,24 @@ PROBE = Path(__file__).with_name("mock_probe.py")
 
 
 def probe(
-    mock: MockNvml, scenario: str, profile: dict[str, Any], tmp_path: Path, *, preload: bool = False
+    mock: MockNvml,
+    scenario: str,
+    profile: dict[str, Any],
+    tmp_path: Path,
+    *,
+    preload: bool = False,
+    overrides: Path | None = None,
+    options: Sequence[str] = (),
 ) -> dict[str, Any]:
     config = write_profile(profile, tmp_path / f"{scenario}.yaml")
-    env = child_env(None if preload else mock, config)
-    args = [sys.executable, str(PROBE), scenario]
+    env = child_env(None if preload else mock, config, overrides=overrides)
+    args = [sys.executable, str(PROBE), scenario, *options]
     if preload:
         args += ["--library", str(mock.library)]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, f"probe {scenario} failed:\n{done.stdout}\n{done.stderr}"
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["log"] = done.stderr  # the backend's log lines (no handler set: WARNING and up)
     return result
 
 
@@ -284,6 +295,7 @@ def test_uncorrectable_ecc_with_an_xid_processes_and_mig(mock: MockNvml, tmp_pat
             "compute_instance": m["compute_instance_id"],
             "profile": m["profile"],
             "uuid": m["uuid"],
+            "gpu_instance_profile": {1: "3g.20gb", 5: "2g.10gb", 13: "1g.5gb"}[m["gpu_instance_id"]],
             "memory": {
                 "total_bytes": m["memory_mib"] * MiB,
                 "used_bytes": m.get("used_memory_mib", 0) * MiB,
@@ -345,3 +357,99 @@ def test_an_xid_on_every_gpu_at_once_comes_out_of_one_wait_and_folds_per_gpu(
     assert seen["counts"][uuid[3]] == {str(XID_OTHER): reinits}, "300 is outside the catalog: other"
     assert seen["reasons"][uuid[2]] == [], "Xid 13 is informational"
     assert seen["reasons"][uuid[0]] == [["XidFatal", "Xid 79"]]
+
+
+# H100 80GB MIG devices: GPU instance 1 (3g.40gb) split into two compute instances, GPU instance
+# 5 (2g.20gb) whole.
+H100_MIG = [
+    {"uuid": "MIG-5b2d1f8a-6c2e-5e7f-8b54-4d2c7b3e0001", "profile": "1c.3g.40gb", "gpu_instance_id": 1,
+     "compute_instance_id": 0, "gpu_instance_slices": 3, "compute_instance_slices": 1,
+     "multiprocessor_count": 16, "memory_mib": 40192},
+    {"uuid": "MIG-5b2d1f8a-6c2e-5e7f-8b54-4d2c7b3e0002", "profile": "2c.3g.40gb", "gpu_instance_id": 1,
+     "compute_instance_id": 1, "gpu_instance_slices": 3, "compute_instance_slices": 2,
+     "multiprocessor_count": 32, "memory_mib": 40192},
+    {"uuid": "MIG-5b2d1f8a-6c2e-5e7f-8b54-4d2c7b3e0003", "profile": "2g.20gb", "gpu_instance_id": 5,
+     "compute_instance_id": 0, "gpu_instance_slices": 2, "compute_instance_slices": 2,
+     "multiprocessor_count": 32, "memory_mib": 20096},
+]  # fmt: skip
+
+
+def test_gpm_per_mig_instance_and_the_vgpu_licence_up_to_what_the_mock_answers(
+    mock: MockNvml, tmp_path: Path
+) -> None:
+    """H100 profile, GPU 3 in MIG mode with two GPU instances, GPU 1 a vGPU guest's device (the
+    mock's run-time overrides: virtualization mode VGPU), three slow ticks.
+
+    The boundary: the mock stubs ``nvmlGpmMigSampleGet`` and
+    ``nvmlDeviceGetGridLicensableFeatures_v4`` (``bridge/stubs_generated.go``: NOT_SUPPORTED).
+    So each is asked through the real bindings where it applies and not elsewhere, its answer
+    leaves the field absent, is counted once per GPU over the three ticks, and is never logged;
+    the whole GPU's GPM goes on beside MIG. What a driver that answers them gives is decoded
+    and rendered in the unit tier (test_nvml_conversions.py, test_sampler.py)."""
+    h100 = load_profile(mock, "h100")
+    profile = with_device(h100, 3, mig=mig_block(h100["device_defaults"], H100_MIG))
+    overrides = tmp_path / "vgpu.yaml"
+    overrides.write_text(
+        yaml.safe_dump({"version": 1, "devices": {"1": {"virtualization": {"mode": "vgpu"}}}})
+    )
+    seen = probe(mock, "slow_ticks", profile, tmp_path, overrides=overrides)
+    first, *_, last = seen["ticks"]
+
+    assert seen["devices"][3]["mig_mode"] is True
+    # Each MIG device knows its GPU instance's profile apart from its own.
+    assert [
+        (m["gpu_instance"], m["profile"], m["gpu_instance_profile"]) for m in last[3]["mig_instances"]
+    ] == [
+        (1, "1c.3g.40gb", "3g.40gb"),
+        (1, "2c.3g.40gb", "3g.40gb"),
+        (5, "2g.20gb", "2g.20gb"),
+    ]
+    # Per-instance GPM asked of GPU 3 only, answered NOT_SUPPORTED: none, counted once.
+    assert all(slow["mig_profiling"] == [] for tick in seen["ticks"] for slow in tick)
+    assert seen["not_supported"].get("nvml.gpm_mig") == 1
+    # The whole GPU's GPM is unaffected: an interval from the second tick on, MIG or not.
+    assert first[3]["profiling"] is None
+    assert all(slow["profiling"] is not None for slow in last)
+
+    # The vGPU licence is asked of GPU 1 only (the others are bare metal: not asked, not
+    # counted) and absent everywhere, counted once.
+    assert all(slow["vgpu_licensed"] is None for tick in seen["ticks"] for slow in tick)
+    assert seen["not_supported"].get("nvml.vgpu_license") == 1
+    assert "nvml.virtualization_mode" not in seen["not_supported"]
+
+    assert seen["errors"] == []
+    assert seen["log"] == ""
+
+
+def test_gpm_per_mig_instance_held_between_ticks_with_the_mig_call_answered(
+    mock: MockNvml, tmp_path: Path
+) -> None:
+    """The per-instance path past the mock's stub: the probe answers ``nvmlGpmMigSampleGet``
+    with the whole GPU's ``nvmlGpmSampleGet`` (the one substitution; buffers, samples and
+    ``nvmlGpmMetricsGet`` are the mock's, through pynvml). GPU 3, in MIG mode, is 80 % busy:
+    each GPU instance gets its own interval from the second tick, with engine, pipe and DRAM
+    activity and no PCIe or NVLink traffic (asked of whole GPUs only), under its GPU
+    instance's profile; nothing is counted unsupported."""
+    h100 = load_profile(mock, "h100")
+    profile = with_device(h100, 3, mig=mig_block(h100["device_defaults"], H100_MIG))
+    overrides = tmp_path / "busy.yaml"
+    overrides.write_text(
+        yaml.safe_dump({"version": 1, "devices": {"3": {"utilization": {"gpu": 80, "memory": 40}}}})
+    )
+    seen = probe(
+        mock, "slow_ticks", profile, tmp_path, overrides=overrides, options=["--mig-sample-from-gpu"]
+    )
+    first, second, third = seen["ticks"]
+    assert first[3]["mig_profiling"] == []  # no interval yet
+    for tick in (second, third):
+        instances = tick[3]["mig_profiling"]
+        assert [(m["gpu_instance"], m["profile"]) for m in instances] == [(1, "3g.40gb"), (5, "2g.20gb")]
+        for m in instances:
+            got = m["profiling"]
+            assert got["sm_active_ratio"] == pytest.approx(0.8)
+            assert got["tensor_active_ratio"] == pytest.approx(0.4)
+            assert got["dram_active_ratio"] == pytest.approx(0.4)
+            assert got["pcie_tx_bytes_per_second"] is None and got["nvlink_rx_bytes_per_second"] is None
+    assert all(slow["mig_profiling"] == [] for tick in seen["ticks"] for slow in tick[:3])
+    assert "nvml.gpm_mig" not in seen["not_supported"]
+    assert seen["errors"] == [] and seen["log"] == ""

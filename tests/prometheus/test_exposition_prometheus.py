@@ -31,6 +31,7 @@ from gpumon.devices.model import (
     HealthVerdict,
     MemoryInfo,
     MigInstance,
+    MigProfiling,
     PodGpuUsage,
     PodRef,
     Profiling,
@@ -81,6 +82,7 @@ def rich_snapshot() -> Snapshot:
         row_remap_failure=False,
         mig_instances=(mig,),
         profiling=Profiling(0.9, 0.8, 0.6, 0.45, 0.05, 0.2, 0.3, 0.35, 2.0e9, 1.5e9, 3.0e10, 2.5e10),
+        mig_profiling=(MigProfiling(1, "3g.40gb", Profiling(sm_active_ratio=0.7, dram_active_ratio=0.2)),),
         encoder_utilization_ratio=0.1,
         decoder_utilization_ratio=0.05,
         fan_speed_ratio=0.4,
@@ -89,6 +91,7 @@ def rich_snapshot() -> Snapshot:
         nvlink_data_bytes={"tx": 4096, "rx": 8192},
         nvlink_data_bytes_per_second=5.0e9,
         nvlink_errors={(0, "replay"): 1, (0, "recovery"): 0, (0, "crc"): 2, (1, "crc"): 0},
+        vgpu_licensed=True,
     )
     degraded = HealthVerdict(
         HealthState.DEGRADED, (HealthReason("Thermal", "temperature 90 C", HealthState.DEGRADED),)

@@ -8,9 +8,10 @@ import pynvml
 import pytest
 
 from gpumon.devices.backend import BackendUnavailable, GpuLostError
-from gpumon.devices.model import GpuIdentity, MemoryInfo, ProcessSample, Profiling, XidEvent
+from gpumon.devices.model import GpuIdentity, MemoryInfo, MigInstance, ProcessSample, Profiling, XidEvent
 from gpumon.devices.nvml import (
     GPM_METRICS,
+    GPM_MIG_METRICS,
     THROTTLE_REASONS,
     ErrorClass,
     canonical_bus_id,
@@ -20,6 +21,7 @@ from gpumon.devices.nvml import (
     field_value,
     fold_process_utilization,
     gpm_value,
+    gpu_instance_profiles,
     hertz,
     init_failure_message,
     joules,
@@ -39,6 +41,7 @@ from gpumon.devices.nvml import (
     seconds,
     text,
     throttle_reasons,
+    vgpu_licensed,
     watts,
     xid_event,
 )
@@ -553,3 +556,75 @@ def test_performance_state(pstate: int, expected: int | None) -> None:
 
 def test_violation_time_is_seconds() -> None:
     assert seconds(2_500_000_000) == 2.5
+
+
+# -- vGPU licence: the NVML structs pynvml defines, read as DCGM reads them ----------------------
+
+VGPU = pynvml.NVML_GRID_LICENSE_FEATURE_CODE_VGPU
+RTX = pynvml.NVML_GRID_LICENSE_FEATURE_CODE_NVIDIA_RTX
+
+
+def _licensable(supported: bool, *features: tuple[int, int], count: int | None = None) -> object:
+    """A ``c_nvmlGridLicensableFeatures_v4_t`` as nvmlDeviceGetGridLicensableFeatures_v4 fills
+    it: (featureCode, featureState) per listed feature."""
+    out = pynvml.c_nvmlGridLicensableFeatures_v4_t()
+    out.isGridLicenseSupported = int(supported)
+    out.licensableFeaturesCount = len(features) if count is None else count
+    for slot, (code, state) in zip(out.gridLicensableFeatures, features, strict=False):
+        slot.featureCode, slot.featureState = code, state
+        slot.productName = b"NVIDIA Virtual Compute Server"
+    return out
+
+
+def test_a_licensed_vgpu_reads_licensed() -> None:
+    assert vgpu_licensed(_licensable(True, (VGPU, 1))) is True
+
+
+def test_an_unlicensed_vgpu_reads_unlicensed() -> None:
+    """featureState 0: the vGPU feature is listed but its licence is not held (expired, no
+    licence server): DCGM's 0."""
+    assert vgpu_licensed(_licensable(True, (RTX, 1), (VGPU, 0))) is False
+
+
+def test_no_grid_licence_support_reads_unlicensed_as_dcgm_does() -> None:
+    assert vgpu_licensed(_licensable(False, (VGPU, 1))) is False
+
+
+def test_no_vgpu_feature_listed_is_no_reading() -> None:
+    """Only the vGPU feature counts (a vWS/RTX licence is another product); DCGM stores nothing."""
+    assert vgpu_licensed(_licensable(True, (RTX, 1))) is None
+    assert vgpu_licensed(_licensable(True)) is None
+
+
+def test_only_the_listed_features_are_read() -> None:
+    """licensableFeaturesCount bounds the array: a slot past it is not a feature, and a count
+    beyond the array's three slots reads the three."""
+    assert vgpu_licensed(_licensable(True, (RTX, 1), (VGPU, 1), count=1)) is None
+    assert vgpu_licensed(_licensable(True, (RTX, 0), (RTX, 0), (VGPU, 1), count=99)) is True
+
+
+# -- GPM per MIG GPU instance ---------------------------------------------------------------------
+
+
+def test_a_gpu_instance_is_asked_what_dcgm_serves_per_instance() -> None:
+    """DCGM serves engine, pipe and DRAM activity per GPU instance; PCIe and NVLink traffic per
+    GPU only (dcgm_fields.cpp entity levels)."""
+    assert set(GPM_MIG_METRICS) == set(GPM_METRICS) - {
+        "pcie_tx_bytes_per_second",
+        "pcie_rx_bytes_per_second",
+        "nvlink_tx_bytes_per_second",
+        "nvlink_rx_bytes_per_second",
+    }
+    assert all(GPM_MIG_METRICS[name] == GPM_METRICS[name] for name in GPM_MIG_METRICS)
+
+
+def test_gpu_instance_profiles_from_their_compute_instances() -> None:
+    """Two compute instances of GPU instance 1 (3g.20gb) and a whole GPU instance 5: one profile
+    per GPU instance, the GPU instance's own (the simulator gives none: its compute instances
+    span their GPU instance, so theirs is the same)."""
+    migs = [
+        MigInstance(1, 0, "1c.3g.20gb", "MIG-a", gpu_instance_profile="3g.20gb"),
+        MigInstance(1, 1, "2c.3g.20gb", "MIG-b", gpu_instance_profile="3g.20gb"),
+        MigInstance(5, 0, "2g.10gb", "MIG-c"),
+    ]
+    assert gpu_instance_profiles(migs) == {1: "3g.20gb", 5: "2g.10gb"}

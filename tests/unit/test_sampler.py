@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 from cancellation import assert_ends_cancelled
@@ -17,12 +18,17 @@ from gpumon.devices.model import (
     DriverInfo,
     GpuSample,
     HealthState,
+    MigInstance,
+    MigProfiling,
     PodGpuUsage,
     PodRef,
+    Profiling,
+    SlowFields,
     Snapshot,
     XidEvent,
 )
 from gpumon.devices.simulated import SimulatedBackend, parse_fault
+from gpumon.exporter.exposition import Profile
 from gpumon.exporter.sampler import XID_LOG_BURST, XID_LOG_WINDOW_SECONDS, Sampler, reopen_delay
 from gpumon.exporter.self_metrics import SelfMetrics
 from gpumon.exporter.watch_events import BackendChange, HealthChange
@@ -71,11 +77,12 @@ def make_sampler(
     *,
     call_timeout: float = 10.0,
     attributor: object = None,
+    profile: Profile = "native",
 ) -> Sampler:
     return Sampler(
         backend,
         node="node-1",
-        profile="native",
+        profile=profile,
         sampling=SamplingConfig(
             fast_interval_seconds=1.0, slow_interval_seconds=10.0, call_timeout_seconds=call_timeout
         ),
@@ -453,3 +460,73 @@ async def test_an_xid_storm_renders_once_per_tick_and_logs_a_bounded_count(
     sampler.ingest_xids([XidEvent(uuid, 79, clocks.wall)])
     assert sampler.publishes == publishes + 1
     assert sampler.snapshot is not None and sum(sampler.snapshot.gpus[0].xid_counts.values()) == 5001
+
+
+class MigGpmAndVgpuBackend(SimulatedBackend):
+    """What NvmlBackend.read_slow returns where the driver answers what NVIDIA's mock stubs:
+    GPU 0 in MIG mode, its GPU instance 1 split in two compute instances and instance 2 whole,
+    with per-instance GPM (nvmlGpmMigSampleGet); GPU 1 a licensed vGPU, GPU 2 an unlicensed
+    one, GPU 3 bare metal."""
+
+    MIGS = (
+        MigInstance(1, 0, "1c.3g.40gb", "MIG-a", gpu_instance_profile="3g.40gb"),
+        MigInstance(1, 1, "2c.3g.40gb", "MIG-b", gpu_instance_profile="3g.40gb"),
+        MigInstance(2, 0, "3g.40gb", "MIG-c", gpu_instance_profile="3g.40gb"),
+    )
+    GPM = (
+        MigProfiling(
+            1, "3g.40gb", Profiling(sm_active_ratio=0.5, tensor_active_ratio=0.25, dram_active_ratio=0.1)
+        ),
+        MigProfiling(2, "3g.40gb", Profiling(sm_active_ratio=0.0)),
+    )
+
+    def read_slow(self, index: int) -> SlowFields:
+        slow = super().read_slow(index)
+        if index == 0:
+            return replace(slow, mig_instances=self.MIGS, mig_profiling=self.GPM)
+        return replace(slow, vgpu_licensed={1: True, 2: False}.get(index))
+
+
+async def samples_of(sampler: Sampler, name: str) -> list[dict[str, str]]:
+    rendered = await sampler.rendered_latest()
+    assert rendered is not None
+    return [
+        {**s.labels, "value": str(s.value)}
+        for family in text_string_to_metric_families(rendered.text.decode())
+        for s in family.samples
+        if s.name == name
+    ]
+
+
+async def test_gpm_per_mig_instance_and_vgpu_licence_in_both_profiles(executor, clocks) -> None:
+    """Per-instance GPM joins the GPU's GPM families with the instance's labels (native:
+    gpu_instance and mig_profile, no compute_instance since a GPU instance's sample covers all
+    of its compute instances; dcgm: GPU_I_ID and GPU_I_PROFILE, as dcgm-exporter labels MIG
+    series); a metric the instance was not answered for is absent. The vGPU licence is 1/0 on
+    vGPUs and absent on bare metal."""
+    backend = MigGpmAndVgpuBackend(4, seed=3)
+    sampler = make_sampler(backend, executor, clocks, profile="both")
+    try:
+        await sample(sampler)
+        sm = await samples_of(sampler, "gpumon_gpu_sm_active_ratio")
+        assert sm == [
+            {"node": "node-1", "gpu": "0", "uuid": backend.devices()[0].uuid, "gpu_instance": gi,
+             "mig_profile": "3g.40gb", "value": v}
+            for gi, v in (("1", "0.5"), ("2", "0.0"))
+        ]  # fmt: skip
+        tensor = await samples_of(sampler, "gpumon_gpu_pipe_active_ratio")
+        assert [(t["gpu_instance"], t["pipe"], t["value"]) for t in tensor] == [("1", "tensor", "0.25")]
+        assert await samples_of(sampler, "gpumon_gpu_pcie_bytes_per_second") == []
+
+        dcgm = await samples_of(sampler, "DCGM_FI_PROF_DRAM_ACTIVE")
+        assert [(d["gpu"], d["GPU_I_ID"], d["GPU_I_PROFILE"], d["value"]) for d in dcgm] == [
+            ("0", "1", "3g.40gb", "0.1")
+        ]
+        assert dcgm[0]["UUID"] == backend.devices()[0].uuid
+        assert len(await samples_of(sampler, "DCGM_FI_PROF_SM_ACTIVE")) == 2
+
+        for name in ("gpumon_gpu_vgpu_licensed", "DCGM_FI_DEV_VGPU_LICENSE_STATUS"):
+            licensed = {s["gpu"]: s["value"] for s in await samples_of(sampler, name)}
+            assert licensed == {"1": "1.0", "2": "0.0"}, name
+    finally:
+        backend.close()
