@@ -419,58 +419,57 @@ _NATIVE_MEMORY: tuple[tuple[str, str, MemoryGetter], ...] = (
 )
 
 _NATIVE_GPM: tuple[_GpmField, ...] = (
-    _GpmField(
-        "gpumon_gpu_graphics_engine_active_ratio",
-        "Fraction of the interval the graphics or compute engine was active (GPM).",
-        _per_gpu(lambda p: p.graphics_active_ratio),
-        "ratio",
+    *(
+        _GpmField(name, doc, series, "ratio")
+        for name, doc, series in (
+            (
+                "gpumon_gpu_graphics_engine_active_ratio",
+                "Fraction of the interval the graphics or compute engine was active (GPM).",
+                _per_gpu(lambda p: p.graphics_active_ratio),
+            ),
+            (
+                "gpumon_gpu_sm_active_ratio",
+                "Fraction of the interval the SMs had at least one warp assigned (GPM).",
+                _per_gpu(lambda p: p.sm_active_ratio),
+            ),
+            (
+                "gpumon_gpu_sm_occupancy_ratio",
+                "Resident warps as a fraction of the SMs' maximum (GPM).",
+                _per_gpu(lambda p: p.sm_occupancy_ratio),
+            ),
+            (
+                "gpumon_gpu_pipe_active_ratio",
+                "Fraction of the interval a pipe was active, by pipe (GPM).",
+                (
+                    ({"pipe": "tensor"}, lambda p: p.tensor_active_ratio),
+                    ({"pipe": "fp64"}, lambda p: p.fp64_active_ratio),
+                    ({"pipe": "fp32"}, lambda p: p.fp32_active_ratio),
+                    ({"pipe": "fp16"}, lambda p: p.fp16_active_ratio),
+                ),
+            ),
+            (
+                "gpumon_gpu_dram_active_ratio",
+                "Device memory bandwidth used as a fraction of its maximum (GPM).",
+                _per_gpu(lambda p: p.dram_active_ratio),
+            ),
+        )
     ),
-    _GpmField(
-        "gpumon_gpu_sm_active_ratio",
-        "Fraction of the interval the SMs had at least one warp assigned (GPM).",
-        _per_gpu(lambda p: p.sm_active_ratio),
-        "ratio",
-    ),
-    _GpmField(
-        "gpumon_gpu_sm_occupancy_ratio",
-        "Resident warps as a fraction of the SMs' maximum (GPM).",
-        _per_gpu(lambda p: p.sm_occupancy_ratio),
-        "ratio",
-    ),
-    _GpmField(
-        "gpumon_gpu_pipe_active_ratio",
-        "Fraction of the interval a pipe was active, by pipe (GPM).",
-        (
-            ({"pipe": "tensor"}, lambda p: p.tensor_active_ratio),
-            ({"pipe": "fp64"}, lambda p: p.fp64_active_ratio),
-            ({"pipe": "fp32"}, lambda p: p.fp32_active_ratio),
-            ({"pipe": "fp16"}, lambda p: p.fp16_active_ratio),
-        ),
-        "ratio",
-    ),
-    _GpmField(
-        "gpumon_gpu_dram_active_ratio",
-        "Device memory bandwidth used as a fraction of its maximum (GPM).",
-        _per_gpu(lambda p: p.dram_active_ratio),
-        "ratio",
-    ),
-    _GpmField(
-        "gpumon_gpu_pcie_bytes_per_second",
-        "PCIe traffic, headers included, averaged over the interval, by direction (GPM).",
-        (
-            ({"direction": "tx"}, lambda p: p.pcie_tx_bytes_per_second),
-            ({"direction": "rx"}, lambda p: p.pcie_rx_bytes_per_second),
-        ),
-        "bytes_per_second",
-    ),
-    _GpmField(
-        "gpumon_gpu_nvlink_bytes_per_second",
-        "NVLink traffic over all links, averaged over the interval, by direction (GPM).",
-        (
-            ({"direction": "tx"}, lambda p: p.nvlink_tx_bytes_per_second),
-            ({"direction": "rx"}, lambda p: p.nvlink_rx_bytes_per_second),
-        ),
-        "bytes_per_second",
+    *(
+        _GpmField(name, doc, (({"direction": "tx"}, tx), ({"direction": "rx"}, rx)), "bytes_per_second")
+        for name, doc, tx, rx in (
+            (
+                "gpumon_gpu_pcie_bytes_per_second",
+                "PCIe traffic, headers included, averaged over the interval, by direction (GPM).",
+                lambda p: p.pcie_tx_bytes_per_second,
+                lambda p: p.pcie_rx_bytes_per_second,
+            ),
+            (
+                "gpumon_gpu_nvlink_bytes_per_second",
+                "NVLink traffic over all links, averaged over the interval, by direction (GPM).",
+                lambda p: p.nvlink_tx_bytes_per_second,
+                lambda p: p.nvlink_rx_bytes_per_second,
+            ),
+        )
     ),
 )
 
@@ -776,69 +775,78 @@ _DCGM_XID = _Field(
     _one(lambda g: float(g.last_xid or 0)),
 )
 
-_DCGM_GPM: tuple[_GpmField, ...] = (
-    _GpmField(
-        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-        "Ratio of time the graphics engine is active.",
-        _per_gpu(lambda p: p.graphics_active_ratio),
-    ),
-    _GpmField(
-        "DCGM_FI_PROF_SM_ACTIVE",
-        "The ratio of cycles an SM has at least 1 warp assigned.",
-        _per_gpu(lambda p: p.sm_active_ratio),
-    ),
-    _GpmField(
-        "DCGM_FI_PROF_SM_OCCUPANCY",
-        "The ratio of number of warps resident on an SM.",
-        _per_gpu(lambda p: p.sm_occupancy_ratio),
-    ),
-    _GpmField(
-        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-        "Ratio of cycles the tensor (HMMA) pipe is active.",
-        _per_gpu(lambda p: p.tensor_active_ratio),
-    ),
-    _GpmField(
-        "DCGM_FI_PROF_DRAM_ACTIVE",
-        "Ratio of cycles the device memory interface is active sending or receiving data.",
-        _per_gpu(lambda p: p.dram_active_ratio),
-    ),
-    _GpmField(
-        "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
-        "Ratio of cycles the fp64 pipes are active.",
-        _per_gpu(lambda p: p.fp64_active_ratio),
-    ),
-    _GpmField(
-        "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
-        "Ratio of cycles the fp32 pipes are active.",
-        _per_gpu(lambda p: p.fp32_active_ratio),
-    ),
-    _GpmField(
-        "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
-        "Ratio of cycles the fp16 pipes are active.",
-        _per_gpu(lambda p: p.fp16_active_ratio),
-    ),
-    _GpmField(
-        "DCGM_FI_PROF_PCIE_TX_BYTES",
-        "The rate of data transmitted over the PCIe bus - including both protocol headers and data"
-        " payloads - in bytes per second.",
-        _per_gpu(lambda p: p.pcie_tx_bytes_per_second),
-    ),
-    _GpmField(
-        "DCGM_FI_PROF_PCIE_RX_BYTES",
-        "The rate of data received over the PCIe bus - including both protocol headers and data"
-        " payloads - in bytes per second.",
-        _per_gpu(lambda p: p.pcie_rx_bytes_per_second),
-    ),
-    _GpmField(
-        "DCGM_FI_PROF_NVLINK_TX_BYTES",
-        "The rate of data transmitted over NVLink, not including protocol headers, in bytes per second.",
-        _per_gpu(lambda p: p.nvlink_tx_bytes_per_second),
-    ),
-    _GpmField(
-        "DCGM_FI_PROF_NVLINK_RX_BYTES",
-        "The rate of data received over NVLink, not including protocol headers, in bytes per second.",
-        _per_gpu(lambda p: p.nvlink_rx_bytes_per_second),
-    ),
+# dcgm-exporter's profiling fields: one series per GPU (and per MIG GPU instance where GPM
+# measures it), in dcgm's units (ratios and bytes per second, as GPM gives them).
+_DCGM_GPM: tuple[_GpmField, ...] = tuple(
+    _GpmField(name, doc, _per_gpu(get))
+    for name, doc, get in (
+        (
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            "Ratio of time the graphics engine is active.",
+            lambda p: p.graphics_active_ratio,
+        ),
+        (
+            "DCGM_FI_PROF_SM_ACTIVE",
+            "The ratio of cycles an SM has at least 1 warp assigned.",
+            lambda p: p.sm_active_ratio,
+        ),
+        (
+            "DCGM_FI_PROF_SM_OCCUPANCY",
+            "The ratio of number of warps resident on an SM.",
+            lambda p: p.sm_occupancy_ratio,
+        ),
+        (
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+            "Ratio of cycles the tensor (HMMA) pipe is active.",
+            lambda p: p.tensor_active_ratio,
+        ),
+        (
+            "DCGM_FI_PROF_DRAM_ACTIVE",
+            "Ratio of cycles the device memory interface is active sending or receiving data.",
+            lambda p: p.dram_active_ratio,
+        ),
+        (
+            "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+            "Ratio of cycles the fp64 pipes are active.",
+            lambda p: p.fp64_active_ratio,
+        ),
+        (
+            "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+            "Ratio of cycles the fp32 pipes are active.",
+            lambda p: p.fp32_active_ratio,
+        ),
+        (
+            "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+            "Ratio of cycles the fp16 pipes are active.",
+            lambda p: p.fp16_active_ratio,
+        ),
+        (
+            "DCGM_FI_PROF_PCIE_TX_BYTES",
+            (
+                "The rate of data transmitted over the PCIe bus - including both protocol headers and data"
+                " payloads - in bytes per second."
+            ),
+            lambda p: p.pcie_tx_bytes_per_second,
+        ),
+        (
+            "DCGM_FI_PROF_PCIE_RX_BYTES",
+            (
+                "The rate of data received over the PCIe bus - including both protocol headers and data"
+                " payloads - in bytes per second."
+            ),
+            lambda p: p.pcie_rx_bytes_per_second,
+        ),
+        (
+            "DCGM_FI_PROF_NVLINK_TX_BYTES",
+            "The rate of data transmitted over NVLink, not including protocol headers, in bytes per second.",
+            lambda p: p.nvlink_tx_bytes_per_second,
+        ),
+        (
+            "DCGM_FI_PROF_NVLINK_RX_BYTES",
+            "The rate of data received over NVLink, not including protocol headers, in bytes per second.",
+            lambda p: p.nvlink_rx_bytes_per_second,
+        ),
+    )
 )
 
 _DCGM_FIELDS: tuple[_Field, ...] = (
