@@ -156,6 +156,9 @@ def check_inventory(profile: dict[str, Any], seen: dict[str, Any]) -> None:
             "mig_instances": [],
             # One slow read: GPM has no interval to measure yet, on any profile.
             "profiling": None,
+            "mig_profiling": [],
+            # Bare metal (the profiles' virtualization mode "none"): no vGPU licence to read.
+            "vgpu_licensed": None,
             # The mock answers 0 for the video engines whatever the profile says.
             "encoder_utilization_ratio": 0.0,
             "decoder_utilization_ratio": 0.0,
