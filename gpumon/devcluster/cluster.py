@@ -19,7 +19,7 @@ from types import TracebackType
 
 import yaml
 
-from gpumon.devcluster import components, kubeconfig, pki, processes
+from gpumon.devcluster import components, kubeconfig, pki, processes, resourceslices
 from gpumon.devcluster.binaries import Tools, locate
 from gpumon.devcluster.components import Component, Layout, Options, Ports
 from gpumon.devcluster.health import Prober, ProbeResult
@@ -112,6 +112,7 @@ class DevCluster:
             doc = kubeconfig.build(server, keys.ca.cert_pem, pair, who.user)
             kubeconfig.write(doc, layout.kubeconfig(name))
         layout.kwok_config.write_text(components.kwok_config([p.read_text() for p in tools.kwok_stages]))
+        layout.device_classes.write_text(yaml.safe_dump_all(resourceslices.device_classes(), sort_keys=False))
         return cls(tools, layout, ports, components.all_components(tools, ports, layout, options))
 
     def _spawn(self, c: Component) -> processes.Child:
@@ -128,7 +129,10 @@ class DevCluster:
             self._wait_healthy(started, deadline)
             self.timings[f"wave{wave}:" + ",".join(c.name for c, _ in started)] = time.monotonic() - t
         t = time.monotonic()
-        self.install_crds(self.tools.crds, max(1.0, deadline - time.monotonic()))
+        # NVIDIA's DRA DeviceClasses go in with the CRDs: one kubectl, no extra start time.
+        self.install_crds(
+            self.tools.crds, max(1.0, deadline - time.monotonic()), also=(self.layout.device_classes,)
+        )
         self.timings["crds"] = time.monotonic() - t
 
     def _wait_healthy(self, started: Sequence[tuple[Component, processes.Child]], deadline: float) -> None:
@@ -169,12 +173,15 @@ class DevCluster:
             raise StartupError(f"kubectl {' '.join(args)} failed: {detail}")
         return done.stdout
 
-    def install_crds(self, files: Sequence[Path], timeout_seconds: float) -> None:
-        """Server-side apply, then wait until every CRD is Established (served)."""
+    def install_crds(
+        self, files: Sequence[Path], timeout_seconds: float, *, also: Sequence[Path] = ()
+    ) -> None:
+        """Server-side apply (with the objects in ``also``), then wait until every CRD is
+        Established (served)."""
         if not files:
             return
         names = [yaml.safe_load(p.read_text())["metadata"]["name"] for p in files]
-        files_args = [a for p in files for a in ("-f", str(p))]
+        files_args = [a for p in (*files, *also) for a in ("-f", str(p))]
         self.kubectl(
             "apply",
             "--server-side",

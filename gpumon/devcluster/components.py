@@ -65,6 +65,10 @@ class Layout:
     def kwok_config(self) -> Path:
         return self.root / "kwok.yaml"
 
+    @property
+    def device_classes(self) -> Path:
+        return self.root / "deviceclasses.yaml"
+
     def kubeconfig(self, user: str) -> Path:
         return self.root / f"{user}.kubeconfig"
 

@@ -8,7 +8,7 @@ import functools
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpumon.devcluster import nodes
+from gpumon.devcluster import nodes, resourceslices
 from gpumon.devcluster.waiting import eventually
 
 
@@ -24,6 +24,7 @@ class NodeMaker:
     what it made."""
 
     def __init__(self, api: client.ApiClient, prefix: str) -> None:
+        self._api = api
         self._core = client.CoreV1Api(api)
         self._prefix = prefix
         self.created: list[str] = []
@@ -37,9 +38,12 @@ class NodeMaker:
         timeout_seconds: float = 60.0,
     ) -> list[str]:
         names = [f"{self._prefix}-{len(self.created) + i}" for i in range(count)]
+        template = template or nodes.NodeTemplate()
         for name in names:
-            await self._core.create_node(nodes.manifest(name, template or nodes.NodeTemplate()))
+            await self._core.create_node(nodes.manifest(name, template))
             self.created.append(name)
+            if template.dra:  # its DRA driver's plugin publishes the node's devices
+                await resourceslices.publish(self._api, name, template)
         if ready:
             for name in names:
                 await eventually(

@@ -47,6 +47,10 @@ class NodeTemplate:
     # MIG instances per GPU by profile ("1g.10gb": 7): every GPU is partitioned alike and offered
     # only as nvidia.com/mig-<profile>, as NVIDIA's device plugin does with MIG_STRATEGY=mixed.
     mig: Mapping[str, int] = field(default_factory=dict)
+    # The GPUs (or, with `mig`, their MIG devices) are handed out by NVIDIA's DRA driver: the
+    # node publishes them in a ResourceSlice (gpumon.devcluster.resourceslices) and offers no
+    # nvidia.com/gpu or nvidia.com/mig-* resource, as a node without the device plugin does.
+    dra: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)  # pool labels and the like
     taints: tuple[Mapping[str, str], ...] = ()
     cpu: str = "96"
@@ -60,6 +64,8 @@ class NodeTemplate:
             raise ValueError("a node template has whole GPUs or shared GPUs, not both")
         if self.mig and (not self.gpus or self.os == "windows"):
             raise ValueError("MIG instances need whole GPUs on a Linux node")
+        if self.dra and (not self.gpus or self.os == "windows"):
+            raise ValueError("DRA devices need whole GPUs on a Linux node")
 
     @property
     def gpu_count(self) -> int:
@@ -75,7 +81,7 @@ def gpu_resources(template: NodeTemplate) -> dict[str, str]:
             SHARED_GPU_COUNT: str(s.gpus),
             SHARED_GPU_CORE: str(100 * s.gpus),
         }
-    if not template.gpus:
+    if not template.gpus or template.dra:
         return {}
     if template.os == "windows":
         return {DIRECTX_RESOURCE: str(template.gpus)}
@@ -150,5 +156,6 @@ def gpus_allocatable_patch(template: NodeTemplate) -> dict[str, Any]:
 
 
 def has_gpus_allocatable(node_status_allocatable: Mapping[str, str] | None, template: NodeTemplate) -> bool:
+    """For a device-plugin template; a DRA node's GPUs are up once its ResourceSlice is."""
     have = node_status_allocatable or {}
     return all(key in have for key in gpu_resources(template))

@@ -19,7 +19,7 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpumon.devcluster import capi, nodes
+from gpumon.devcluster import capi, nodes, resourceslices
 from gpumon.devcluster.poolplan import (
     BOOTING_ANNOTATION,
     JOINED_AT_ANNOTATION,
@@ -50,7 +50,7 @@ def _ignore(status: int, e: ApiException) -> None:
         raise e
 
 
-def _pool_node(node: Any, template: nodes.NodeTemplate) -> SimulatedNode:
+def _pool_node(node: Any, template: nodes.NodeTemplate, sliced: set[str]) -> SimulatedNode:
     annotations = node.metadata.annotations or {}
     try:
         joined_at = float(annotations[JOINED_AT_ANNOTATION])
@@ -59,7 +59,11 @@ def _pool_node(node: Any, template: nodes.NodeTemplate) -> SimulatedNode:
     return SimulatedNode(
         name=node.metadata.name,
         joined_at=joined_at,
-        gpus_allocatable=nodes.has_gpus_allocatable(node.status and node.status.allocatable, template),
+        gpus_allocatable=(
+            node.metadata.name in sliced
+            if template.dra
+            else nodes.has_gpus_allocatable(node.status and node.status.allocatable, template)
+        ),
         marked_for_deletion=capi.DELETE_MACHINE_ANNOTATION in annotations,
     )
 
@@ -76,6 +80,8 @@ class PoolSimulator:
         # Wall-clock time: boot and join times are kept in the cluster and outlive this process.
         self._core = client.CoreV1Api(api)
         self._custom = client.CustomObjectsApi(api)
+        self._resource = client.ResourceV1Api(api)
+        self._api = api
         self._pools = tuple(pools)
         self._clock = clock
         self._interval = interval_seconds
@@ -89,14 +95,24 @@ class PoolSimulator:
         except ApiException as e:
             _ignore(404, e)
             return None
-        listed = await self._core.list_node(label_selector=f"{POOL_LABEL}={pool.name}")
+        selector = f"{POOL_LABEL}={pool.name}"
+        listed = await self._core.list_node(label_selector=selector)
+        # A DRA node's GPUs are up once its driver published its slice (labelled like the node).
+        sliced = (
+            {
+                s.spec.node_name
+                for s in (await self._resource.list_resource_slice(label_selector=selector)).items
+            }
+            if pool.template.dra
+            else set()
+        )
         annotations = md["metadata"].get("annotations") or {}
         now = self._clock()
         desired = int(md["spec"].get("replicas", 1))  # Cluster API's default
         p = plan(
             pool.name,
             desired,
-            [_pool_node(n, pool.template) for n in listed.items],
+            [_pool_node(n, pool.template, sliced) for n in listed.items],
             decode_boots(annotations.get(BOOTING_ANNOTATION)),
             pool.timing,
             now,
@@ -128,6 +144,8 @@ class PoolSimulator:
                 log.info("pool node joined", extra={"pool": pool.name, "node": name})
             except ApiException as e:
                 _ignore(409, e)
+            if p.join_with_gpus and pool.template.dra:
+                await self._publish(pool, name)
         for name in p.delete:
             try:
                 await self._core.delete_node(name)
@@ -135,6 +153,9 @@ class PoolSimulator:
             except ApiException as e:
                 _ignore(404, e)
         for name in p.enable_gpus:
+            if pool.template.dra:
+                await self._publish(pool, name)
+                continue
             try:
                 await self._core.patch_node_status(name, nodes.gpus_allocatable_patch(pool.template))
             except ApiException as e:
@@ -167,6 +188,13 @@ class PoolSimulator:
                 {"status": status},
                 _content_type=_MERGE_PATCH,
             )
+
+    async def _publish(self, pool: SimulatedPool, node: str) -> None:
+        """The node's DRA driver registers: its slice appears (and goes with the node)."""
+        try:
+            await resourceslices.publish(self._api, node, pool.template, labels={POOL_LABEL: pool.name})
+        except ApiException as e:
+            _ignore(404, e)  # the node was deleted meanwhile
 
     async def run(self) -> None:
         """Reconcile every pool until cancelled; API errors are logged and retried."""
