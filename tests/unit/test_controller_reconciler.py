@@ -301,6 +301,14 @@ async def test_bad_gpus_dra_devices_are_tainted_before_the_eviction_and_untainte
     assert w.events("GpuRecovered")
     deleted = sorted(p.rsplit("/", 1)[1] for m, p, _ in w.api.calls if m == "DELETE")
     assert deleted == sorted(b["metadata"]["name"] for _, b in posts[:2])
+    # Rules of a node gone from the cluster go; those of a node outside this controller's
+    # selector (in the API, not in its cache) stay.
+    w.api.add("/api/v1/nodes/elsewhere", {"metadata": {"name": "elsewhere"}})
+    for node in ("gone", "elsewhere"):
+        w.rules._put(f"r-{node}", RuleView(f"r-{node}", node))
+    await w.reconciler.round(["gone", "elsewhere"])
+    assert [p for m, p, _ in w.api.calls if m == "DELETE"][-1] == f"{RULES_PATH}/r-gone"
+    assert f"{RULES_PATH}/r-elsewhere" not in [p for m, p, _ in w.api.calls if m == "DELETE"]
 
 
 async def test_after_a_restart_recorded_quarantine_waits_out_the_hysteresis():

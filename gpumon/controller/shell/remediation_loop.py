@@ -21,7 +21,7 @@ from gpumon.controller.act.breaker_record import record_breaker
 from gpumon.controller.act.device_taint import apply_rules
 from gpumon.controller.act.events import EventRecorder
 from gpumon.controller.act.evict import EvictionResult, Evictor
-from gpumon.controller.act.node_write import apply_node_write
+from gpumon.controller.act.node_write import apply_node_write, node_path
 from gpumon.controller.act.retry import DEFAULT_RETRY, RetryPolicy
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.breaker import (
@@ -54,7 +54,7 @@ from gpumon.controller.core.policy import EMPTY_NODE_STATE, NodeRuleState, Polic
 from gpumon.controller.core.pools import pool_of
 from gpumon.controller.core.signals import NodeReading, SignalSource
 from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
-from gpumon.controller.kube import KubeApi, KubeError
+from gpumon.controller.kube import KubeApi, KubeError, NotFound
 from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.metrics import ControllerMetrics
 
@@ -424,6 +424,8 @@ class Reconciler:
         if not plan:
             return
         try:
+            if view is None and await self._node_exists(name):
+                return  # outside this controller's node selector: its rules are not ours to judge
             created = await apply_rules(self._api, plan)
         except KubeError as e:
             self._metrics.actions.labels("device_taint", "error").inc()
@@ -436,6 +438,13 @@ class Reconciler:
         self._metrics.actions.labels("device_taint", "success").inc()
         if view is not None:
             await self._recorder.record(_device_taint_event(view, plan))
+
+    async def _node_exists(self, name: str) -> bool:
+        try:
+            await self._api.get(node_path(name))
+        except NotFound:
+            return False
+        return True
 
     async def _apply(
         self,
