@@ -309,6 +309,7 @@ def make_app(
             pools,
             pods=pods,
             pdbs=pdbs,
+            slices=slices,
             recorder=recorder,
             evictor=evictor,
             metrics=AutoscaleMetrics(registry),

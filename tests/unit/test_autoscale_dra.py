@@ -163,8 +163,9 @@ def migs(profile: str, count: int, memory: str) -> dict[str, Any]:
     }
 
 
-def dra_pool(*devices: dict[str, Any], name: str = "a", **over: Any) -> Any:
-    return make_pool(name, template={"dra": {"devices": list(devices) or [gpus()]}}, **over)
+def dra_pool(*devices: dict[str, Any], name: str = "a", driver: str = "gpu.nvidia.com", **over: Any) -> Any:
+    dra = {"driver": driver, "devices": list(devices) or [gpus()]}
+    return make_pool(name, template={"dra": dra}, **over)
 
 
 def device(**attributes: Any) -> SliceDevice:
@@ -507,3 +508,34 @@ def test_without_dra_templates_claims_are_not_watched() -> None:
 
     a = autoscaler(ScaleKube(make_pool()), make_pool())
     assert a.claims is None and a.device_classes is None and len(a.informers) == 2
+
+
+async def test_a_dra_node_has_its_gpus_once_its_slice_is_published() -> None:
+    """Joined without a ResourceSlice of the template's driver, a node is arriving capacity (its
+    driver is starting), as a device-plugin node is until its GPUs are allocatable."""
+    from test_autoscale_actuator import NOW as actuator_now
+    from test_autoscale_actuator import ScaleKube, autoscaler, node
+
+    from gpumon.controller.core.claims import PlacedDevice, SliceView
+    from gpumon.controller.shell.autoscaler_loop import gpu_resources
+    from gpumon.controller.shell.informer import Informer
+
+    pool = dra_pool(driver="example.com")
+    assert "example.com" in gpu_resources(RESOURCES, [pool]).drivers
+    kube = ScaleKube(pool, replicas=1)
+    a = autoscaler(kube, pool)
+    slices: Informer[SliceView] = Informer(
+        kube, "/slices", lambda o: None, name="slices", index=lambda s: s.node
+    )
+    a._slices = slices
+    node(a, "n0", created_at=actuator_now - 5)
+    (plan,) = await a.round()
+    assert plan.arriving == 1
+    other = PlacedDevice(DeviceRef("gpu.nvidia.com", "n0", "gpu-0"), None, None)
+    slices.update_local("s-other", SliceView("n0", 1, (other,)), "1")
+    (plan,) = await a.round()
+    assert plan.arriving == 1  # another driver's slice says nothing of this one's devices
+    mine = PlacedDevice(DeviceRef("example.com", "n0", "gpu-0"), None, None)
+    slices.update_local("s-mine", SliceView("n0", 1, (mine,)), "1")
+    (plan,) = await a.round()
+    assert plan.arriving == 0

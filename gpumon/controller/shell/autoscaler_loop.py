@@ -31,6 +31,7 @@ from gpumon.controller.act.node_write import cordon_for_removal, uncordon
 from gpumon.controller.act.retry import DEFAULT_RETRY, Outcome, RetryPolicy, outcome
 from gpumon.controller.act.scale import read_scale, set_replicas, write_record
 from gpumon.controller.core.contract import DRY_RUN_PREFIX
+from gpumon.controller.core.claims import SliceView
 from gpumon.controller.core.demand import REFUSAL_KINDS, PodDemand, pending_gpu_pod, refusal, with_claims
 from gpumon.controller.core.device_claims import (
     ClaimRequests,
@@ -65,11 +66,15 @@ log = logging.getLogger(__name__)
 
 def gpu_resources(base: GpuResources, pools: Iterable[Pool]) -> GpuResources:
     """``base`` plus every GPU resource a pool's template offers, so a node running pods that
-    use shared GPUs (``aliyun.com/gpu-mem``) is never taken for idle."""
-    names = set(base.names)
+    use shared GPUs (``aliyun.com/gpu-mem``) is never taken for idle, and every DRA driver a
+    template's devices belong to."""
+    names, drivers = set(base.names), set(base.drivers)
     for pool in pools:
         names |= pool.template.gpu_resources
-    return replace(base, names=frozenset(names))
+        if pool.template.dra is not None:
+            # Its nodes' slices are read (ready once published), its devices' holders drained.
+            drivers |= {d.ref.driver for d in pool.template.dra.devices}
+    return replace(base, names=frozenset(names), drivers=frozenset(drivers))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,6 +194,7 @@ class Autoscaler:
         pods: Informer[PodView],
         pdbs: Informer[PdbView],
         recorder: EventRecorder,
+        slices: Informer[SliceView] | None = None,
         evictor: Evictor,
         metrics: AutoscaleMetrics,
         is_leader: Callable[[], bool],
@@ -204,6 +210,7 @@ class Autoscaler:
         self.pools = tuple(pools)
         self._pods = pods
         self._pdbs = pdbs
+        self._slices = slices
         self._recorder = recorder
         self._evictor = evictor
         self.metrics = metrics
@@ -289,6 +296,17 @@ class Autoscaler:
 
     # -- observing ----------------------------------------------------------------------------
 
+    def _devices_published(self, pool: Pool, node: PoolNode) -> PoolNode:
+        """A node of a DRA template has its GPUs once its driver published a ResourceSlice of
+        them (as a device plugin's node has them once they are allocatable): until then it is
+        joining, arriving capacity, and after the timeout a node whose GPUs never came."""
+        dra = pool.template.dra
+        if dra is None or self._slices is None or not dra.devices or not node.gpus_allocatable:
+            return node
+        driver = dra.devices[0].ref.driver
+        published = any(d.ref.driver == driver for s in self._slices.indexed(node.name) for d in s.devices)
+        return node if published else replace(node, gpus_allocatable=False)
+
     def _busy(self, node: str) -> bool:
         return any(_keeps_node(p) for p in self._pods.indexed(node))
 
@@ -298,7 +316,7 @@ class Autoscaler:
         seen: set[str] = set()
         out = []
         for pool in self.pools:
-            nodes = tuple(self.nodes[pool.name].items().values())
+            nodes = tuple(self._devices_published(pool, n) for n in self.nodes[pool.name].items().values())
             busy = set()
             for n in nodes:
                 seen.add(n.name)
