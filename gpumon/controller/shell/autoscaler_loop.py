@@ -30,8 +30,8 @@ from gpumon.controller.act.machine_mark import mark_for_deletion
 from gpumon.controller.act.node_write import cordon_for_removal, uncordon
 from gpumon.controller.act.retry import DEFAULT_RETRY, Outcome, RetryPolicy, outcome
 from gpumon.controller.act.scale import read_scale, set_replicas, write_record
-from gpumon.controller.core.contract import DRY_RUN_PREFIX
 from gpumon.controller.core.claims import SliceView
+from gpumon.controller.core.contract import DRY_RUN_PREFIX
 from gpumon.controller.core.demand import REFUSAL_KINDS, PodDemand, pending_gpu_pod, refusal, with_claims
 from gpumon.controller.core.device_claims import (
     ClaimRequests,
