@@ -207,12 +207,19 @@ SAMPLING = SamplingConfig(fast_interval_seconds=0.2, slow_interval_seconds=0.5, 
 
 @asynccontextmanager
 async def exporters(
-    names: Sequence[str], gpus: int = 4, *, scenario: FaultScenario | None = None
+    names: Sequence[str],
+    gpus: int = 4,
+    *,
+    scenario: FaultScenario | None = None,
+    backends: Mapping[str, SimulatedBackend] | None = None,
 ) -> AsyncIterator[dict[str, Exporter]]:
+    """An exporter per node on simulated GPUs: ``backends`` by node where the GPUs must be
+    particular ones (a DRA node's, whose UUIDs its ResourceSlice publishes), else fresh ones."""
     out: dict[str, Exporter] = {}
     try:
         for i, name in enumerate(names):
-            backend = SimulatedBackend(gpus, seed=i, scenario=scenario)
+            given = (backends or {}).get(name)
+            backend = given if given is not None else SimulatedBackend(gpus, seed=i, scenario=scenario)
             placement = Placement()
             cfg = ExporterConfig(node_name=name, backend="simulated", sampling=SAMPLING)
             server = TestServer(make_exporter_app(cfg, backend, attributor=placement), host="127.0.0.1")
