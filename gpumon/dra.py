@@ -222,6 +222,16 @@ class ClaimRef:
         return f"{self.namespace}/{self.name}"
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class ClaimDevice:
+    """One device of one claim, as a container holds it: the kubelet's pod-resources
+    ``DynamicResource`` names the claim, each of its ``ClaimResource`` entries a device. Several
+    allocations of one shared device (``share_id``) are the same ClaimDevice."""
+
+    claim: ClaimRef
+    device: DeviceRef
+
+
 def pod_claims(pod: Mapping[str, Any]) -> tuple[ClaimRef, ...]:
     """The ResourceClaims a pod (the API's JSON) uses, in the order of ``spec.resourceClaims``.
 
