@@ -159,6 +159,10 @@ class PodsConfig(Section):
     resource_prefixes: tuple[str, ...] = ("nvidia.com/mig-",)
     max_series: Int = Field(4096, ge=1)
     api: bool = True
+    # DRA drivers whose devices are GPUs: a container's claim devices of these drivers are
+    # resolved to GPUs through this node's ResourceSlices, watched from the first such claim on
+    # (docs/pod-attribution.md, "DRA"). Empty turns DRA attribution off; it also needs `api`.
+    dra_drivers: tuple[str, ...] = (NVIDIA_GPU_DRIVER,)
     # The gpushare device plugin's --memory-unit: what one aliyun.com/gpu-mem unit means.
     gpushare_memory_unit: Literal["GiB", "MiB"] = "GiB"
 

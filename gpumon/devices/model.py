@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from gpumon.dra import ClaimDevice
+
 
 class HealthState(enum.StrEnum):
     HEALTHY = "healthy"
@@ -305,6 +307,8 @@ class PodGpuUsage:
     unallocated: bool = False
     # The MIG device on the card, when the use or allocation is of one (identity only: memory None).
     mig: MigInstance | None = None
+    # The DRA claim devices that give the container this GPU or MIG device (pod-resources).
+    claims: tuple[ClaimDevice, ...] = ()
 
     @property
     def device_uuid(self) -> str:

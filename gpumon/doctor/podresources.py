@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpumon.doctor.result import CheckResult, Status
-from gpumon.exporter.podresources_client import PodResourcesClient
+from gpumon.exporter.podresources_client import DeviceAssignment, PodResourcesClient
 
 FAMILY = "pod-resources"
 NAME = "pod-resources socket"
@@ -73,7 +73,8 @@ def gather(socket: Path, *, timeout_seconds: float, used: bool = True) -> PodRes
     for containers in (client.view or {}).values():
         for assignments in containers.values():
             for a in assignments:
-                resources[a.resource] += len(a.device_ids)
+                if isinstance(a, DeviceAssignment):  # no DRA drivers asked for: the only kind
+                    resources[a.resource] += len(a.device_ids)
     return PodResourcesFacts(
         str(socket),
         exists=True,

@@ -2,7 +2,8 @@
 
 Three sources, combined here (docs/pod-attribution.md):
 
-- kubelet pod-resources (:mod:`podresources_client`): whole devices per container;
+- kubelet pod-resources (:mod:`podresources_client`): whole devices per container, and the
+  devices of its DRA claims, which this node's ResourceSlices (:mod:`dra_slices`) name;
 - ``<host proc>/<pid>/cgroup`` (:mod:`process_pods`): the container of each GPU process;
 - this node's pods from the API (:mod:`pod_metadata`): names for UIDs and container IDs, and
   the shared-GPU allocations of their annotations and limits (:mod:`sharing`).
@@ -26,11 +27,14 @@ from typing import TypeVar
 from gpumon import sharing
 from gpumon.config import PodsConfig
 from gpumon.devices.model import GpuIdentity, GpuSample, MigInstance, PodGpuUsage, PodRef, ProcessSample
+from gpumon.dra import MIG_TYPE, ClaimDevice, DeviceRef, SliceDevice
 from gpumon.exporter.attribution_metrics import AttributionMetrics, SourceState
 from gpumon.exporter.cgroups import ContainerKey
+from gpumon.exporter.dra_slices import ResourceSliceWatch
 from gpumon.exporter.list_watch import KubeGet
 from gpumon.exporter.pod_metadata import PodMeta, PodMetadataWatch
 from gpumon.exporter.podresources_client import (
+    Assignment,
     DeviceAssignment,
     PodKey,
     PodResourcesClient,
@@ -49,9 +53,14 @@ class Grant:
 
     ref: PodRef
     device: str
-    resource: str | None = None  # pod-resources resource name; None for sharing schemes
+    # pod-resources resource name, or the DRA driver of a claim device; None for sharing schemes
+    resource: str | None = None
     memory_bytes: int | None = None
     core_ratio: float | None = None
+    claim: ClaimDevice | None = None  # the DRA claim device this grant is
+    # The card a MIG device is carved from, as the ResourceSlice says: the device counts for
+    # its card while NVML does not list the instance (yet).
+    card: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +71,8 @@ class AttributionView:
     grants: tuple[Grant, ...] = ()
     # Pods whose allocations are known in full, so that GPU use outside them can be flagged.
     authoritative: frozenset[PodKey] = frozenset()
+    # Claim devices no ResourceSlice of this node names (yet), by container.
+    unresolved: frozenset[tuple[PodRef, ClaimDevice]] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +82,7 @@ class Allocation:
     memory_bytes: int | None
     core_ratio: float | None
     resources: tuple[str, ...]
+    claims: tuple[ClaimDevice, ...] = ()
 
 
 SeriesKey = tuple[PodRef, int, MigInstance | None]
@@ -82,14 +94,26 @@ def build_view(
     shared: Mapping[str, sharing.SharingResult],
     pod_resources: PodResourcesView | None,
     pod_resources_fresh: bool,
+    slices: Mapping[DeviceRef, SliceDevice] | None = None,
 ) -> AttributionView:
     """Combine the slow sources. Sharing annotations, where a pod has them, define its GPUs: the
     sharing schemes' device plugins hand the kubelet virtual device IDs. A fresh pod-resources
-    view also says which pods the kubelet still runs; API pods missing from it hold nothing."""
+    view also says which pods the kubelet still runs; API pods missing from it hold nothing.
+    DRA claim devices are what ``slices`` says they are; one it does not name is left
+    unresolved, and its pod's allocations are not known in full until it is."""
     by_cid: dict[str, PodRef] = {}
     by_uid: dict[str, PodRef] = {}
     grants: list[Grant] = []
     authoritative: set[PodKey] = set()
+    unresolved: set[tuple[PodRef, ClaimDevice]] = set()
+    slices = slices or {}
+
+    def add_pod_resources(key: PodKey, uid: str, containers: Mapping[str, tuple[Assignment, ...]]) -> None:
+        before = len(unresolved)
+        grants.extend(_device_grants(key, uid, containers, slices, unresolved))
+        if pod_resources_fresh and len(unresolved) == before:
+            authoritative.add(key)
+
     running = pod_resources.keys() if pod_resources is not None and pod_resources_fresh else None
     named: set[PodKey] = set()
     for pod in pods.values():
@@ -116,27 +140,35 @@ def build_view(
                 for a in result.allocations
             )
         elif pod_resources is not None and key in pod_resources:
-            grants.extend(_device_grants(key, pod.uid, pod_resources[key]))
-            if pod_resources_fresh:
-                authoritative.add(key)
+            add_pod_resources(key, pod.uid, pod_resources[key])
     # Pods the API has not told us about (API down or disabled, e.g. on Windows) still have
     # names in pod-resources, though no UID.
     for key, containers in (pod_resources or {}).items():
         if key not in named:
-            grants.extend(_device_grants(key, "", containers))
-            if pod_resources_fresh:
-                authoritative.add(key)
-    return AttributionView(by_cid, by_uid, tuple(grants), frozenset(authoritative))
+            add_pod_resources(key, "", containers)
+    return AttributionView(by_cid, by_uid, tuple(grants), frozenset(authoritative), frozenset(unresolved))
 
 
 def _device_grants(
-    key: PodKey, uid: str, containers: Mapping[str, tuple[DeviceAssignment, ...]]
+    key: PodKey,
+    uid: str,
+    containers: Mapping[str, tuple[Assignment, ...]],
+    slices: Mapping[DeviceRef, SliceDevice],
+    unresolved: set[tuple[PodRef, ClaimDevice]],
 ) -> Iterable[Grant]:
     for cname, assignments in containers.items():
         ref = PodRef(key[0], key[1], cname, uid)
         for a in assignments:
-            for device in a.device_ids:
-                yield Grant(ref, device, a.resource)
+            if isinstance(a, DeviceAssignment):
+                for device in a.device_ids:
+                    yield Grant(ref, device, a.resource)
+                continue
+            found = slices.get(a.device)
+            if found is None or found.uuid is None:
+                unresolved.add((ref, a))
+                continue
+            card = found.parent_uuid if found.kind == MIG_TYPE else None
+            yield Grant(ref, found.uuid, a.device.driver, claim=a, card=card)
 
 
 Device = tuple[GpuIdentity, MigInstance | None]
@@ -180,21 +212,31 @@ def resolve_grants(
     unknown = []
     for g in grants:
         found = find_device(g.device, table)
+        if found is None and g.card is not None:
+            found = find_device(g.card, table)
         if found is None:
             unknown.append(g)
             continue
         key = (g.ref, found[0].index, found[1])
         prev = merged.get(key)
         resources = (g.resource,) if g.resource else ()
+        claims = (g.claim,) if g.claim else ()
         if prev is None:
-            merged[key] = Allocation(g.memory_bytes, g.core_ratio, resources)
+            merged[key] = Allocation(g.memory_bytes, g.core_ratio, resources, claims)
         else:
+            # One series per device, however many sources and claims give it to the container.
             merged[key] = Allocation(
                 _add(prev.memory_bytes, g.memory_bytes),
                 _add(prev.core_ratio, g.core_ratio),
                 tuple(sorted(set(prev.resources) | set(resources))),
+                tuple(sorted(set(prev.claims) | set(claims))),
             )
     return merged, unknown
+
+
+def grant_source(g: Grant) -> str:
+    """The error-metric source a grant came from."""
+    return "dra" if g.claim is not None else "pod_resources" if g.resource else "annotations"
 
 
 _N = TypeVar("_N", int, float)
@@ -311,6 +353,7 @@ def usages(
                 and alloc is None
                 and (ref.namespace, ref.pod) in view.authoritative,
                 mig=mig,
+                claims=alloc.claims if alloc else (),
             )
         )
     return out
@@ -353,11 +396,18 @@ class PodAttribution:
         call_timeout_seconds: float,
         initial_states: Mapping[str, SourceState],
         pods_api: KubeGet | None = None,
+        slices: ResourceSliceWatch | None = None,
     ) -> None:
         self._config = config
         self.metrics = metrics
         self._pod_resources = pod_resources
         self._pods = pods
+        self._slices = slices
+        # Where and with what the slice watch starts, once a DRA claim shows up; None outside
+        # lifespan, or without an API client.
+        self._slices_launch: tuple[contextlib.AsyncExitStack, KubeGet] | None = None
+        self._slices_needed = False
+        self._reported_unresolved: frozenset[tuple[PodRef, ClaimDevice]] = frozenset()
         self._processes = processes
         self._timeout = call_timeout_seconds
         self._unit_bytes = sharing.MEMORY_UNITS[config.gpushare_memory_unit]
@@ -372,17 +422,24 @@ class PodAttribution:
         metrics.states.update(initial_states)
 
     async def lifespan(self, _app: object = None) -> AsyncIterator[None]:
-        """Runs the pod watch while the exporter runs, and closes every source after; an aiohttp
-        ``cleanup_ctx`` (put it before the sampler's, so that it stops after the sampler)."""
+        """Runs the pod watch while the exporter runs (and the ResourceSlice watch from the first
+        DRA claim on), and closes every source after; an aiohttp ``cleanup_ctx`` (put it before
+        the sampler's, so that it stops after the sampler)."""
         async with contextlib.AsyncExitStack() as stack:
             if self._pod_resources is not None:
                 stack.push_async_callback(self._pod_resources.close)
-            if self._pods is not None:
+            api = None
+            if self._pods is not None or self._slices is not None:
                 api = self._pods_api or await _api_client(stack, self.metrics)
-                if api is not None:
-                    task = asyncio.create_task(self._pods.run(api), name="gpumon-pod-watch")
-                    stack.push_async_callback(_cancel, task)
-            yield
+            if self._pods is not None and api is not None:
+                task = asyncio.create_task(self._pods.run(api), name="gpumon-pod-watch")
+                stack.push_async_callback(_cancel, task)
+            if self._slices is not None and api is not None:
+                self._slices_launch = (stack, api)
+            try:
+                yield
+            finally:
+                self._slices_launch = None
 
     running = contextlib.asynccontextmanager(lifespan)
 
@@ -390,6 +447,7 @@ class PodAttribution:
         try:
             if self._pod_resources is not None:
                 await self._pod_resources.poll()
+                self._start_slices(self._pod_resources.view)
             if self._processes is not None:
                 await self._resolve_processes(self._processes)
             self._rebuild()
@@ -397,6 +455,20 @@ class PodAttribution:
             log.exception("pod attribution refresh failed")
             self.metrics.error("attribution", "internal")
         self._update_states()
+
+    def _start_slices(self, view: PodResourcesView | None) -> None:
+        """Starts the ResourceSlice watch the first time a container holds a DRA claim device: a
+        node without DRA pods never lists slices."""
+        if self._slices is None or self._slices_needed or view is None:
+            return
+        if not any(isinstance(a, ClaimDevice) for c in view.values() for held in c.values() for a in held):
+            return
+        self._slices_needed = True
+        if self._slices_launch is None:
+            return  # no API client: the claims stay unresolved, the state says so
+        stack, api = self._slices_launch
+        task = asyncio.create_task(self._slices.run(api), name="gpumon-resourceslice-watch")
+        stack.push_async_callback(_cancel, task)
 
     async def _resolve_processes(self, processes: ProcessPods) -> None:
         if self._resolving is not None and not self._resolving.done():
@@ -417,6 +489,8 @@ class PodAttribution:
             self._pods.generation if self._pods is not None else None,
             pr.view if pr is not None else None,
             pr.fresh if pr is not None else None,
+            self._slices.generation if self._slices is not None else None,
+            self._slices.synced if self._slices is not None else None,
         )
         if inputs == self._view_inputs:
             return
@@ -439,7 +513,19 @@ class PodAttribution:
             {uid: r for uid, (_, r) in shared.items()},
             pr.view if pr is not None else None,
             pr.fresh if pr is not None else False,
+            self._slices.index if self._slices is not None else None,
         )
+        self._report_unresolved(self._view.unresolved)
+
+    def _report_unresolved(self, unresolved: frozenset[tuple[PodRef, ClaimDevice]]) -> None:
+        """Counts each claim device once when it becomes unresolved, once the slices are listed:
+        before that, every claim device is merely not looked up yet."""
+        self.metrics.dra_unresolved = len(unresolved)
+        if self._slices is None or not self._slices.synced:
+            return
+        for _ in unresolved - self._reported_unresolved:
+            self.metrics.error("dra", "unknown_device")
+        self._reported_unresolved = unresolved
 
     def _update_states(self) -> None:
         states = self.metrics.states
@@ -447,6 +533,14 @@ class PodAttribution:
             states["pod_resources"] = SourceState.UP if self._pod_resources.fresh else SourceState.DOWN
         if self._pods is not None:
             states["api"] = SourceState.UP if self._pods.up else SourceState.DOWN
+        if self._slices is not None and self._slices_needed:
+            states["dra"] = (
+                SourceState.UP
+                if self._slices.up
+                else SourceState.UNSUPPORTED
+                if self._slices.failure == "not_found"  # resource.k8s.io/v1 not served
+                else SourceState.DOWN
+            )
 
     def attribute(self, gpus: Sequence[GpuSample]) -> tuple[PodGpuUsage, ...]:
         view = self._view
@@ -455,7 +549,7 @@ class PodAttribution:
         if last is None or last[0] is not view or last[1] != signature:
             self._allocations, unknown = resolve_grants(view.grants, gpus)
             for g in unknown:
-                self.metrics.error("pod_resources" if g.resource else "annotations", "unknown_device")
+                self.metrics.error(grant_source(g), "unknown_device")
             self._resolved_for = (view, signature)
         lookup = self._processes.lookup if self._processes is not None else None
         series = usages(gpus, lookup, view, self._allocations)
@@ -498,6 +592,15 @@ def build_attribution(
     kubeconfig."""
     metrics = AttributionMetrics()
     processes, proc_state = _process_source(config, metrics)
+    # DRA claim devices are named through the API's ResourceSlices: without the API, none.
+    dra_drivers = frozenset(config.dra_drivers) if config.api else frozenset()
+    initial_states = {
+        "proc": proc_state,
+        "pod_resources": SourceState.DOWN,
+        "api": SourceState.DOWN if config.api else SourceState.DISABLED,
+    }
+    if not dra_drivers:
+        initial_states["dra"] = SourceState.DISABLED
     return PodAttribution(
         config,
         metrics,
@@ -506,16 +609,14 @@ def build_attribution(
             metrics.error,
             watched_resource(config),
             timeout_seconds=call_timeout_seconds,
+            dra_drivers=dra_drivers,
         ),
         pods=PodMetadataWatch(node, metrics.error) if config.api else None,
         processes=processes,
         call_timeout_seconds=call_timeout_seconds,
-        initial_states={
-            "proc": proc_state,
-            "pod_resources": SourceState.DOWN,
-            "api": SourceState.DOWN if config.api else SourceState.DISABLED,
-        },
+        initial_states=initial_states,
         pods_api=pods_api,
+        slices=ResourceSliceWatch(node, dra_drivers, metrics.error) if dra_drivers else None,
     )
 
 

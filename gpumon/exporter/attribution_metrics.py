@@ -7,6 +7,9 @@
 - ``gpumon_exporter_pod_series``: per-pod GPU series published by the last tick.
 - ``gpumon_exporter_pod_series_dropped_total``: series left out by the ``pods.max_series`` cap,
   each counted once when it starts being left out.
+- ``gpumon_exporter_dra_unresolved_devices``: DRA claim devices of this node's containers that no
+  ResourceSlice names (yet); each is also counted once in ``…_errors_total{source="dra",
+  kind="unknown_device"}`` when it becomes unresolved.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class AttributionMetrics:
         self._errors: dict[tuple[str, str], int] = {}
         self.series = 0
         self.dropped_total = 0
+        self.dra_unresolved = 0
 
     def error(self, source: str, kind: str) -> None:
         """An :data:`~gpumon.devices.backend.ErrorSink`; safe from any thread."""
@@ -70,4 +74,9 @@ class AttributionMetrics:
             "gpumon_exporter_pod_series_dropped",
             "Per-pod GPU series left out because of the pods.max_series limit.",
             value=self.dropped_total,
+        )
+        yield GaugeMetricFamily(
+            "gpumon_exporter_dra_unresolved_devices",
+            "DRA claim devices of this node's containers that no ResourceSlice names (yet).",
+            value=self.dra_unresolved,
         )

@@ -48,6 +48,7 @@ from gpumon.devices.model import (
     MemoryInfo,
     MigInstance,
     MigProfiling,
+    PodGpuUsage,
     Profiling,
     SlowFields,
     Snapshot,
@@ -723,6 +724,11 @@ def _native_pods(snap: Snapshot) -> list[Metric]:
         "gauge",
         "1 when the container's processes use a GPU no source allocated to its pod.",
     )
+    claims = _family(
+        "gpumon_pod_dra_claim_info",
+        "gauge",
+        "The DRA ResourceClaim device that gives the container this GPU or MIG device (always 1).",
+    )
     for p in snap.pods:
         labels = dict(
             zip(
@@ -745,7 +751,20 @@ def _native_pods(snap: Snapshot) -> list[Metric]:
             _add(allocated, {**labels, "resource": resource}, 1)
         if p.unallocated:
             _add(unallocated, labels, 1)
-    return [used, util, alloc_mem, alloc_core, allocated, unallocated]
+        for c in p.claims:
+            _add(
+                claims,
+                {
+                    **labels,
+                    "claim_namespace": c.claim.namespace,
+                    "claim_name": c.claim.name,
+                    "driver": c.device.driver,
+                    "pool": c.device.pool,
+                    "device": c.device.device,
+                },
+                1,
+            )
+    return [used, util, alloc_mem, alloc_core, allocated, unallocated, claims]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1069,14 +1088,41 @@ def _sole_holders(snap: Snapshot) -> dict[tuple[str, int | None], Labels]:
 
     dcgm-exporter puts the pod assigned a device on every series of that device. A device several
     containers share keeps no pod labels, so sums over devices stay right; per-container shares are
-    in the native profile's gpumon_pod_* families."""
-    users: dict[tuple[str, int | None], set[tuple[str, str, str]]] = {}
+    in the native profile's gpumon_pod_* families. A device the container holds through one DRA
+    claim device also gets dcgm-exporter's ``dra_*`` labels (:func:`_dra_labels`)."""
+    users: dict[tuple[str, int | None], list[PodGpuUsage]] = {}
     for p in snap.pods:
         device = (p.gpu_uuid, None if p.mig is None else p.mig.gpu_instance)
-        users.setdefault(device, set()).add((p.ref.pod, p.ref.namespace, p.ref.container))
-    return {
-        device: {"pod": pod, "namespace": ns, "container": container}
-        for device, refs in users.items()
-        if len(refs) == 1
-        for pod, ns, container in refs
+        users.setdefault(device, []).append(p)
+    holders: dict[tuple[str, int | None], Labels] = {}
+    for device, ps in users.items():
+        if len({p.ref for p in ps}) != 1:
+            continue
+        p = ps[0]
+        holders[device] = {
+            "pod": p.ref.pod,
+            "namespace": p.ref.namespace,
+            "container": p.ref.container,
+            **_dra_labels(p),
+        }
+    return holders
+
+
+def _dra_labels(p: PodGpuUsage) -> Labels:
+    """dcgm-exporter's labels for a device held through DRA (internal/pkg/transformation,
+    kubernetes.go and const.go): the claim and the (driver, pool, device) of its allocation, and
+    for a MIG device its profile and UUID. None when several claim devices give the container
+    this device: one series cannot name them all."""
+    if len(p.claims) != 1:
+        return {}
+    c = p.claims[0]
+    labels = {
+        "dra_claim_name": c.claim.name,
+        "dra_claim_namespace": c.claim.namespace,
+        "dra_driver_name": c.device.driver,
+        "dra_pool_name": c.device.pool,
+        "dra_device_name": c.device.device,
     }
+    if p.mig is not None:
+        labels |= {"dra_mig_profile": p.mig.profile, "dra_mig_device_uuid": p.mig.uuid}
+    return labels

@@ -17,6 +17,7 @@ import grpc
 import grpc.aio
 
 from gpumon.devices.backend import ErrorSink
+from gpumon.dra import ClaimDevice, ClaimRef, DeviceRef
 from gpumon.exporter.podresources import api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -34,25 +35,49 @@ class DeviceAssignment:
 PodKey = tuple[str, str]
 """(namespace, pod name): the API identifies pods by name only."""
 
-PodResourcesView = Mapping[PodKey, Mapping[str, tuple[DeviceAssignment, ...]]]
+Assignment = DeviceAssignment | ClaimDevice
+"""What the kubelet gave a container: devices of a device plugin's resource, or one device of a
+DRA ResourceClaim (``dynamic_resources``)."""
+
+PodResourcesView = Mapping[PodKey, Mapping[str, tuple[Assignment, ...]]]
 """Every pod the kubelet runs, by (namespace, name); for each container its assignments of the
-watched resources (empty for containers that hold none)."""
+watched resources and DRA drivers (empty for containers that hold none)."""
 
 
 def view_from_response(
-    response: api_pb2.ListPodResourcesResponse, watched: Callable[[str], bool]
+    response: api_pb2.ListPodResourcesResponse,
+    watched: Callable[[str], bool],
+    dra_drivers: frozenset[str] = frozenset(),
 ) -> PodResourcesView:
-    view: dict[PodKey, dict[str, tuple[DeviceAssignment, ...]]] = {}
+    view: dict[PodKey, dict[str, tuple[Assignment, ...]]] = {}
     for pod in response.pod_resources:
         view[(pod.namespace, pod.name)] = {
-            c.name: tuple(
-                DeviceAssignment(d.resource_name, tuple(d.device_ids))
-                for d in c.devices
-                if watched(d.resource_name)
+            c.name: (
+                *(
+                    DeviceAssignment(d.resource_name, tuple(d.device_ids))
+                    for d in c.devices
+                    if watched(d.resource_name)
+                ),
+                *_claim_devices(c, dra_drivers),
             )
             for c in pod.containers
         }
     return view
+
+
+def _claim_devices(c: api_pb2.ContainerResources, drivers: frozenset[str]) -> tuple[ClaimDevice, ...]:
+    # dict: each device once, however many shares of it (share_id) the claim holds.
+    return tuple(
+        dict.fromkeys(
+            ClaimDevice(
+                ClaimRef(dr.claim_namespace, dr.claim_name),
+                DeviceRef(r.driver_name, r.pool_name, r.device_name),
+            )
+            for dr in c.dynamic_resources
+            for r in dr.claim_resources
+            if r.driver_name in drivers and r.device_name
+        )
+    )
 
 
 def error_kind(err: grpc.aio.AioRpcError) -> str:
@@ -67,11 +92,18 @@ def error_kind(err: grpc.aio.AioRpcError) -> str:
 
 class PodResourcesClient:
     def __init__(
-        self, socket: Path, errors: ErrorSink, watched: Callable[[str], bool], *, timeout_seconds: float
+        self,
+        socket: Path,
+        errors: ErrorSink,
+        watched: Callable[[str], bool],
+        *,
+        timeout_seconds: float,
+        dra_drivers: frozenset[str] = frozenset(),
     ) -> None:
         self._socket = socket
         self._errors = errors
         self._watched = watched
+        self._dra_drivers = dra_drivers
         self._timeout = timeout_seconds
         self._channel: grpc.aio.Channel | None = None
         self._stub: api_pb2_grpc.PodResourcesListerStub | None = None
@@ -108,7 +140,7 @@ class PodResourcesClient:
             )
             self._outage_logged = True
             return
-        self.view = view_from_response(response, self._watched)
+        self.view = view_from_response(response, self._watched, self._dra_drivers)
         self.fresh = True
         self._outage_logged = False
 

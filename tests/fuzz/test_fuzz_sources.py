@@ -21,9 +21,10 @@ from gpumon.controller.shell.signal_sources.prometheus import (
     queries_for,
     readings_from_results,
 )
+from gpumon.dra import NVIDIA_GPU_DRIVER, ClaimDevice
 from gpumon.exporter.cgroups import ContainerKey, Unmatched, parse_cgroup
 from gpumon.exporter.podresources import api_pb2
-from gpumon.exporter.podresources_client import view_from_response
+from gpumon.exporter.podresources_client import DeviceAssignment, view_from_response
 
 RULES = build_policy(ControllerConfig()).rules
 QUERY_NAMES = [FRESHNESS, *queries_for(RULES, 600.0)]
@@ -136,10 +137,16 @@ def _reply(pods: list[Any]) -> api_pb2.ListPodResourcesResponse:
     reply = api_pb2.ListPodResourcesResponse()
     for name, namespace, containers in pods:
         pod = reply.pod_resources.add(name=name, namespace=namespace)
-        for cname, devices in containers:
+        for cname, devices, claims in containers:
             c = pod.containers.add(name=cname)
             for resource, ids in devices:
                 c.devices.add(resource_name=resource, device_ids=ids)
+            for claim_name, claim_namespace, resources in claims:
+                dr = c.dynamic_resources.add(claim_name=claim_name, claim_namespace=claim_namespace)
+                for driver, pool, device, share in resources:
+                    dr.claim_resources.add(
+                        driver_name=driver, pool_name=pool, device_name=device, share_id=share
+                    )
     return reply
 
 
@@ -156,6 +163,22 @@ replies = st.one_of(
                     st.lists(
                         st.tuples(st.sampled_from(["nvidia.com/gpu", "x", ""]), st.lists(text, max_size=3)),
                         max_size=3,
+                    ),
+                    st.lists(  # DRA claims: (name, namespace, [(driver, pool, device, share_id)])
+                        st.tuples(
+                            text,
+                            text,
+                            st.lists(
+                                st.tuples(
+                                    st.sampled_from([NVIDIA_GPU_DRIVER, "nic.example.com", ""]),
+                                    text,
+                                    text,
+                                    st.none() | text,
+                                ),
+                                max_size=3,
+                            ),
+                        ),
+                        max_size=2,
                     ),
                 ),
                 max_size=3,
@@ -175,5 +198,11 @@ def test_a_pod_resources_reply_is_a_view_or_a_decode_error(reply: Any) -> None:
         except Exception as e:  # protobuf's DecodeError, which grpc surfaces as an RPC error
             assert type(e).__name__ == "DecodeError"
             return
-    view = view_from_response(reply, lambda r: r == "nvidia.com/gpu")
+    view = view_from_response(reply, lambda r: r == "nvidia.com/gpu", frozenset({NVIDIA_GPU_DRIVER}))
     assert all(isinstance(k, tuple) for k in view)
+    for containers in view.values():
+        for held in containers.values():
+            for a in held:
+                assert isinstance(a, DeviceAssignment) or (
+                    isinstance(a, ClaimDevice) and a.device.driver == NVIDIA_GPU_DRIVER and a.device.device
+                )

@@ -13,9 +13,10 @@ import pytest
 from podresources_server import pod_resources, serve, short_socket_dir
 
 from gpumon.config import PodsConfig
+from gpumon.dra import NVIDIA_GPU_DRIVER, ClaimDevice, ClaimRef, DeviceRef
 from gpumon.exporter.attribution import watched_resource
 from gpumon.exporter.podresources import api_pb2, api_pb2_grpc
-from gpumon.exporter.podresources_client import DeviceAssignment, PodResourcesClient
+from gpumon.exporter.podresources_client import DeviceAssignment, PodResourcesClient, view_from_response
 
 GPU0 = "GPU-7c1f2a9e-0d3b-4c5a-8e6f-1a2b3c4d5e6f"
 MIG = "MIG-3a2b1c0d-9e8f-4a7b-b6c5-d4e3f2a1b0c9"
@@ -74,6 +75,56 @@ async def test_list_gives_every_pod_and_only_watched_resources(
         ("ml", "trainer"): {"main": (DeviceAssignment("nvidia.com/gpu", (GPU0,)),), "logger": ()},
         ("ml", "small"): {"main": (DeviceAssignment("nvidia.com/mig-1g.10gb", (MIG,)),)},
         ("web", "frontend"): {"nginx": ()},
+    }
+
+
+def test_dra_claims_of_gpu_drivers_each_device_once() -> None:
+    """A container's DynamicResources as the kubelet lists them: claim resources of the GPU
+    driver become ClaimDevices, one per device however many shares of it the claim holds;
+    other drivers' devices (a NIC) are left out, like unwatched resources."""
+
+    def resource(driver: str, device: str, share: str | None = None) -> api_pb2.ClaimResource:
+        return api_pb2.ClaimResource(
+            cdi_devices=[api_pb2.CDIDevice(name=f"k8s.{driver}/claim=x-{device}")],
+            driver_name=driver,
+            pool_name="node-a",
+            device_name=device,
+            share_id=share,
+        )
+
+    container = api_pb2.ContainerResources(
+        name="main",
+        devices=[api_pb2.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=[GPU0])],
+        dynamic_resources=[
+            api_pb2.DynamicResource(
+                claim_name="train-0-gpu-x7k2p",
+                claim_namespace="ml",
+                claim_resources=[
+                    resource(NVIDIA_GPU_DRIVER, "gpu-1", "a1b2"),
+                    resource(NVIDIA_GPU_DRIVER, "gpu-1", "c3d4"),
+                    resource("nic.example.com", "eth1"),
+                    resource(NVIDIA_GPU_DRIVER, "gpu-2-mig-9-4-4"),
+                ],
+            ),
+        ],
+    )
+    response = api_pb2.ListPodResourcesResponse(
+        pod_resources=[api_pb2.PodResources(name="train-0", namespace="ml", containers=[container])]
+    )
+    claim = ClaimRef("ml", "train-0-gpu-x7k2p")
+    watched = watched_resource(PodsConfig())
+    assert view_from_response(response, watched, frozenset({NVIDIA_GPU_DRIVER})) == {
+        ("ml", "train-0"): {
+            "main": (
+                DeviceAssignment("nvidia.com/gpu", (GPU0,)),
+                ClaimDevice(claim, DeviceRef(NVIDIA_GPU_DRIVER, "node-a", "gpu-1")),
+                ClaimDevice(claim, DeviceRef(NVIDIA_GPU_DRIVER, "node-a", "gpu-2-mig-9-4-4")),
+            )
+        }
+    }
+    # DRA off (no drivers): the device plugin's devices only.
+    assert view_from_response(response, watched) == {
+        ("ml", "train-0"): {"main": (DeviceAssignment("nvidia.com/gpu", (GPU0,)),)}
     }
 
 

@@ -1,0 +1,81 @@
+"""This node's ResourceSlices: which GPU or MIG device each DRA device (driver, pool, device) is.
+
+One list+watch (:mod:`list_watch`) with ``fieldSelector=spec.nodeName=<node>`` (a selectable
+field of resource.k8s.io/v1 ResourceSlices, indexed by the API server), keeping the devices of
+the GPU drivers only (:func:`gpumon.dra.slice_devices`). Failures are counted as ``dra``; an API
+server that does not serve resource.k8s.io/v1 answers 404 (``dra/not_found``).
+
+:func:`device_index` is pure: the devices by :class:`~gpumon.dra.DeviceRef`, from the newest
+generation of each pool only. A driver that republishes a pool raises its generation and
+replaces its slices one by one, so for a moment both generations are listed; the older one
+describes devices that may be gone (the scheduler reads pools the same way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpumon.devices.backend import ErrorSink
+from gpumon.dra import RESOURCE_SLICES_PATH, DeviceRef, SliceDevice, slice_devices
+from gpumon.exporter.list_watch import ListWatch
+
+SOURCE = "dra"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSlice:
+    """What one ResourceSlice says: a part of one (driver, pool) at one generation."""
+
+    driver: str
+    pool: str
+    generation: int
+    devices: tuple[SliceDevice, ...]
+
+
+def project_slice(obj: Mapping[str, Any], drivers: frozenset[str]) -> PoolSlice | None:
+    """The slice's devices if a GPU driver published it, else None. Raises KeyError/TypeError on
+    a slice without a driver, pool or generation (:class:`ListWatch` counts it malformed)."""
+    spec = obj["spec"]
+    driver = spec["driver"]
+    if driver not in drivers:
+        return None
+    pool = spec["pool"]
+    generation = pool["generation"]
+    if not isinstance(generation, int) or not isinstance(pool["name"], str):
+        raise TypeError("pool name or generation")
+    return PoolSlice(driver, pool["name"], generation, slice_devices(obj))
+
+
+def device_index(slices: Iterable[PoolSlice]) -> dict[DeviceRef, SliceDevice]:
+    """Every device of the newest generation of its pool, by reference."""
+    slices = tuple(slices)
+    newest: dict[tuple[str, str], int] = {}
+    for s in slices:
+        key = (s.driver, s.pool)
+        newest[key] = max(newest.get(key, s.generation), s.generation)
+    return {d.ref: d for s in slices if s.generation == newest[(s.driver, s.pool)] for d in s.devices}
+
+
+class ResourceSliceWatch(ListWatch[PoolSlice]):
+    """This node's slices of the GPU drivers, by UID; :attr:`index` their devices."""
+
+    def __init__(self, node: str, drivers: frozenset[str], errors: ErrorSink, **options: Any) -> None:
+        super().__init__(
+            RESOURCE_SLICES_PATH,
+            f"spec.nodeName={node}",
+            lambda obj: project_slice(obj, drivers),
+            errors,
+            source=SOURCE,
+            what="ResourceSlice watch",
+            **options,
+        )
+        self._index: tuple[int, dict[DeviceRef, SliceDevice]] = (0, {})
+
+    @property
+    def index(self) -> Mapping[DeviceRef, SliceDevice]:
+        """The devices of the current view, rebuilt only when the view changed."""
+        if self._index[0] != self.generation:
+            self._index = (self.generation, device_index(self.items.values()))
+        return self._index[1]
