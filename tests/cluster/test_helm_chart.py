@@ -413,12 +413,15 @@ def test_without_pools_the_controller_has_no_cluster_api_rights(
         assert allowed == []
 
 
-def test_exporter_rbac_reads_pods_and_nothing_else(
+def test_exporter_rbac_reads_pods_and_resource_slices_and_nothing_else(
     devcluster: DevCluster, namespace: str, installed_rbac: str
 ) -> None:
     sa = f"{installed_rbac}-gpumon-exporter"
-    assert all(_can(devcluster, sa, namespace, verb, "pods") for verb in ("get", "list", "watch"))
+    for resource in ("pods", "resourceslices.resource.k8s.io"):
+        assert all(_can(devcluster, sa, namespace, verb, resource) for verb in ("get", "list", "watch"))
     must_not = [
+        ("create", "resourceslices.resource.k8s.io"),
+        ("list", "resourceclaims.resource.k8s.io"),
         ("patch", "nodes"),
         ("list", "nodes"),
         ("create", "pods", "--subresource=eviction"),

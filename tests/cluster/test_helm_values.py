@@ -301,6 +301,20 @@ def test_kubernetes_mode_wires_reviews_rbac_and_prometheus(helm: Path) -> None:
     assert {"nonResourceURLs": ["/gpumon/api/v1/watch", "/gpumon/api/v1/snapshot"], "verbs": ["get"]} in rules
 
 
+def test_exporter_reads_resource_slices_unless_dra_attribution_is_off(helm: Path) -> None:
+    pods = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    slices = {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceslices"],
+        "verbs": ["get", "list", "watch"],
+    }
+    assert one(render(helm, {}), "ClusterRole", "r-gpumon-exporter")["rules"] == [pods, slices]
+    dra_off = {"exporter.config": {"pods": {"dra_drivers": []}}}
+    assert one(render(helm, dra_off), "ClusterRole", "r-gpumon-exporter")["rules"] == [pods]
+    other = {"exporter.config": {"pods": {"dra_drivers": ["gpu.example.com"]}}}
+    assert one(render(helm, other), "ClusterRole", "r-gpumon-exporter")["rules"] == [pods, slices]
+
+
 def test_windows_exporter_refuses_tls_and_auth_it_cannot_serve(helm: Path) -> None:
     for extra in (("tls.enabled=true", "tls.secretName=s"), ("auth.mode=kubernetes",)):
         stderr = refusal(helm, "exporter.windows.enabled=true", *extra)
