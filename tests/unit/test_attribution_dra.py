@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import podresources_server
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
+from api_stand_in import until
 from metrics_text import parse, select
-from podresources_server import FakeKubelet, serve, short_socket_dir
+from podresources_server import FakeKubelet, short_socket_dir
 from test_attribution import MIB, UUIDS, gpu, meta, pod_source, proc, render, shares
 
 from gpumon.config import PodsConfig
@@ -36,7 +37,7 @@ from gpumon.exporter.dra_slices import PoolSlice, ResourceSliceWatch, device_ind
 from gpumon.exporter.pod_metadata import PodMeta
 from gpumon.exporter.podresources import api_pb2
 from gpumon.exporter.podresources_client import Assignment, DeviceAssignment, PodKey, PodResourcesClient
-from gpumon.kubeclient import Credentials, KubeClient
+from gpumon.kubeclient import KubeClient
 
 NODE = "node-a"
 DRIVERS = frozenset({NVIDIA_GPU_DRIVER})
@@ -369,29 +370,8 @@ class SliceApi:
 
 
 @pytest.fixture
-async def api_server() -> AsyncIterator[Callable[[SliceApi], Awaitable[KubeClient]]]:
-    servers: list[TestServer] = []
-    clients: list[KubeClient] = []
-
-    async def start(api: SliceApi) -> KubeClient:
-        app = web.Application()
-        app.router.add_get(RESOURCE_SLICES_PATH, api.handle)
-        server = TestServer(app)
-        await server.start_server()
-        servers.append(server)
-        clients.append(KubeClient(Credentials(str(server.make_url("")).rstrip("/"), None)))
-        return clients[-1]
-
-    yield start
-    for c in clients:
-        await c.close()
-    for s in servers:
-        await s.close()
-
-
-@pytest.fixture
 def kubelet() -> Iterator[tuple[FakeKubelet, Path]]:
-    with short_socket_dir() as d, serve(d / "kubelet.sock") as k:
+    with short_socket_dir() as d, podresources_server.serve(d / "kubelet.sock") as k:
         yield k, d / "kubelet.sock"
 
 
@@ -444,19 +424,12 @@ def attributor_for(
     return attributor, pr, slices
 
 
-async def until(condition: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
-
-
 async def test_slices_are_watched_from_the_first_claim_and_late_devices_resolve(
-    kubelet: tuple[FakeKubelet, Path], api_server: Any
+    kubelet: tuple[FakeKubelet, Path], api_stand_in: Any
 ) -> None:
     api = SliceApi(resource_slice([gpu_device(0, UUIDS[0])]))
     metrics = AttributionMetrics()
-    attributor, pr, slices = attributor_for(kubelet, await api_server(api), metrics)
+    attributor, pr, slices = attributor_for(kubelet, await api_stand_in(api, RESOURCE_SLICES_PATH), metrics)
     try:
         async with attributor.running():
             await attributor.refresh()  # no DRA pod on the node: no slice is ever asked for
@@ -494,11 +467,11 @@ async def test_slices_are_watched_from_the_first_claim_and_late_devices_resolve(
 
 
 async def test_an_api_without_resource_slices_is_unsupported_and_device_plugins_unaffected(
-    kubelet: tuple[FakeKubelet, Path], api_server: Any
+    kubelet: tuple[FakeKubelet, Path], api_stand_in: Any
 ) -> None:
     api = SliceApi(status=404)
     metrics = AttributionMetrics()
-    attributor, pr, slices = attributor_for(kubelet, await api_server(api), metrics)
+    attributor, pr, slices = attributor_for(kubelet, await api_stand_in(api, RESOURCE_SLICES_PATH), metrics)
     plugin = api_pb2.PodResources(
         name="train-0",
         namespace="ml",

@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
+from api_stand_in import until
 
 from gpumon import sharing
 from gpumon.exporter.list_watch import watch_wait
@@ -138,34 +137,6 @@ def status(code: int) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     return answer
 
 
-@pytest.fixture
-async def serve() -> AsyncIterator[Callable[[FakeApi], Awaitable[KubeClient]]]:
-    servers: list[TestServer] = []
-    clients: list[KubeClient] = []
-
-    async def start(api: FakeApi) -> KubeClient:
-        app = web.Application()
-        app.router.add_get("/api/v1/pods", api.handle)
-        server = TestServer(app)
-        await server.start_server()
-        servers.append(server)
-        clients.append(KubeClient(Credentials(str(server.make_url("")).rstrip("/"), None, token="t0ken")))
-        return clients[-1]
-
-    yield start
-    for c in clients:
-        await c.close()
-    for s in servers:
-        await s.close()
-
-
-async def until(condition: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
-
-
 class Errors(list[tuple[str, str]]):
     def __call__(self, source: str, kind: str) -> None:
         self.append((source, kind))
@@ -186,7 +157,7 @@ class Delays(list[float]):
             await self.parked.wait()
 
 
-async def test_list_watch_resume_bookmark_and_relist_on_410(serve: Any) -> None:
+async def test_list_watch_resume_bookmark_and_relist_on_410(api_stand_in: Any) -> None:
     api = FakeApi(
         [
             listing("10", pod("a", "u1"), pod("done", "u0", phase="Succeeded")),
@@ -200,7 +171,7 @@ async def test_list_watch_resume_bookmark_and_relist_on_410(serve: Any) -> None:
             events({"type": "DELETED", "object": pod("a", "u1", rv="21")}),
         ]
     )
-    core = await serve(api)
+    core = await api_stand_in(api)
     errors = Errors()
     watch = PodMetadataWatch(NODE, errors, sleep=Delays().sleep)
     generations = []
@@ -249,9 +220,9 @@ class Warnings(logging.Handler):
         logging.disable(self.before[1])
 
 
-async def test_rbac_refusal_backs_off_and_keeps_the_last_view(serve: Any) -> None:
+async def test_rbac_refusal_backs_off_and_keeps_the_last_view(api_stand_in: Any) -> None:
     api = FakeApi([listing("10", pod("a", "u1")), status(403), status(403), status(403)])
-    core = await serve(api)
+    core = await api_stand_in(api)
     errors = Errors()
     delays = Delays(park_after=3)
     watch = PodMetadataWatch(NODE, errors, sleep=delays.sleep)
@@ -292,9 +263,9 @@ async def test_unreachable_api_is_counted() -> None:
     assert not watch.synced and watch.pods == {}
 
 
-async def test_malformed_objects_are_skipped(serve: Any) -> None:
+async def test_malformed_objects_are_skipped(api_stand_in: Any) -> None:
     api = FakeApi([listing("10", pod("a", "u1"), {"metadata": {"name": "no-uid"}})])
-    core = await serve(api)
+    core = await api_stand_in(api)
     errors = Errors()
     watch = PodMetadataWatch(NODE, errors)
     task = asyncio.create_task(watch.run(core))
@@ -316,11 +287,11 @@ def test_watches_start_a_minimum_interval_apart() -> None:
     assert watch_wait(100.0, 500.0, 1.0) == 0.0
 
 
-async def test_a_watch_that_ends_at_once_is_not_rewatched_in_a_tight_loop(serve: Any) -> None:
+async def test_a_watch_that_ends_at_once_is_not_rewatched_in_a_tight_loop(api_stand_in: Any) -> None:
     # A server that ends every watch at once, as a stand-in API server did: each new watch
     # waits out the minimum interval (the clock stands still here) instead of starting at once.
     api = FakeApi([listing("10", pod("a", "u1")), events(), events(), events(), events()])
-    core = await serve(api)
+    core = await api_stand_in(api)
     errors = Errors()
     delays = Delays(park_after=3)
     watch = PodMetadataWatch(
