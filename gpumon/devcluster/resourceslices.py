@@ -249,6 +249,28 @@ def devices(node: str, template: NodeTemplate) -> list[dict[str, Any]]:
         backend.close()
 
 
+# What a pool's template cannot know of a node it has not made: its GPUs' own identities.
+_NODE_SPECIFIC = frozenset({dra.UUID_ATTRIBUTE, dra.PARENT_UUID_ATTRIBUTE})
+
+
+def pool_dra(template: NodeTemplate) -> dict[str, Any]:
+    """A controller pool's ``template.dra`` (docs/autoscaling.md) for nodes made from
+    ``template``: the devices this driver publishes for such a node, with their string,
+    integer and boolean attributes in the driver's domain and their capacities; not their UUIDs
+    (node-specific), other domains' attributes, nor versions (a template declares no semver)."""
+    out = []
+    for d in devices("template", template):
+        attributes = {
+            name: value[kind]
+            for name, value in (d.get("attributes") or {}).items()
+            for kind in ("string", "int", "bool")
+            if kind in value and "/" not in name and name not in _NODE_SPECIFIC
+        }
+        capacity = {name: value["value"] for name, value in (d.get("capacity") or {}).items()}
+        out.append({"name": d["name"], "attributes": attributes, "capacity": capacity})
+    return {"driver": dra.NVIDIA_GPU_DRIVER, "devices": out}
+
+
 def slice_name(node: str) -> str:
     return f"{node}-{dra.NVIDIA_GPU_DRIVER}"
 

@@ -539,3 +539,27 @@ async def test_a_dra_node_has_its_gpus_once_its_slice_is_published() -> None:
     slices.update_local("s-mine", SliceView("n0", 1, (mine,)), "1")
     (plan,) = await a.round()
     assert plan.arriving == 0
+
+
+@pytest.mark.parametrize("mig", [{}, {"3g.40gb": 2}])
+def test_the_local_drivers_slice_as_a_pool_template(mig: dict[str, int]) -> None:
+    """A pool template made from the test driver's slice (gpumon.devcluster.resourceslices)
+    declares the devices a node of it publishes, with their attributes and capacities but not
+    their UUIDs nor versions."""
+    from gpumon.devcluster import nodes, resourceslices
+    from gpumon.dra import slice_devices
+
+    template = nodes.NodeTemplate(gpus=2, dra=True, mig=mig)
+    pool = make_pool(template={"dra": resourceslices.pool_dra(template)})
+    assert pool.template.dra is not None
+    declared = {d.ref.device: d for d in pool.template.dra.devices}
+    published = slice_devices(resourceslices.slice_manifest("n0", "uid-n0", template))
+    assert sorted(declared) == sorted(d.ref.device for d in published) and len(declared) == (4 if mig else 2)
+    for d in published:
+        mine = declared[d.ref.device]
+        assert mine.uuid is None and mine.kind == d.kind and mine.capacity == d.capacity
+        assert all(d.attributes[k] == v for k, v in mine.attributes.items())
+        assert (
+            "gpu.nvidia.com/driverVersion" in d.attributes
+            and "gpu.nvidia.com/driverVersion" not in mine.attributes
+        )
