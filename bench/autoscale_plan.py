@@ -7,6 +7,11 @@ pure planner (:func:`gpumon.controller.core.scale_plan.plan_pools`), and the who
 informer caches seeded with the same objects. API calls are not part of either. Beside it, the
 replicas a GPU-unaware autoscaler would request (one node per pending pod).
 
+The same fleet asked through DRA, planned in the same run: pools whose templates publish 8 GPUs
+(``template.dra``), the pending pods claiming the same numbers of GPUs of NVIDIA's
+``gpu.nvidia.com`` DeviceClass, half of them with a CEL selector on the GPUs' memory. The first
+round compiles and evaluates every selector (nothing cached yet), later rounds reuse results.
+
 ``python -m bench.autoscale_plan [--repeats N]`` prints the table as Markdown.
 """
 
@@ -16,6 +21,7 @@ import argparse
 import random
 import statistics
 import time
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
@@ -29,6 +35,7 @@ from gpumon.controller.act.retry import RetryPolicy
 from gpumon.controller.configure import pool_from_config
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.demand import PodDemand
+from gpumon.controller.core.device_claims import ClaimDemand, DeviceRequest, Selector
 from gpumon.controller.core.objects import GpuResources, PdbView, PodView
 from gpumon.controller.core.pools import (
     RECORD_ANNOTATION,
@@ -41,6 +48,7 @@ from gpumon.controller.core.pools import (
 from gpumon.controller.core.scale_plan import Action, plan_pools
 from gpumon.controller.shell.autoscaler_loop import AutoscaleMetrics, Autoscaler, gpu_resources
 from gpumon.controller.shell.informer import Informer
+from gpumon.dra_cel import compile_selector
 
 NODES = 2_000
 PODS = 20_000
@@ -58,7 +66,40 @@ class _NoApi:
         raise AssertionError(f"the benchmark made an API call ({name})")
 
 
-def _pools() -> list[Pool]:
+GPU_CLASS = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
+BIG_GPU = 'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0'
+
+
+def _dra_template() -> dict[str, Any]:
+    gpu = {"name": "gpu", "count": 8, "attributes": {"type": "gpu", "productName": "NVIDIA H100 80GB HBM3"}}
+    return {
+        "resources": {"cpu": "96", "memory": "1Ti"},
+        "dra": {"devices": [{**gpu, "capacity": {"memory": "80Gi"}}]},
+    }
+
+
+def _as_claims(pods: list[PodDemand], rng: random.Random) -> list[PodDemand]:
+    """The same pods asking their GPUs through one claim each, as the shell resolves them."""
+    class_selectors = (Selector(GPU_CLASS, compile_selector(GPU_CLASS)),)
+    big = (Selector(BIG_GPU, compile_selector(BIG_GPU)),)
+    out = []
+    for pod in pods:
+        count = pod.requests[GPU] // 1000
+        request = DeviceRequest(
+            "gpu", "gpu.nvidia.com", big if rng.random() < 0.5 else (), count, False, class_selectors
+        )
+        requests = {k: v for k, v in pod.requests.items() if k != GPU}
+        out.append(
+            replace(
+                pod,
+                requests=MappingProxyType(requests),
+                claims=(ClaimDemand(f"ml/{pod.name}-gpu", (request,)),),
+            )
+        )
+    return out
+
+
+def _pools(dra: bool = False) -> list[Pool]:
     return [
         pool_from_config(
             PoolConfig.model_validate(
@@ -66,7 +107,9 @@ def _pools() -> list[Pool]:
                     "name": f"pool-{i}",
                     "target": {"namespace": "capi", "name": f"md-{i}"},
                     "node_selector": f"pool=pool-{i}",
-                    "template": {"resources": {GPU: 8, "cpu": "96", "memory": "1Ti"}},
+                    "template": _dra_template()
+                    if dra
+                    else {"resources": {GPU: 8, "cpu": "96", "memory": "1Ti"}},
                     "max_replicas": 1_000,
                     "max_step": 200,
                     "headroom_nodes": 2,
@@ -98,7 +141,9 @@ def _pending(rng: random.Random) -> list[PodDemand]:
     return out
 
 
-def _autoscaler(pools: list[Pool], rng: random.Random) -> tuple[Autoscaler, dict[str, ScaleState]]:
+def _autoscaler(
+    pools: list[Pool], rng: random.Random, dra: bool = False
+) -> tuple[Autoscaler, dict[str, ScaleState]]:
     api: Any = _NoApi()
     pods: Informer[PodView] = Informer(
         api, "/api/v1/pods", lambda o: None, name="pods", index=lambda p: p.node_name
@@ -139,7 +184,8 @@ def _autoscaler(pools: list[Pool], rng: random.Random) -> tuple[Autoscaler, dict
         node = busy[i % len(busy)]
         pod = PodView("ml", f"job-{i}", f"uid-{i}", node, "Running", uses_gpu=True)
         pods.update_local(f"ml/job-{i}", pod, "1")
-    for demand in _pending(rng):
+    pending = _pending(rng)
+    for demand in _as_claims(pending, rng) if dra else pending:
         a.pending.update_local(demand.key, demand, "1")
     provided = {f"uid-pending-{i}": NOW - 20 for i in range(0, PENDING, 10)}  # a scale-up on its way
     record = record_to_annotation(Record(provided=MappingProxyType(provided), scaled_up_at=NOW - 20))
@@ -160,6 +206,21 @@ def _ms(samples: list[float]) -> str:
     return f"p50 {statistics.median(ordered) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms"
 
 
+def _dra_rounds(repeats: int, seed: int) -> tuple[float, list[float], int]:
+    """The DRA fleet: (first round, later rounds, nodes added for pending pods)."""
+    pools = _pools(dra=True)
+    a, scales = _autoscaler(pools, random.Random(seed), dra=True)
+    pending = list(a.pending.items().values())
+    times: list[float] = []
+    plans: tuple[Any, ...] = ()
+    for _ in range(repeats + 1):
+        inputs = a.inputs(scales, NOW)
+        started = time.perf_counter()
+        plans = plan_pools(inputs, pending, NOW)
+        times.append(time.perf_counter() - started)
+    return times[0], times[1:], sum(p.demand_nodes for p in plans)
+
+
 def measure(repeats: int = 30, seed: int = 1) -> Table:
     rng = random.Random(seed)
     pools = _pools()
@@ -177,6 +238,7 @@ def measure(repeats: int = 30, seed: int = 1) -> Table:
         plans = plan_pools(a.inputs(scales, NOW), list(a.pending.items().values()), NOW)
         full.append(time.perf_counter() - started)
     added = sum(p.demand_nodes for p in plans)
+    dra_first, dra_later, dra_added = _dra_rounds(repeats, seed)
     replacing = sum(p.desired - p.current - p.demand_nodes for p in plans if p.action is Action.SCALE_UP)
     for_pods = sum(len(p.pods) for p in plans)
     naive = for_pods  # one node per pod
@@ -189,10 +251,30 @@ def measure(repeats: int = 30, seed: int = 1) -> Table:
             f"{NODES:,} GPU nodes in {POOLS} pools (8 GPUs each), {PODS:,} scheduled GPU pods, {PENDING} "
             f"pending GPU pods (1-8 GPUs); {repeats} rounds in-process (`python -m bench.autoscale_plan`). "
             "A round's CPU side is the shell reading its informer caches into planner inputs, then "
-            "planning; API calls excluded. The naive autoscaler asks one node per pending pod."
+            "planning; API calls excluded. The naive autoscaler asks one node per pending pod. "
+            "DRA: the same fleet and pods, GPUs published by `template.dra` and claimed "
+            "(gpu.nvidia.com, half with a CEL memory selector), planned in the same run."
         ),
         rows=(
             Row("planning time (pure planner)", "—", _ms(pure)),
+            Row(
+                "planning time, DRA claims (pure planner)",
+                "—",
+                _ms(dra_later),
+                # Beside the same pods through nvidia.com/gpu, measured in the same run (row above).
+                ratio=f"p50 {statistics.median(dra_later) / statistics.median(pure):.2f}x nvidia.com/gpu's",
+            ),
+            Row(
+                "first DRA round (every selector evaluated on the templates, nothing cached yet)",
+                "—",
+                f"{dra_first * 1000:.1f} ms",
+            ),
+            Row(
+                "nodes requested, DRA claims",
+                f"as for nvidia.com/gpu ({added})",
+                f"{dra_added} nodes",
+                met="yes" if dra_added == added else "no",
+            ),
             Row(
                 "round CPU time (caches -> plans)",
                 f"≤ {TARGET_SECONDS:.0f} s pending -> request",

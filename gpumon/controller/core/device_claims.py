@@ -194,13 +194,15 @@ class TemplateDevices:
                 conflicts[i].add(parent)
                 conflicts[parent].add(i)
         self.conflicts = tuple(frozenset(c) for c in conflicts)
-        self._cache: dict[DeviceRequest, tuple[int, ...] | str] = {}
+        # By the selectors alone: what a request matches does not depend on how many it wants.
+        self._cache: dict[tuple[tuple[Selector, ...], tuple[Selector, ...]], tuple[int, ...] | str] = {}
 
     def candidates(self, request: DeviceRequest) -> tuple[int, ...] | str:
         """Indices of the devices ``request`` matches, or why it cannot be evaluated on them.
         The class's selectors come first and a false one ends a device's check, as in the
         scheduler's allocator."""
-        hit = self._cache.get(request)
+        key = (request.class_selectors, request.selectors)
+        hit = self._cache.get(key)
         if hit is not None:
             return hit
         result: tuple[int, ...] | str
@@ -211,10 +213,10 @@ class TemplateDevices:
                 if all(s.matches(d) for s in (*request.class_selectors, *request.selectors))
             )
         except ValueError as e:
-            result = f"request {request.name}: {e}"
+            result = str(e)
         if len(self._cache) >= self._CACHE_LIMIT:
             self._cache.clear()
-        self._cache[request] = result
+        self._cache[key] = result
         return result
 
     def unevaluable(self, claims: Sequence[ClaimDemand]) -> str | None:
@@ -222,7 +224,7 @@ class TemplateDevices:
             for r in claim.requests:
                 found = self.candidates(r)
                 if isinstance(found, str):
-                    return f"claim {claim.key}, {found}"
+                    return f"claim {claim.key}, request {r.name}: {found}"
         return None
 
     def allocate(self, claims: Sequence[ClaimDemand], free: Sequence[bool]) -> list[bool] | None:
