@@ -38,6 +38,9 @@ class Point:
     restart_synced: float  # process started again -> every informer synced
     restart_decision: float  # process started again -> a fault injected while it was down tainted
     load: float  # the 1-minute load average at the end of the steady window
+    # The leader killed, a standby replica (synced) takes over -> a fault injected at the kill
+    # tainted; NaN where two replicas' watch streams do not fit.
+    leader_change_decision: float = math.nan
 
     @property
     def pods(self) -> int:
@@ -78,6 +81,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure("pending pod → scale request (worst)", lambda p: p.pending_to_request, _seconds),
     Figure("restart → informers synced", lambda p: p.restart_synced, _seconds),
     Figure("restart → first correct decision", lambda p: p.restart_decision, _seconds, 30.0, "≤ 30 s"),
+    Figure("leader change → first correct decision", lambda p: p.leader_change_decision, _seconds),
 )
 
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from bench.cache_bytes import cache_size, deep_size
-from bench.controller_scale import FULL, control_plane_options, lease_seconds
+from bench.controller_scale import FULL, control_plane_options, leader_change_fits, lease_seconds
 from bench.report import table_markdown
 from bench.scale_curve import (
     GIB,
@@ -169,3 +169,17 @@ def test_the_curve_holds_lease_renewals_to_100_a_second() -> None:
     single = control_plane_options(FULL)  # the single point keeps its measured setup
     assert (single.node_lease_duration_seconds, single.node_monitor_grace_period_seconds) == (40, 300)
     assert single.etcd_flags == ()
+
+
+def test_a_leader_change_runs_only_where_two_replicas_streams_fit() -> None:
+    assert leader_change_fits(5000, 20_000)  # 10,000 streams and head-room
+    assert not leader_change_fits(10_000, 20_000)  # 20,000 streams: the farm would run out
+    assert leader_change_fits(9_500, 20_000) and not leader_change_fits(9_501, 20_000)
+
+
+def test_the_leader_change_column_is_blank_where_it_did_not_run() -> None:
+    text = table_markdown(curve_grid([point(1000, leader_change_decision=17.5), point(10_000)]))
+    rows = {x.split(" | ")[0]: x.split(" | ") for x in text.splitlines() if x.startswith("| ")}
+    header = rows["| nodes"]
+    column = header.index("leader change → first correct decision")
+    assert rows["| 1,000"][column] == "17.5 s" and rows["| 10,000"][column] == "—"
