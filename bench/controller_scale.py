@@ -515,11 +515,7 @@ class Fault:
 
 async def fault_trial(cluster: Cluster, farm: Farm, node: str) -> Fault:
     api = cluster.api
-    tainted = asyncio.create_task(
-        first_event(
-            api, "/api/v1/nodes", {"fieldSelector": f"metadata.name={node}"}, lambda _, o: has_taint(o)
-        )
-    )
+    tainted = taint_watch(api, node)
     evicted = asyncio.create_task(
         first_event(
             api, f"/api/v1/namespaces/{NAMESPACE}/pods", {"fieldSelector": f"spec.nodeName={node}"}, leaving
@@ -620,6 +616,30 @@ async def scale_trial(cluster: Cluster, pending: int) -> Scale:
     return Scale(tuple(seen), tuple(sorted(marked.values())), created, needed)
 
 
+def taint_watch(api: ApiClientKube, node: str) -> asyncio.Task[tuple[float, Mapping[str, Any]]]:
+    """The bench's own watch of ``node`` until gpumon's taint is on it (when, and the Node)."""
+    return asyncio.create_task(
+        first_event(
+            api, "/api/v1/nodes", {"fieldSelector": f"metadata.name={node}"}, lambda _, o: has_taint(o)
+        )
+    )
+
+
+async def kill(ctl: ControllerProcess) -> float:
+    """SIGKILL, as a crash or an OOM kill would: the lease is not released. The wall time of the
+    kill, once the process is gone."""
+    assert ctl.child is not None
+    ctl.child.process.kill()
+    at = time.time()
+    await asyncio.to_thread(ctl.child.process.wait)
+    return at
+
+
+def informers_synced(metrics_text: str) -> bool:
+    synced = metric_values(metrics_text, "gpumon_controller_informer_synced")
+    return bool(synced) and all(v == 1 for _, v in synced)
+
+
 @dataclass(frozen=True, slots=True)
 class Restart:
     """Seconds from the controller's process started again to each milestone."""
@@ -643,19 +663,10 @@ async def restart_trial(
     """Kill the controller (SIGKILL, as a crash or an OOM kill would), give ``node`` a fault
     while it is down, start it again with the same identity (a container restart: the lease is
     its own) and time it back to work."""
-    tainted = asyncio.create_task(
-        first_event(
-            cluster.api,
-            "/api/v1/nodes",
-            {"fieldSelector": f"metadata.name={node}"},
-            lambda _, o: has_taint(o),
-        )
-    )
+    tainted = taint_watch(cluster.api, node)
     try:
         await asyncio.sleep(1.0)  # the watch is open
-        assert ctl.child is not None
-        ctl.child.process.kill()
-        await asyncio.to_thread(ctl.child.process.wait)
+        await kill(ctl)
         log(f"controller killed; fault on {node}; starting it again")
         await farm.fault(node)
         started = time.time()
@@ -666,11 +677,10 @@ async def restart_trial(
                 text = await controller_metrics(session, ctl)
             except aiohttp.ClientError:
                 text = ""
-            synced = metric_values(text, "gpumon_controller_informer_synced")
             at = time.time() - started
             if text:
                 marks.setdefault("up", at)
-            if synced and all(v == 1 for _, v in synced):
+            if informers_synced(text):
                 marks.setdefault("synced", at)
             if metric_sum(text, "gpumon_controller_leader"):
                 marks.setdefault("leading", at)
@@ -721,28 +731,16 @@ async def leader_change_trial(
         if not standby.running:
             raise RuntimeError(f"the standby replica exited:\n{standby.log_tail()}")
         try:
-            synced = metric_values(
-                await controller_metrics(session, standby), "gpumon_controller_informer_synced"
-            )
+            return None if informers_synced(await controller_metrics(session, standby)) else "syncing"
         except aiohttp.ClientError:
             return "starting"
-        return None if synced and all(v == 1 for _, v in synced) else "syncing"
 
     standby.spawn()
     await poll("standby replica", standby_synced, every=1.0)
-    tainted = asyncio.create_task(
-        first_event(
-            cluster.api,
-            "/api/v1/nodes",
-            {"fieldSelector": f"metadata.name={node}"},
-            lambda _, o: has_taint(o),
-        )
-    )
+    tainted = taint_watch(cluster.api, node)
     try:
         await asyncio.sleep(1.0)  # the watch is open
-        assert leader.child is not None
-        leader.child.process.kill()
-        killed = time.time()
+        killed = await kill(leader)
         await farm.fault(node)
         leading = math.nan
         while not tainted.done() and time.time() - killed < DEADLINE:
