@@ -1317,9 +1317,10 @@ CURVE_INTRO = """\
 The controller at several fleet sizes, each in a fresh control plane: kwok GPU nodes of 8 GPUs
 with 10 pods each (8 single-GPU pods, 2 CPU pods), the signal farm as every node's exporter, the
 real `gpumon controller --act`. Per size: steady CPU, RSS and API requests, fault → taint →
-eviction, pending pods → scale request, and a restart (SIGKILL, a fault injected while it is down,
-started again) to its informers synced and to its first correct decision (that node tainted).
-Then a least-squares line per figure. Regenerate with
+eviction, pending pods → scale request, a restart (SIGKILL, a fault injected while it is down,
+started again) to its informers synced and to its first correct decision (that node tainted),
+and, where two replicas fit, a leader change to a synced standby. Then a least-squares line per
+figure. Regenerate with
 `python -m bench controller-scale --curve 1000,2000,5000,10000`; docs/benchmarks.md says what
 the lines imply for 65,000 nodes."""
 
