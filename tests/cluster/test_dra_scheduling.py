@@ -272,3 +272,50 @@ async def test_a_plain_nvidia_gpu_request_is_allocated_from_a_dra_node_and_serve
     [dynamic] = listed.containers[0].dynamic_resources
     assert (dynamic.claim_namespace, dynamic.claim_name) == (ref.namespace, ref.name)
     assert [(r.pool_name, r.device_name) for r in dynamic.claim_resources] == [(name, "gpu-0")]
+
+
+async def test_a_device_taint_rule_keeps_new_claims_off_the_device(
+    api: client.ApiClient, namespace: str, make_nodes: NodeMaker, test_id: str
+) -> None:
+    # The DRADeviceTaintRules gate at work in the two components that act on rules: the
+    # scheduler does not allocate the tainted device, KCM's device-taint-eviction controller
+    # writes the rule's status (docs/devcluster.md, "Dynamic Resource Allocation").
+    [name] = await make_nodes(1, dra_nodes(test_id, 2))
+    rules = client.ResourceV1beta2Api(api)
+    rule = {
+        "apiVersion": "resource.k8s.io/v1beta2",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": test_id},
+        "spec": {
+            "deviceSelector": {"driver": dra.NVIDIA_GPU_DRIVER, "pool": name, "device": "gpu-0"},
+            "taint": {"key": "gpumon.io/gpu-unhealthy", "value": "XidFatal", "effect": "NoSchedule"},
+        },
+    }
+    await rules.create_device_taint_rule(rule)
+    try:
+
+        async def rule_status() -> str | None:
+            conditions = (await rules.read_device_taint_rule(test_id)).status
+            found = [
+                c for c in (conditions and conditions.conditions) or [] if c.type == "EvictionInProgress"
+            ]
+            return found[0].reason if found else None
+
+        # v1.36.3 says "OtherEffect" for any effect but NoExecute: it evicts nothing for them.
+        assert await eventually(rule_status, what="KCM's status on the rule") == "OtherEffect"
+        await client.ResourceV1Api(api).create_namespaced_resource_claim_template(
+            namespace, workloads.claim_template("one-gpu", resourceslices.GPU_DEVICE_CLASS)
+        )
+        deployment = workloads.dra_deployment(
+            "train", replicas=2, claim_template_name="one-gpu", node_selector={TEST_LABEL: test_id}
+        )
+        await client.AppsV1Api(api).create_namespaced_deployment(namespace, deployment)
+        pods, claims = await eventually(lambda: _placed(api, namespace, "train", 1), what="one pod placed")
+        [allocated] = dra.claim_devices(claims[dra.pod_claims(pods[0])[0]])
+        assert allocated.ref == dra.DeviceRef(dra.NVIDIA_GPU_DRIVER, name, "gpu-1")
+        reason = await eventually(
+            lambda: _pending_reason(api, namespace, "train"), what="the second pod Pending"
+        )
+        assert "cannot allocate all claims" in reason, reason
+    finally:
+        await rules.delete_device_taint_rule(test_id)
