@@ -9,6 +9,7 @@ converter returns a value."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from hypothesis import given
@@ -17,6 +18,7 @@ from strategies import FUZZ, scalars, strings
 
 from gpumon.controller.core.claims import claim_from_json, slice_from_json
 from gpumon.controller.core.demand import Template, pending_gpu_pod
+from gpumon.controller.core.device_claims import TemplateDevices, claim_requests, device_class_view, resolve
 from gpumon.controller.core.device_taints import rule_from_json
 from gpumon.controller.core.objects import (
     GpuResources,
@@ -26,6 +28,8 @@ from gpumon.controller.core.objects import (
     pod_from_json,
 )
 from gpumon.controller.core.pools import pool_node_from_json
+from gpumon.dra import DeviceRef, SliceDevice
+from gpumon.dra_cel import SelectorError, compile_selector
 from gpumon.status.allocation import build_allocation
 
 NODE: dict[str, Any] = {
@@ -308,3 +312,58 @@ def test_the_allocation_view_is_built_from_any_node_and_pods(
     node: dict[str, Any], pods: list[dict[str, Any]]
 ) -> None:
     build_allocation("2026-01-01T00:00:00Z", [node], pods)
+
+
+BIG_GPU = 'device.capacity["gpu.nvidia.com"].memory.isGreaterThan(quantity("40Gi"))'
+PENDING_CLAIM: dict[str, Any] = {
+    "metadata": {"name": "p-gpu-x2k9d", "namespace": "ml", "uid": "u"},
+    "spec": {
+        "devices": {
+            "requests": [
+                {
+                    "name": "gpu",
+                    "exactly": {
+                        "deviceClassName": "gpu.nvidia.com",
+                        "allocationMode": "ExactCount",
+                        "count": 2,
+                        "selectors": [
+                            {
+                                "cel": {
+                                    "expression": 'device.capacity["gpu.nvidia.com"].memory.isGreaterThan(quantity("40Gi"))'
+                                }
+                            }
+                        ],
+                    },
+                }
+            ]
+        }
+    },
+    "status": {},
+}
+DEVICE_CLASS: dict[str, Any] = {
+    "metadata": {"name": "gpu.nvidia.com"},
+    "spec": {"selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]},
+}
+
+
+@FUZZ
+@given(damaged(PENDING_CLAIM), damaged(DEVICE_CLASS), st.text(max_size=80))
+def test_dra_demand_objects_and_selectors_convert(
+    claim: dict[str, Any], device_class: dict[str, Any], expression: str
+) -> None:
+    """A pending claim, its DeviceClass and any CEL text: the autoscaler's views, resolution and
+    evaluation on a template's devices give a value or a reason, never an exception."""
+    view = claim_requests(claim, compile_selector)
+    dc = device_class_view(device_class, compile_selector)
+    resolved = resolve([view], {dc.name: dc})
+    gpu = SliceDevice(
+        DeviceRef("gpu.nvidia.com", "n", "gpu-0"),
+        {"gpu.nvidia.com/type": "gpu", "gpu.nvidia.com/productName": "H100"},
+        {"gpu.nvidia.com/memory": 80 * 2**30},
+    )
+    devices = TemplateDevices([gpu, gpu])
+    claims = [c for c in resolved if not isinstance(c, str)]
+    devices.unevaluable(claims)  # type: ignore[arg-type]
+    devices.allocate(claims, [True, True])  # type: ignore[arg-type]
+    with contextlib.suppress(SelectorError):  # the documented error: reported as unevaluable
+        compile_selector(expression)(gpu)
