@@ -326,13 +326,7 @@ PENDING_CLAIM: dict[str, Any] = {
                         "deviceClassName": "gpu.nvidia.com",
                         "allocationMode": "ExactCount",
                         "count": 2,
-                        "selectors": [
-                            {
-                                "cel": {
-                                    "expression": 'device.capacity["gpu.nvidia.com"].memory.isGreaterThan(quantity("40Gi"))'
-                                }
-                            }
-                        ],
+                        "selectors": [{"cel": {"expression": BIG_GPU}}],
                     },
                 }
             ]
