@@ -77,11 +77,13 @@ async def run_pods(
     bodies = list(manifests)
     for body in bodies:
         await core.create_namespaced_pod(namespace, body)
-    started = await asyncio.gather(*(_started(core, namespace, body) for body in bodies))
+    started = await asyncio.gather(*(running_pod(core, namespace, body) for body in bodies))
     return {p.name: p for p in started}
 
 
-async def _started(core: client.CoreV1Api, namespace: str, manifest: Mapping[str, Any]) -> RunningPod:
+async def running_pod(core: client.CoreV1Api, namespace: str, manifest: Mapping[str, Any]) -> RunningPod:
+    """Once kwok has the pod (``manifest``: its name and containers, or the pod itself as JSON)
+    Running, give each container a runtime ID in its status, as the kubelet reports them."""
     name = manifest["metadata"]["name"]
     await eventually(lambda: _running(core, namespace, name), what=f"pod {namespace}/{name} Running")
     ids = {c["name"]: secrets.token_hex(32) for c in manifest["spec"]["containers"]}
