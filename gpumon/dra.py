@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from gpumon.resources import milli
 
@@ -178,6 +178,32 @@ def slice_devices(resource_slice: Mapping[str, Any]) -> tuple[SliceDevice, ...]:
         }
         out.append(SliceDevice(DeviceRef(driver, pool, device["name"]), attributes, capacity))
     return tuple(out)
+
+
+class PoolPart(Protocol):
+    """What a view of one ResourceSlice must say for :func:`newest_generation`."""
+
+    @property
+    def driver(self) -> str: ...
+    @property
+    def pool(self) -> str: ...
+    @property
+    def generation(self) -> int: ...
+
+
+P = TypeVar("P", bound=PoolPart)
+
+
+def newest_generation(slices: Iterable[P]) -> list[P]:
+    """The slices of each (driver, pool) at its newest generation. A driver republishing a pool
+    bumps ``spec.pool.generation`` and replaces its slices one by one, so for a while old and new
+    ones coexist: the API's ResourcePool says consumers use only the highest generation."""
+    slices = list(slices)
+    newest: dict[tuple[str, str], int] = {}
+    for s in slices:
+        key = (s.driver, s.pool)
+        newest[key] = max(newest.get(key, s.generation), s.generation)
+    return [s for s in slices if s.generation == newest[(s.driver, s.pool)]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumon.devices.backend import ErrorSink
-from gpumon.dra import RESOURCE_SLICES_PATH, DeviceRef, SliceDevice, slice_devices
+from gpumon.dra import RESOURCE_SLICES_PATH, DeviceRef, SliceDevice, newest_generation, slice_devices
 from gpumon.exporter.list_watch import ListWatch
 
 SOURCE = "dra"
@@ -50,12 +50,7 @@ def project_slice(obj: Mapping[str, Any], drivers: frozenset[str]) -> PoolSlice 
 
 def device_index(slices: Iterable[PoolSlice]) -> dict[DeviceRef, SliceDevice]:
     """Every device of the newest generation of its pool, by reference."""
-    slices = tuple(slices)
-    newest: dict[tuple[str, str], int] = {}
-    for s in slices:
-        key = (s.driver, s.pool)
-        newest[key] = max(newest.get(key, s.generation), s.generation)
-    return {d.ref: d for s in slices if s.generation == newest[(s.driver, s.pool)] for d in s.devices}
+    return {d.ref: d for s in newest_generation(slices) for d in s.devices}
 
 
 class ResourceSliceWatch(ListWatch[PoolSlice]):

@@ -71,6 +71,13 @@ def test_healthy_gone_and_other_nodes_want_none() -> None:
     assert wanted_rules("n2", node(("GPU-1", "unhealthy")), [SLICE]) == ()
 
 
+def test_devices_left_in_an_older_generation_of_its_pool_are_not_tainted() -> None:
+    # The driver republished its pool with GPU 1 no longer split: the MIG device is gone.
+    newer = SliceView("n1", 2, (PlacedDevice(ref("gpu-1"), "GPU-1", "GPU-1"),))
+    wanted = wanted_rules("n1", node(("GPU-1", "unhealthy")), [SLICE, newer])
+    assert [w.ref.device for w in wanted] == ["gpu-1"]
+
+
 def test_plan_creates_what_is_missing_and_deletes_what_is_not_wanted_on_its_node_only() -> None:
     wanted = wanted_rules("n1", node(("GPU-1", "unhealthy")), [SLICE])
     stale = RuleView(rule_name(ref("gpu-0")), "n1")

@@ -220,9 +220,12 @@ def test_claim_view_keeps_the_gpu_devices_and_the_pods_reserved() -> None:
 def test_the_newest_generation_of_a_pool_places_its_devices() -> None:
     old, new = resource_slice(generation=1), resource_slice(generation=2)
     new["spec"]["devices"][1]["attributes"]["uuid"] = {"string": "GPU-1-replaced"}
+    old["spec"]["devices"].append({"name": "gpu-9", "attributes": _attrs(type="gpu", uuid="GPU-9")})
     placed = placed_devices(slices(new, old))
     assert placed[DeviceRef(NVIDIA_GPU_DRIVER, NODE, "gpu-1")].card_uuid == "GPU-1-replaced"
     assert placed[DeviceRef(NVIDIA_GPU_DRIVER, NODE, "gpu-2-mig-9-4-4")].card_uuid == "GPU-2"
+    # A device the newer generation no longer publishes is gone, not kept from the old one.
+    assert DeviceRef(NVIDIA_GPU_DRIVER, NODE, "gpu-9") not in placed
     assert slice_from_json(resource_slice(driver="net.example.com"), DRIVERS) is None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from gpumon.dra import (
@@ -12,6 +13,7 @@ from gpumon.dra import (
     ClaimRef,
     DeviceRef,
     claim_devices,
+    newest_generation,
     pod_claims,
     pod_claims_by_entry,
     resource_claims_path,
@@ -183,3 +185,21 @@ def test_pod_claims_include_the_claim_backing_extended_resources() -> None:
 def test_claim_collection_paths() -> None:
     assert resource_claims_path() == "/apis/resource.k8s.io/v1/resourceclaims"
     assert resource_claims_path("ml") == "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims"
+
+
+@dataclass(frozen=True)
+class _Part:
+    driver: str
+    pool: str
+    generation: int
+    name: str
+
+
+def test_only_the_newest_generation_of_each_pool_counts() -> None:
+    a1, a2 = _Part("gpu.nvidia.com", "n1", 1, "a1"), _Part("gpu.nvidia.com", "n1", 2, "a2")
+    a2b = _Part("gpu.nvidia.com", "n1", 2, "a2b")
+    other_driver = _Part("net.example.com", "n1", 1, "net")
+    b1 = _Part("gpu.nvidia.com", "n2", 1, "b1")
+
+    assert newest_generation([a1, b1, a2, other_driver, a2b]) == [b1, a2, other_driver, a2b]
+    assert newest_generation([]) == []

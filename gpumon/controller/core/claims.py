@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumon.controller.core.objects import PodView
-from gpumon.dra import ClaimRef, DeviceRef, claim_devices, slice_devices
+from gpumon.dra import ClaimRef, DeviceRef, claim_devices, newest_generation, slice_devices
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +61,22 @@ class PlacedDevice:
 
 @dataclass(frozen=True, slots=True)
 class SliceView:
-    """The GPU devices of one ResourceSlice, with the node they are on ("" when the pool is not
-    node-local) and the pool's generation (a newer generation replaces older slices)."""
+    """The GPU devices of one ResourceSlice (never none: :func:`slice_from_json` keeps no empty
+    view), with the node they are on ("" when the pool is not node-local) and the pool's
+    generation (a newer generation replaces older slices)."""
 
     node: str
     generation: int
     devices: tuple[PlacedDevice, ...]
+
+    # The slice's driver and pool, which every device's triple repeats.
+    @property
+    def driver(self) -> str:
+        return self.devices[0].ref.driver
+
+    @property
+    def pool(self) -> str:
+        return self.devices[0].ref.pool
 
 
 def slice_from_json(obj: Mapping[str, Any], drivers: Collection[str]) -> SliceView | None:
@@ -86,13 +96,9 @@ def slice_from_json(obj: Mapping[str, Any], drivers: Collection[str]) -> SliceVi
 
 
 def placed_devices(slices: Iterable[SliceView]) -> dict[DeviceRef, PlacedDevice]:
-    """Every device of ``slices`` by its triple; where a pool's generations disagree (a driver
-    republishing), the newest generation's device wins."""
-    out: dict[DeviceRef, PlacedDevice] = {}
-    for s in sorted(slices, key=lambda s: s.generation):
-        for d in s.devices:
-            out[d.ref] = d
-    return out
+    """Every device of ``slices`` by its triple, from its pool's newest generation only (a
+    driver republishing a pool leaves older slices behind for a while)."""
+    return {d.ref: d for s in newest_generation(slices) for d in s.devices}
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from gpumon.controller.core.claims import SliceView
 from gpumon.controller.core.contract import ANNOTATION_UNHEALTHY_GPUS, TAINT_KEY
 from gpumon.controller.core.node_plan import records_from_json
 from gpumon.controller.core.objects import NodeView
-from gpumon.dra import DeviceRef
+from gpumon.dra import DeviceRef, newest_generation
 from gpumon.gpu_health import Severity
 
 API_VERSION = "resource.k8s.io/v1beta2"
@@ -105,7 +105,7 @@ def wanted_rules(node: str, view: NodeView | None, slices: Iterable[SliceView]) 
         return ()
     out = {
         d.ref: WantedRule(node, d.ref, d.card_uuid)
-        for s in slices
+        for s in newest_generation(slices)
         if s.node == node
         for d in s.devices
         if d.card_uuid is not None and d.card_uuid in bad
