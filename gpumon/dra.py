@@ -10,7 +10,9 @@ The attribute names are those of NVIDIA's DRA driver for GPUs (NVIDIA/k8s-dra-dr
 ``cmd/gpu-kubelet-plugin/deviceinfo.go``, ``GetDevice``): driver ``gpu.nvidia.com``, one pool
 per node named after the node; whole GPUs named ``gpu-<minor>`` with ``type: gpu``, ``uuid``,
 ``productName`` and capacity ``memory`` in bytes; MIG devices named
-``gpu-<minor>-mig-<giProfileId>-<placementStart>-<placementSize>`` with ``type: mig``, their own
+``gpu-<minor>-mig-<profile without dots>-<giProfileId>-<placementStart>`` (v25.12; v25.8 named
+them ``...-mig-<giProfileId>-<placementStart>-<placementSize>``, so nothing here parses device names)
+with ``type: mig``, their own
 ``uuid``, ``parentUUID`` (the GPU's) and ``profile`` (``3g.40gb``). A slice's attribute names
 without a domain are in the driver's domain, so CEL reads
 ``device.attributes["gpu.nvidia.com"].productName``; this module keys every attribute and
