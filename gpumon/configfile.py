@@ -11,12 +11,14 @@ so a duplicated ``port:`` would silently win over the first. Every failure is a
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
+if TYPE_CHECKING:
+    import yaml
 
 MAX_FILE_BYTES = 4 * 1024 * 1024
 """Far beyond any real config, rules or scenario file (a kubeconfig with embedded certificates
@@ -102,31 +104,40 @@ def read_config_text(path: Path, what: str, *, field: str | None = None) -> str:
         ) from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key written twice in one mapping."""
+@functools.cache
+def _unique_key_loader() -> type[yaml.SafeLoader]:
+    """PyYAML's safe loader, refusing a key written twice in one mapping. Made on first use: only a
+    process that reads a YAML file imports yaml (the exporter without ``--config`` reads none:
+    docs/exporter.md, "What the exporter imports")."""
+    import yaml
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *base' overrides by design
-                continue
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.get(key)
-            except TypeError:  # an unhashable key: the base class reports it
-                continue
-            if first is not None:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first at line {first + 1})", key_node.start_mark
-                )
-            seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *base' overrides by design
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: the base class reports it
+                    continue
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first at line {first + 1})", key_node.start_mark
+                    )
+                seen[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
 
 
 def parse_yaml(text: str, what: str, *, field: str | None = None) -> Any:
     """One YAML document, duplicate keys refused; ``what`` names its source in errors."""
+    import yaml
+
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
+        return yaml.load(text, Loader=_unique_key_loader())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

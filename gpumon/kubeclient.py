@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -82,6 +81,9 @@ def kubeconfig_path(env: Mapping[str, str] = os.environ) -> Path:
 
 
 def from_kubeconfig(path: Path, context: str | None = None) -> Credentials:
+    # Imported here: in a pod the service account serves, and no YAML is read.
+    import yaml
+
     try:
         doc = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:

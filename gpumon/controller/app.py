@@ -25,7 +25,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from gpumon.config import ControllerConfig
+from gpumon.config.controller import ControllerConfig
 from gpumon.configfile import read_config_text
 from gpumon.controller.act.device_taint import served
 from gpumon.controller.act.events import EventRecorder

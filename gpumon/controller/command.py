@@ -1,11 +1,13 @@
-"""``gpumon controller``: flags onto :class:`~gpumon.config.ControllerConfig`, then run until signalled."""
+"""``gpumon controller``: flags onto :class:`~gpumon.config.controller.ControllerConfig`, then run until
+signalled."""
 
 from __future__ import annotations
 
 import argparse
 from typing import TYPE_CHECKING
 
-from gpumon.config import DEFAULT_CONTROLLER_PORT, ControllerConfig, add_config_arguments, load_from_args
+from gpumon.config import add_config_arguments, load_from_args
+from gpumon.config.controller import DEFAULT_CONTROLLER_PORT, ControllerConfig
 from gpumon.httpauth.flags import SERVER_FLAGS
 
 if TYPE_CHECKING:

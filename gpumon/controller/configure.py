@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from gpumon.config import ControllerConfig
+from gpumon.config.controller import ControllerConfig
 from gpumon.config.pools import PoolConfig
 from gpumon.config.rules import RuleConfig
 from gpumon.controller.core.demand import SharedCards, Template

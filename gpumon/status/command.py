@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
     from rich.live import Live
 
-    from gpumon.config import ControllerConfig
+    from gpumon.config.controller import ControllerConfig
     from gpumon.controller.core.policy import Policy
     from gpumon.controller.kube import KubeApi
     from gpumon.status.allocation import AllocationView
@@ -116,7 +116,8 @@ def node_argument(target: list[str]) -> str | None:
 
 
 def load_config(args: argparse.Namespace) -> ControllerConfig:
-    from gpumon.config import ControllerConfig, load
+    from gpumon.config import load
+    from gpumon.config.controller import ControllerConfig
 
     given = vars(args)
     flags: dict[str, Any] = {k: given[k] for k in ("kubeconfig", "namespace", "node_selector") if k in given}

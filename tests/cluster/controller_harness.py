@@ -31,7 +31,8 @@ from kubernetes_asyncio import client
 # The Deployment of one-GPU pods pinned to a test's own nodes, as the scheduling tests use it.
 from test_scheduling import gpu_deployment
 
-from gpumon.config import ControllerConfig, ExporterConfig, PodsConfig, SamplingConfig
+from gpumon.config import ExporterConfig, PodsConfig, SamplingConfig
+from gpumon.config.controller import ControllerConfig
 from gpumon.controller.app import CONTROLLER, Controller, make_app
 from gpumon.controller.kube import ApiClientKube, connect
 from gpumon.devcluster import nodes

@@ -21,7 +21,8 @@ import pytest
 import yaml
 from chart_render import render
 
-from gpumon.config import ControllerConfig, ExporterConfig, load
+from gpumon.config import ExporterConfig, load
+from gpumon.config.controller import ControllerConfig
 from gpumon.devcluster.cluster import DevCluster
 
 REPO = Path(__file__).resolve().parents[2]

@@ -36,7 +36,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from kubernetes_asyncio import client
 
-from gpumon.config import ControllerConfig, ExporterConfig
+from gpumon.config import ExporterConfig
+from gpumon.config.controller import ControllerConfig
 from gpumon.controller.app import CONTROLLER, make_app
 from gpumon.controller.kube import connect
 from gpumon.controller.shell.signal_sources.direct import DirectSource

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 from strategies import FUZZ, json_values
 
-from gpumon.config import ConfigError, ControllerConfig, ExporterConfig, load
+from gpumon.config import ConfigError, ExporterConfig, load
+from gpumon.config.controller import ControllerConfig
 from gpumon.config.rules import RuleConfig, read_rules_file
 from gpumon.devices.simulated import FaultScenario, load_scenario
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import FUZZ, json_objects, json_values, strings
 
-from gpumon.config import ControllerConfig
+from gpumon.config.controller import ControllerConfig
 from gpumon.controller.configure import build_policy
 from gpumon.controller.shell.signal_sources.prometheus import (
     FRESHNESS,

@@ -24,7 +24,7 @@ import aiohttp
 import pytest
 from conftest import ExporterProcess, PrometheusProcess, http_get
 
-from gpumon.config import ControllerConfig
+from gpumon.config.controller import ControllerConfig
 from gpumon.controller.configure import build_policy
 from gpumon.controller.core.policy import EMPTY_NODE_STATE, NodeRuleState, Policy, evaluate_node
 from gpumon.controller.core.signals import FleetSignals

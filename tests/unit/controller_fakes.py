@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpumon.config import ControllerConfig, HealthConfig, PolicyConfig
+from gpumon.config import HealthConfig
+from gpumon.config.controller import ControllerConfig, PolicyConfig
 from gpumon.controller.configure import build_policy
 from gpumon.controller.core.policy import Rule
 from gpumon.controller.core.verdicts import Finding, GpuVerdict, NodeVerdict, SignalStatus

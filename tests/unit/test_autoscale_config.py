@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpumon.config import ConfigError, ControllerConfig, load
+from gpumon.config import ConfigError, load
+from gpumon.config.controller import ControllerConfig
 from gpumon.config.pools import PoolConfig
 from gpumon.controller.configure import pool_from_config
 from gpumon.controller.core.objects import Taint, from_rfc3339

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 from controller_fakes import load_rules
 
-from gpumon.config import ConfigError, ControllerConfig, HealthConfig, load
+from gpumon.config import ConfigError, HealthConfig, load
+from gpumon.config.controller import ControllerConfig
 from gpumon.config.rules import builtin_rules, parse_duration
 from gpumon.gpu_health import HealthPolicy, Op, Scope, Severity, Signal
 

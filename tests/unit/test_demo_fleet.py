@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.config import ControllerConfig, ExporterConfig
+from gpumon.config import ExporterConfig
+from gpumon.config.controller import ControllerConfig
 from gpumon.controller.configure import pool_from_config
 from gpumon.demo import fleet, scenario
 

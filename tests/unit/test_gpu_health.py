@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_controller_policy import gpu, node
 
-from gpumon.config import ControllerConfig, ExporterConfig, HealthConfig, PolicyConfig
+from gpumon.config import ExporterConfig, HealthConfig
+from gpumon.config.controller import ControllerConfig, PolicyConfig
 from gpumon.controller.configure import build_policy
 from gpumon.controller.core.policy import EMPTY_NODE_STATE, evaluate_node
 from gpumon.devices.model import HealthState, XidEvent

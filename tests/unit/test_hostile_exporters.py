@@ -22,7 +22,7 @@ from aiohttp.test_utils import TestServer
 from direct_harness import base_url, running_source, wait_for
 from prometheus_client import CollectorRegistry
 
-from gpumon.config import ControllerConfig
+from gpumon.config.controller import ControllerConfig
 from gpumon.controller.app import _build_source
 from gpumon.controller.configure import build_policy
 from gpumon.controller.core.backoff import Backoff

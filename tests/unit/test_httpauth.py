@@ -15,7 +15,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from gpumon.config import AuthConfig, ControllerConfig, KubernetesAuthConfig, TlsConfig
+from gpumon.config import AuthConfig, KubernetesAuthConfig, TlsConfig
+from gpumon.config.controller import ControllerConfig
 from gpumon.configfile import ConfigError
 from gpumon.httpauth import guard as guard_module
 from gpumon.httpauth import static as static_module

@@ -14,7 +14,7 @@ from rich.console import Console
 from status_builders import event, node, pod, record, state
 
 from gpumon.cli import main
-from gpumon.config import ControllerConfig
+from gpumon.config.controller import ControllerConfig
 from gpumon.controller.configure import build_policy
 from gpumon.status import render
 from gpumon.status.command import Failed, node_argument, rounds

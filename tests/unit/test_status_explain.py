@@ -7,7 +7,7 @@ from typing import Any
 
 from status_builders import at, event, node, pod, record, snapshot_doc, state
 
-from gpumon.config import ControllerConfig
+from gpumon.config.controller import ControllerConfig
 from gpumon.controller.configure import build_policy
 from gpumon.controller.core.breaker import BreakerTrip, breaker_to_annotation
 from gpumon.controller.core.objects import pdb_from_json
