@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from gpumon.devices.model import Snapshot
 from gpumon.exporter.exposition import Profile, RenderedMetrics, Variant, prerender_variants, render
+from gpumon.threadnames import name_os_thread
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ class RenderThread:
         self._extra = tuple(extra)
         self._on_rendered = on_rendered
         self._on_failed = on_failed
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="gpumon-render")
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="gpumon-render", initializer=name_os_thread)
         self._running: asyncio.Future[tuple[Snapshot, RenderedMetrics]] | None = None
         self._next: Snapshot | None = None
         self._idle = asyncio.Event()

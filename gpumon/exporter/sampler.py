@@ -59,6 +59,7 @@ from gpumon.exporter.watch_events import HealthChange, watch_events
 from gpumon.exporter.watchers import Watcher
 from gpumon.exporter.xid_handover import Handover
 from gpumon.gpu_health import HealthPolicy
+from gpumon.threadnames import name_os_thread
 
 log = logging.getLogger(__name__)
 
@@ -416,6 +417,7 @@ class Sampler:
     # -- Xid events ------------------------------------------------------------------------------
 
     def _pump_xids(self, loop: asyncio.AbstractEventLoop) -> None:
+        name_os_thread()
         source = f"{self._backend.name}.wait_xids"
         # Real time even under a test's clocks: this thread paces itself, it decides nothing.
         clock = time.monotonic

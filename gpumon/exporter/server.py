@@ -36,6 +36,7 @@ from gpumon.exporter.watchers import Watcher
 from gpumon.httpauth.guard import Guard, guard
 from gpumon.httpauth.kubernetes import ReviewApi
 from gpumon.tasks import Supervisor
+from gpumon.threadnames import name_os_thread
 from gpumon.wire import v1 as wire
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,9 @@ def make_app(
     its own client (the pod's service account, else the kubeconfig)."""
     metrics = metrics or SelfMetrics(CollectorRegistry(auto_describe=True), backend=backend.name)
     # Threads start on demand; one per GPU per cadence at most, plus open and close.
-    executor = ThreadPoolExecutor(max_workers=2 * 64 + 2, thread_name_prefix="gpumon-device")
+    executor = ThreadPoolExecutor(
+        max_workers=2 * 64 + 2, thread_name_prefix="gpumon-device", initializer=name_os_thread
+    )
     sampler = Sampler(
         backend,
         node=config.node_name,

@@ -8,6 +8,7 @@ import base64
 import contextlib
 import gzip
 import json
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -464,3 +465,14 @@ async def test_the_renders_after_a_scrape_write_only_what_it_asked_for(
     await until(next_render)
     # Written off the loop before it was published; the text was not written, nor compressed.
     assert sampler.rendered.written() == {("openmetrics", False), ("openmetrics", True)}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc names are Linux's")
+async def test_the_exporters_threads_carry_their_names_at_the_os_level(
+    aiohttp_client: MakeClient, backend: SimulatedBackend
+) -> None:
+    """Per-thread CPU (/proc/PID/task/*/stat) is read by name: the sampler's device threads, the
+    render thread and the Xid thread each show theirs, not the interpreter's."""
+    await started(aiohttp_client, backend)
+    names = {p.read_text().rstrip("\n") for p in Path("/proc/self/task").glob("*/comm")}  # noqa: ASYNC240
+    assert {"gpumon-xid", "gpumon-render_0", "gpumon-device_0"} <= names
