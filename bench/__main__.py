@@ -65,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import controller_scale
 
         return controller_scale.main(argv[1:])
+    if argv[:1] == ["memory"]:
+        from bench import memory
+
+        return memory.main(argv[1:])
     if argv[:1] == ["footprint"]:
         from bench import footprint
 

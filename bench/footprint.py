@@ -291,9 +291,14 @@ def main(argv: list[str]) -> int:
     section = section_markdown(
         SECTION, title="Exporter footprint", intro=INTRO, machine=machine, tables=tables, notes=NOTES
     )
-    if args.quick:
+    publish(section, quick=args.quick, what="footprint")
+    return 0
+
+
+def publish(section: str, *, quick: bool, what: str) -> None:
+    """A quick run's section is printed; a full run's replaces its copy in bench/RESULTS.md."""
+    if quick:
         print(section)
     else:
         RESULTS.write_text(splice(RESULTS.read_text(), section))
-        print(f"bench: wrote the footprint section of {RESULTS}", file=sys.stderr)
-    return 0
+        print(f"bench: wrote the {what} section of {RESULTS}", file=sys.stderr)
