@@ -49,7 +49,6 @@ FLOOR_STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 GPUMON_STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("pydantic", ("pydantic",)),
     ("gpumon.wire.v1 (the wire schema's pydantic models)", ("gpumon.wire.v1",)),
-    ("pydantic_settings", ("pydantic_settings",)),
     ("gpumon.config (the exporter's config models)", ("gpumon.config",)),
     ("prometheus_client", ("prometheus_client",)),
     (

@@ -3,7 +3,10 @@ the sections both programs share are here; the controller's are in :mod:`gpumon.
 so the exporter's process never imports them (docs/exporter.md, "What the exporter imports").
 
 Sources, highest first: command-line flags > environment (``GPUMON_…``, nested with ``__``,
-e.g. ``GPUMON_SAMPLING__FAST_INTERVAL_SECONDS``) > YAML file (``--config``). Invalid input
+e.g. ``GPUMON_SAMPLING__FAST_INTERVAL_SECONDS``) > YAML file (``--config``), merged key by key.
+The environment is read here (:func:`_environment`), as pydantic-settings read it before: that
+library cost the exporter's process about 1 MiB and some 30 modules for a few dozen lines
+(docs/exporter.md, "What the exporter imports"). Invalid input
 raises :class:`ConfigError`, whose message names every bad field (and the file or variable a
 bad value came from); the CLI prints it and exits with code 2. Files are read by
 :mod:`gpumon.configfile`; numbers are :mod:`gpumon.configtypes`' ``Int``/``Float``.
@@ -12,26 +15,29 @@ bad value came from); the CLI prints it and exits with code 2. Files are read by
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import is_dataclass
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, Literal, TypeVar, cast
+from types import MappingProxyType, UnionType
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import (
+    BaseModel,
+    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
     field_validator,
     model_validator,
 )
-from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gpumon.config.section import Section
 from gpumon.configfile import ConfigError as ConfigError
-from gpumon.configfile import read_yaml_mapping
+from gpumon.configfile import field_error, read_yaml_mapping
 from gpumon.configtypes import Float, Int
 from gpumon.devices.model import HealthState
 from gpumon.dra import NVIDIA_GPU_DRIVER
@@ -169,10 +175,11 @@ def _default_node_name() -> str:
     return os.environ.get("NODE_NAME") or socket.gethostname()
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="GPUMON_", env_nested_delimiter="__", extra="forbid", frozen=True
-    )
+class Settings(BaseModel):
+    """A program's whole configuration, loaded by :func:`load`. Defaults are validated too (a
+    default factory reads the environment: ``NODE_NAME``, ``POD_NAMESPACE``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
 class ExporterConfig(Settings):
@@ -199,19 +206,106 @@ class ExporterConfig(Settings):
         return v
 
 
-S = TypeVar("S", bound=BaseSettings)
+S = TypeVar("S", bound=Settings)
+
+ENV_PREFIX = "GPUMON_"
+ENV_NESTED_DELIMITER = "__"
 
 
-class _YamlSource(PydanticBaseSettingsSource):
-    def __init__(self, settings_cls: type[BaseSettings], data: Mapping[str, Any]) -> None:
-        super().__init__(settings_cls)
-        self._data = dict(data)
+def _unwrap(annotation: Any) -> Any:
+    while get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    return annotation
 
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return self._data.get(field_name), field_name, False
 
-    def __call__(self) -> dict[str, Any]:
-        return self._data
+def _is_union(annotation: Any) -> bool:
+    return get_origin(annotation) in (Union, UnionType)
+
+
+def _complex(annotation: Any) -> bool:
+    """A section, a list, a tuple or a mapping: set from one variable as JSON."""
+    annotation = _unwrap(annotation)
+    if _is_union(annotation):
+        return any(_complex(a) for a in get_args(annotation))
+    kind = get_origin(annotation) or annotation
+    if not isinstance(kind, type) or issubclass(kind, str | bytes):
+        return False
+    return issubclass(kind, BaseModel | Mapping | Sequence | AbstractSet) or is_dataclass(kind)
+
+
+def _field_type(annotation: Any, key: str) -> Any:
+    """The type ``key`` names inside ``annotation`` (a section's field, a mapping's values), or
+    None when it names nothing there."""
+    annotation = _unwrap(annotation)
+    if get_origin(annotation) is dict:
+        return get_args(annotation)[-1]
+    if _is_union(annotation):
+        found = (_field_type(member, key) for member in get_args(annotation))
+        return next((t for t in found if t is not None), None)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        for name, info in annotation.model_fields.items():
+            if name.lower() == key:
+                return info.annotation
+    return None
+
+
+def _json(text: str, variable: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise field_error(where, f"${variable} is not valid JSON: {e}") from None
+
+
+def _environment(model: type[Settings], environ: Mapping[str, str]) -> dict[str, Any]:
+    """What the ``GPUMON_…`` variables set, as pydantic-settings read them before (names in any
+    case): ``GPUMON_<FIELD>`` for each field of ``model``, JSON when the field is complex (a
+    section, list, tuple or mapping); ``GPUMON_<FIELD>__<KEY>[__<KEY>…]`` one key inside a
+    complex field, JSON when that key's own field is complex, merged over the whole-field
+    variable. Other values stay strings, for the model to validate; unknown keys inside a section
+    reach the model (and are refused there); variables naming no field are ignored."""
+    env = {name.lower(): value for name, value in environ.items()}
+    prefix = ENV_PREFIX.lower()
+    values: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        whole = prefix + name
+        is_complex = _complex(info.annotation)
+        value: Any = env.get(whole)
+        if value is not None and is_complex:
+            value = _json(value, whole.upper(), name)
+        if is_complex and (value is None or isinstance(value, dict)):
+            parts = _exploded(whole + ENV_NESTED_DELIMITER, name, info.annotation, env)
+            value = _merged(value or {}, parts) if parts or value is not None else None
+        if value is not None:
+            values[name] = value
+    return values
+
+
+def _exploded(prefix: str, field: str, annotation: Any, env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for variable, text in env.items():
+        if not variable.startswith(prefix):
+            continue
+        *keys, last = variable.removeprefix(prefix).split(ENV_NESTED_DELIMITER)
+        node, target = out, annotation
+        for key in keys:
+            target = _field_type(target, key) if target is not None else None
+            node = node.setdefault(key, {}) if isinstance(node, dict) else node
+        target = _field_type(target, last) if target is not None else None
+        value: Any = text
+        if target is not None and text and _complex(target):
+            value = _json(text, variable.upper(), ".".join((field, *keys, last)))
+        if isinstance(node, dict):
+            node[last] = value
+    return out
+
+
+def _merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` on ``base``, mappings merged key by key, anything else replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        old = out.get(key)
+        out[key] = _merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+    return out
 
 
 Loc = tuple[int | str, ...]
@@ -282,28 +376,13 @@ def load(model: type[S], *, flags: Mapping[str, Any] | None = None, config_file:
     """Build ``model`` from flags > environment > YAML file, or raise :class:`ConfigError`."""
     file_data = read_yaml_mapping(config_file, "config file") if config_file is not None else {}
 
-    class _Loaded(model):  # type: ignore[valid-type,misc]
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            return (init_settings, env_settings, _YamlSource(settings_cls, file_data))
-
     nested = nest(flags or {})
+    merged = _merged(_merged(file_data, _environment(model, os.environ)), nested)
     try:
-        loaded = _Loaded(**nested)
-        # Hand back the declared type, not the loader subclass.
-        return cast(S, model.model_construct(_fields_set=loaded.model_fields_set, **dict(loaded)))
+        return model.model_validate(merged)
     except ValidationError as e:
         origin = _origin_finder(nested, config_file, file_data)
         raise ConfigError(format_validation_error(e, origin=origin)) from None
-    except ValueError as e:  # malformed environment values (e.g. bad JSON in a nested var)
-        raise ConfigError(f"invalid configuration: {e}") from None
 
 
 ConfigFlag = tuple[str, str, str, str]

@@ -38,8 +38,9 @@ def test_the_exporters_parser_imports_no_other_command() -> None:
 
 
 # What `gpumon exporter --backend nvml` without --config must never import, while it runs: the
-# controller's config models (its pools, rules and CEL), YAML (no file is read: the pod's service
-# account needs none), the simulator, and what the check above keeps out of its parser.
+# controller's config models (its pools, rules and CEL), pydantic-settings (gpumon.config reads
+# the GPUMON_ variables itself), YAML (no file is read: the pod's service account needs none),
+# the simulator, and what the check above keeps out of its parser.
 _NOT_IN_THE_RUNNING_EXPORTER = (
     *_NOT_FOR_THE_EXPORTER,
     "gpumon.config.controller",
@@ -47,6 +48,8 @@ _NOT_IN_THE_RUNNING_EXPORTER = (
     "gpumon.config.rules",
     "gpumon.dra_cel",
     "celpy",
+    "pydantic_settings",
+    "dotenv",
     "yaml",
     "gpumon.devices.simulated",
     "gpumon.devices.simulated_http",
