@@ -47,6 +47,7 @@ FLOOR_STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("nvmlInit: the mock library opened (a Go runtime)", ("nvmlInit",)),
 )
 GPUMON_STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("gpumon.devices.model, gpumon.gpu_health (dataclasses)", ("gpumon.devices.model", "gpumon.gpu_health")),
     ("pydantic", ("pydantic",)),
     ("gpumon.wire.v1 (the wire schema's pydantic models)", ("gpumon.wire.v1",)),
     ("gpumon.config (the exporter's config models)", ("gpumon.config",)),
