@@ -21,7 +21,14 @@ from concurrent.futures import ThreadPoolExecutor
 from prometheus_client.registry import Collector
 
 from gpumon.devices.model import Snapshot
-from gpumon.exporter.exposition import Profile, RenderedMetrics, Variant, prerender_variants, render
+from gpumon.exporter.exposition import (
+    LineCache,
+    Profile,
+    RenderedMetrics,
+    Variant,
+    prerender_variants,
+    render,
+)
 from gpumon.threadnames import name_os_thread
 
 log = logging.getLogger(__name__)
@@ -52,6 +59,8 @@ class RenderThread:
         self._idle = asyncio.Event()
         self._idle.set()
         self.rendered: RenderedMetrics | None = None
+        # Touched only by the thread's renders, one at a time.
+        self._lines = LineCache()
         self._clock = clock
         # Variant -> when a scrape last asked for it (clock time); those asked lately are
         # written by the thread before the payload is published.
@@ -88,7 +97,10 @@ class RenderThread:
         self._running.add_done_callback(self._done)
 
     def _render(self, snapshot: Snapshot, wanted: frozenset[Variant]) -> tuple[Snapshot, RenderedMetrics]:
-        return snapshot, render(snapshot, profile=self._profile, extra=self._extra, prerender=wanted)
+        rendered = render(
+            snapshot, profile=self._profile, extra=self._extra, prerender=wanted, lines=self._lines
+        )
+        return snapshot, rendered
 
     def _done(self, future: asyncio.Future[tuple[Snapshot, RenderedMetrics]]) -> None:
         self._running = None

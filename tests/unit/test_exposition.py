@@ -37,6 +37,7 @@ from gpumon.exporter.exposition import (
     CONTENT_TYPE_OPENMETRICS,
     CONTENT_TYPE_TEXT,
     VARIANTS,
+    LineCache,
     Profile,
     Variant,
     prerender_variants,
@@ -668,6 +669,57 @@ def test_output_is_byte_for_byte_what_prometheus_client_renders(name: str, profi
     assert out.text == generate_latest(registry)
     assert out.openmetrics == om_exposition.generate_latest(registry)  # type: ignore[no-untyped-call]
     assert out.text_bytes == len(out.text)
+
+
+def _ticks() -> list[Snapshot]:
+    """Renders in a row as a node gives them: values change, pods come and go (one takes the
+    place of another with new labels), odd label values, a GPU is lost, readings go missing."""
+    full = SNAPSHOTS["full"]
+    hotter = replace(
+        full,
+        gpus=tuple(
+            replace(g, fast=full_fast(temperature_gpu_celsius=70.0 + g.identity.index, power_watts=-0.0))
+            for g in full.gpus
+        ),
+    )
+    churned = replace(
+        hotter,
+        pods=(
+            *hotter.pods[1:],
+            pod("p-new", 1, used_memory_bytes=3 * MiB, utilization_ratio=0.5),
+        ),
+    )
+    swapped = replace(churned, pods=(pod("p-other", 0, used_memory_bytes=MiB), *churned.pods[1:]))
+    return [full, full, hotter, churned, swapped, SNAPSHOTS["odd"], SNAPSHOTS["sparse"], full, hotter]
+
+
+@pytest.mark.parametrize("profile", ["native", "dcgm", "both"])
+def test_renders_that_reuse_the_last_ones_lines_write_exactly_a_fresh_render(profile: Profile) -> None:
+    lines = LineCache()
+    registry = CollectorRegistry()
+    duration = Histogram("gpumon_test_duration_seconds", "Changes every render.", registry=registry)
+    extra: list[Collector] = [registry, self_metrics_in_use()]
+    for i, snap in enumerate(_ticks()):
+        duration.observe(0.2 * i)  # the self-metrics change between renders too
+        reused = render(snap, profile=profile, extra=extra, lines=lines)
+        fresh = render(snap, profile=profile, extra=extra)
+        for variant in VARIANTS:
+            assert reused.body(*variant) == fresh.body(*variant), (i, variant)
+        assert reused.text_bytes == fresh.text_bytes
+        families = [*snapshot_families(snap, profile), *(f for c in extra for f in c.collect())]
+        assert len(lines) == len(families), "only the last render's families are kept"
+
+
+def test_a_family_whose_help_changes_is_written_again() -> None:
+    lines = LineCache()
+
+    def one(doc: str) -> bytes:
+        family = GaugeMetricFamily("gpumon_test_gauge", doc, labels=["a"])
+        family.add_metric(["x"], 1.0)
+        return render(snapshot(), profile="native", extra=[_Families([family])], lines=lines).text
+
+    assert b"# HELP gpumon_test_gauge first" in one("first")
+    assert b"# HELP gpumon_test_gauge second" in one("second")
 
 
 def test_extra_collectors_are_rendered_once_in_both_formats() -> None:
