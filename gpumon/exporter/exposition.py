@@ -64,8 +64,10 @@ CONTENT_TYPE_OPENMETRICS = _OPENMETRICS
 Profile = Literal["native", "dcgm", "both"]
 
 _MIB = 1024 * 1024
-# Level 5 costs about half of level 6 on exposition text for nearly the same size.
-_GZIP_LEVEL = 5
+# Levels 1-3 are zlib's fast strategy: on the mock node's OpenMetrics body (134 KB) level 3 took
+# 0.30 ms for 8.3 KB, level 5 0.81 ms for 7.7 KB, level 6 1.09 ms for 7.3 KB. It is paid on every
+# tick, the bytes only per scrape (issue #19).
+_GZIP_LEVEL = 3
 
 
 Format = Literal["text", "openmetrics"]
