@@ -8,6 +8,7 @@ from typing import Any
 
 from cancellation import assert_ends_cancelled
 from controller_fakes import FakeKube, load_rules
+from direct_harness import wait_for
 from prometheus_client import CollectorRegistry
 
 from gpumon.controller.act.events import EventRecorder
@@ -52,7 +53,13 @@ class StaticSource:
 
 class World:
     def __init__(
-        self, *, dry_run: bool = False, leader: bool = True, rules: bool = False, **safety: Any
+        self,
+        *,
+        dry_run: bool = False,
+        leader: bool = True,
+        rules: bool = False,
+        pods_listed: bool = True,
+        **safety: Any,
     ) -> None:
         self.t = 1_000_000.0
         self.api = FakeKube()
@@ -99,6 +106,11 @@ class World:
             wall_clock=self.clock,
             rules=self.rules,
         )
+        # Seeded through update_local below, as filled as a listed cache; ``pods_listed=False``
+        # leaves what a drain reads unlisted, as in the first seconds after a restart.
+        for informer in (self.nodes, self.state, self.pods, self.pdbs, self.claims, self.slices):
+            if pods_listed or informer in (self.nodes, self.state):
+                informer.synced.set()
 
     def clock(self) -> float:
         return self.t
@@ -397,8 +409,6 @@ async def test_the_loop_stops_when_cancelled_as_a_change_wakes_it():
     # Python 3.11's asyncio.wait_for handed the loop its wake-up and dropped the cancellation:
     # a controller stopping at that moment never did.
     w = World()
-    for informer in (w.nodes, w.pods, w.pdbs, w.claims, w.slices):
-        informer.synced.set()
     task = asyncio.create_task(w.reconciler.run())
     for _ in range(5):  # into its wait for a change
         await asyncio.sleep(0)
@@ -406,3 +416,96 @@ async def test_the_loop_stops_when_cancelled_as_a_change_wakes_it():
     w.reconciler.mark(["n0"])
     task.cancel()
     await assert_ends_cancelled(task, "the reconciler lost its cancellation")
+
+
+def evictions(w: World) -> list[str]:
+    return [p for m, p, _ in w.api.calls if m == "POST" and p.endswith("/eviction")]
+
+
+async def test_a_fault_is_tainted_before_the_pods_are_listed_and_drained_once_they_are():
+    # After a restart the Pods are most of what is listed (100,000 at 10,000 nodes): the taint
+    # needs only the Node, its signals and the lease; the drain waits for the pods.
+    w = World(pods_listed=False)
+    w.node("n0")
+    w.pod("victim", "n0")  # in the cache, which is not listed yet: not to be trusted
+    w.signals("n0", xid=79, pods={1: "victim"})
+    await w.reconciler.round(["n0"])
+    assert w.tainted() == ["n0"]
+    assert w.node_obj("n0")["metadata"]["labels"][c.LABEL_STATE] == "quarantined"
+    assert evictions(w) == []
+    # Still unlisted: the quarantined node is left as it is (no label going back and forth).
+    written = len(w.api.writes())
+    w.t += 1
+    w.signals("n0", xid=79, pods={1: "victim"})
+    await w.reconciler.round(["n0"])
+    assert len(w.api.writes()) == written
+    # Listed: the held node is looked at again and drained.
+    for informer in (w.pods, w.pdbs, w.claims, w.slices):
+        informer.synced.set()
+    await w.reconciler._release_held()
+    assert w.reconciler._dirty == {"n0"}
+    await w.reconciler.round(["n0"])
+    assert evictions(w) == ["/api/v1/namespaces/ml/pods/victim/eviction"]
+    assert w.node_obj("n0")["metadata"]["labels"][c.LABEL_STATE] == "draining"
+
+
+async def test_a_draining_node_keeps_its_drain_while_the_pods_are_listed_again():
+    w = World()
+    w.node("n0")
+    w.pod("victim", "n0")
+
+    def refuse(body: Any) -> Any:
+        raise TooManyRequests(429, "TooManyRequests", "Cannot evict pod: disruption budget")
+
+    w.api.hooks[("POST", "/api/v1/namespaces/ml/pods/victim/eviction")] = refuse
+    w.signals("n0", xid=79, pods={1: "victim"})
+    await w.reconciler.round(["n0"])
+    before = w.node_obj("n0")["metadata"]
+    assert before["labels"][c.LABEL_STATE] == "draining"
+    # A restarted controller: the same node, the pods not listed yet.
+    again = World(pods_listed=False)
+    again.api.objects["/api/v1/nodes/n0"] = w.node_obj("n0")
+    again.nodes.update_local("n0", node_from_json(w.node_obj("n0")), "")
+    again.t = w.t + 60
+    again.signals("n0", xid=79, pods={1: "victim"})
+    await again.reconciler.round(["n0"])
+    assert again.api.writes() == [] and evictions(again) == []
+    assert again.reconciler._held == {"n0"}
+
+
+async def test_rounds_start_once_nodes_and_state_are_listed_not_the_pods():
+    w = World(pods_listed=False)
+    w.state.synced.clear()
+    w.node("n0")
+    w.signals("n0", xid=79, pods={1: "victim"})
+    task = asyncio.create_task(w.reconciler.run())
+    try:
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert w.reconciler.rounds == 0, "the pause switch and breakers are in the state ConfigMap"
+        w.state.synced.set()
+        await wait_for(lambda: w.tainted() == ["n0"], "the taint before the pods are listed")
+        w.pod("victim", "n0")
+        for informer in (w.pods, w.pdbs, w.claims, w.slices):
+            informer.synced.set()
+        await wait_for(lambda: evictions(w), "the drain once they are")
+    finally:
+        task.cancel()
+        await assert_ends_cancelled(task, "the reconciler lost its cancellation")
+
+
+async def test_device_taint_rules_wait_for_the_slices():
+    w = World(rules=True, pods_listed=False)
+    w.node("n0")
+    devices = tuple(PlacedDevice(dev(i), f"n0-GPU-{i}", f"n0-GPU-{i}") for i in range(2))
+    w.slices.update_local("n0-slice", SliceView("n0", 1, devices), "")
+    w.reconciler.rules_served()
+    w.signals("n0", xid=79)
+    await w.reconciler.round(["n0"])
+    assert w.tainted() == ["n0"]
+    assert [p for m, p, _ in w.api.calls if p == RULES_PATH] == []
+    for informer in (w.pods, w.pdbs, w.claims, w.slices):
+        informer.synced.set()
+    await w.reconciler._release_held()
+    await w.reconciler.round(w.reconciler._dirty)
+    assert [p for m, p, _ in w.api.calls if m == "POST" and p == RULES_PATH] == [RULES_PATH]

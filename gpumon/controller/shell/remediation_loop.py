@@ -5,6 +5,14 @@ caches and the latest signals, evaluates (pure), admits new quarantines as one b
 plans each node (pure) and then writes, oldest fault first. Every replica evaluates, so a
 standby's state is warm; only the leader records Events or writes, and it re-checks its lease
 right before each write.
+
+Each decision waits only for the caches it reads (client-go's HasSynced, per decision rather
+than per process): quarantine and recovery need the Nodes and the state ConfigMap (pause,
+breakers), so rounds start once those two are listed; a drain, and gpumon's DeviceTaintRules,
+also need the Pods, PDBs, ResourceClaims and ResourceSlices. At 10,000 nodes the Pods are
+100,000 objects, most of a restart's list: until they are in, a node with a new fault is
+tainted (and labelled quarantined) and its drain is held; a node already quarantined is left
+as it is; both are looked at again once those caches are filled.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from gpumon.controller.act.breaker_record import record_breaker
 from gpumon.controller.act.device_taint import apply_rules
@@ -57,6 +66,7 @@ from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
 from gpumon.controller.kube import KubeApi, KubeError, NotFound
 from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.metrics import ControllerMetrics
+from gpumon.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +128,8 @@ class Reconciler:
         self._states: dict[str, NodeRuleState] = {}
         self._status: dict[str, SignalStatus] = {}
         self._dirty: set[str] = set()
+        # Nodes whose drain (or device taints) waited for the pod-level caches.
+        self._held: set[str] = set()
         self._timers: list[tuple[float, str]] = []
         self._wake = asyncio.Event()
         self.rounds = 0
@@ -233,10 +245,34 @@ class Reconciler:
 
     # -- the loop -----------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        for informer in (self._nodes, self._pods, self._pdbs, self._claims, self._slices):
+    @property
+    def _drain_caches(self) -> tuple[Informer[Any], ...]:
+        """What a drain reads besides the Node: which pods are where, their PDBs, and which GPU
+        each DRA claim holds (the slices also say which devices gpumon's rules taint)."""
+        return (self._pods, self._pdbs, self._claims, self._slices)
+
+    def drains_ready(self) -> bool:
+        return all(i.synced.is_set() for i in self._drain_caches)
+
+    async def _release_held(self) -> None:
+        for informer in self._drain_caches:
             await informer.synced.wait()
+        held, self._held = self._held, set()
+        self.mark(held)
+        if self._rules_ready:
+            self.rules_served()  # their sync was held too
+
+    async def run(self) -> None:
+        for informer in (self._nodes, self._state):
+            await informer.synced.wait()
+        release = asyncio.create_task(self._release_held(), name="drain caches synced")
+        try:
+            await self._rounds()
+        finally:
+            await cancel_and_wait([release])
+
+    async def _rounds(self) -> None:
+        loop = asyncio.get_running_loop()
         next_resync = self._wall()
         while True:
             now = self._wall()
@@ -376,11 +412,16 @@ class Reconciler:
         drain_plan: DrainPlan | None = None
         phase = c.NodePhase.QUARANTINED
         headed_for_quarantine = is_quarantined(view) or (refusal is None and not is_excluded(view))
-        if (
+        wants_drain = (
             verdict.severity is not None
             and headed_for_quarantine
             and needs_drain(verdict, self.settings.drain)
-        ):
+        )
+        if wants_drain and not self.drains_ready():
+            self._held.add(view.name)
+            if is_quarantined(view):
+                return  # tainted already; its drain's progress is written once pods are known
+        elif wants_drain:
             pods = self._pods.indexed(view.name)
             drain_plan = plan_drain(
                 verdict,
@@ -416,6 +457,11 @@ class Reconciler:
         as written, so in dry-run there is nothing to follow)."""
         rules = self._rules
         if rules is None or not self._rules_ready or self.settings.dry_run:
+            return
+        if not self.drains_ready():
+            # The slices say which DRA devices the node's GPUs are: without them every rule
+            # would look unwanted. Looked at again once they are listed.
+            self._held.add(name)
             return
         if self.paused() or not self._is_leader():
             return
