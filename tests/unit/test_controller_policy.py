@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from types import MappingProxyType
 
@@ -14,6 +15,7 @@ from gpumon.controller.core.policy import (
     Policy,
     evaluate_node,
     restore_state,
+    signal_status,
 )
 from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading, XidSeen
 from gpumon.controller.core.verdicts import GpuRecord, SignalStatus
@@ -73,8 +75,12 @@ def test_healthy_node_has_no_verdict_and_no_state_but_is_checked_again_when_its_
     assert ev.verdict.severity is None
     assert ev.verdict.signals is SignalStatus.FRESH
     assert ev.state.targets == {}
-    # A healthy node whose exporter goes dark must be noticed without any other event.
-    assert ev.next_check_at == 10.0 + pol.stale_after_seconds
+    # A healthy node whose exporter goes dark must be noticed without any other event: not by
+    # evaluating it again, by comparing the source's latest reading with this time.
+    assert ev.next_check_at is None
+    assert ev.stale_at == math.nextafter(10.0 + pol.stale_after_seconds, math.inf)
+    assert signal_status(node(10.0), ev.stale_at - 1e-9, pol)[0] is SignalStatus.FRESH
+    assert signal_status(node(10.0), ev.stale_at, pol)[0] is SignalStatus.STALE
 
 
 def test_fatal_xid_fires_at_once_with_reason_evidence_and_first_seen():
@@ -398,10 +404,11 @@ def test_restored_state_holds_until_hysteresis_after_restart():
     assert run(1000.0, node(1000.0, gpu(0, 1000.0), gpu(3, 1000.0))).verdict.severity is None
 
 
-def test_next_check_covers_staleness_of_active_nodes():
+def test_staleness_of_active_nodes_is_watched_too():
     pol = policy(stale_after_seconds=30.0)
     ev = Run(pol)(5.0, node(4.0, gpu(at=4.0, lost=True)))
-    assert ev.next_check_at == 34.0
+    assert ev.stale_at == math.nextafter(34.0, math.inf)
+    assert Run(pol)(5.0, None).stale_at is None  # no reading: nothing to go stale
 
 
 def test_each_node_is_judged_on_its_own_reading():

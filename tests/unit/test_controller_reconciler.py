@@ -509,3 +509,37 @@ async def test_device_taint_rules_wait_for_the_slices():
     await w.reconciler._release_held()
     await w.reconciler.round(w.reconciler._dirty)
     assert [p for m, p, _ in w.api.calls if m == "POST" and p == RULES_PATH] == [RULES_PATH]
+
+
+async def test_a_look_makes_the_wake_ups_asked_for_before_it_obsolete():
+    # Every look derives all the wake-ups a node needs again: the ones asked for before must
+    # not each start a chain of looks of their own (with a full pass every 5 minutes, a
+    # controller up for an hour looked at every node a dozen times as often as needed).
+    w = World()
+    w.node("n0")
+    w.signals("n0")
+    w.reconciler._schedule(w.t + 10, "n0")  # as a drain check or a retry asks
+    w.reconciler._schedule(w.t + 5, "n0")
+    w.reconciler._schedule(w.t + 20, "n0")
+    assert w.reconciler.take_due(w.t + 5) == {"n0"}
+    assert w.reconciler.take_due(w.t + 20) == set(), "one pending look a node, the earliest"
+    w.reconciler._schedule(w.t + 10, "n0")
+    await w.reconciler.round(["n0"])  # looked at, healthy: nothing to look at again for
+    assert w.reconciler.take_due(w.t + 10) == set()
+
+
+async def test_a_heartbeat_keeps_a_healthy_node_from_being_evaluated_again():
+    w = World()  # stale after 30 s
+    w.node("n0")
+    w.signals("n0")
+    await w.reconciler.round(["n0"])
+    assert w.reconciler.take_due(w.t + 30) == set()  # 30 s old is not stale yet
+    w.signals("n0", at=w.t + 25)  # heard from again
+    assert w.reconciler.take_due(w.t + 31) == set(), "fresh: no evaluation"
+    assert w.reconciler.take_due(w.t + 55) == set()
+    # Silent since: stale, and evaluated to say so.
+    assert w.reconciler.take_due(w.t + 56) == {"n0"}
+    w.t += 56
+    await w.reconciler.round(["n0"])
+    assert [e["reason"] for e in w.events("GpuSignalsLost")] == ["GpuSignalsLost"]
+    assert w.reconciler.take_due(w.t + 1000) == set(), "a dark node waits for its exporter"

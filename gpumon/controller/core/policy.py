@@ -18,6 +18,7 @@ firing rule: unknown data holds the last verdict and never causes remediation.
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -153,8 +154,14 @@ EMPTY_NODE_STATE = NodeRuleState()
 class NodeEvaluation:
     verdict: NodeVerdict
     state: NodeRuleState
-    # When to evaluate again even if no new reading arrives (a `for`, a recovery, staleness).
+    # When to evaluate again even if no new reading arrives (a `for`, a recovery, an Xid leaving
+    # its window).
     next_check_at: float | None
+    # When a fresh reading goes stale if no newer one comes: for the shell to compare with the
+    # source's latest reading then (see stale_at), which is not an evaluation. A heartbeat
+    # renews the reading every few seconds, so evaluating every node again at this time, as
+    # before, cost a whole fleet's evaluations a minute for nothing (docs/benchmarks.md).
+    stale_at: float | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,6 +384,12 @@ def _recovering(state: TargetState) -> bool:
     return bool(firing) and all(r.clear_since is not None for r in firing)
 
 
+def stale_at(reading: NodeReading, policy: Policy) -> float:
+    """The first time at which ``reading`` counts as stale (older than ``stale_after``, as
+    :func:`signal_status` says), unless a newer one replaces it."""
+    return math.nextafter(reading.observed_at + policy.stale_after_seconds, math.inf)
+
+
 def signal_status(
     reading: NodeReading | None, now: float, policy: Policy
 ) -> tuple[SignalStatus, float | None]:
@@ -441,9 +454,6 @@ def evaluate_node(
     if node_state.active:
         targets[NODE_TARGET] = node_state
         wakeups += wakes
-    if reading is not None and status is SignalStatus.FRESH:
-        # Going stale must be noticed even if nothing else happens.
-        wakeups.append(reading.observed_at + policy.stale_after_seconds)
 
     verdict = NodeVerdict(
         node=node,
@@ -458,6 +468,8 @@ def evaluate_node(
         verdict=verdict,
         state=NodeRuleState(MappingProxyType(targets), status),
         next_check_at=min(future) if future else None,
+        # Going stale must be noticed even if nothing else happens.
+        stale_at=stale_at(fresh, policy) if fresh is not None else None,
     )
 
 

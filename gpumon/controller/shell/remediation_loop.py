@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import heapq
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -59,7 +60,14 @@ from gpumon.controller.core.node_plan import (
 )
 from gpumon.controller.core.objects import NodeView, PdbView, PodView
 from gpumon.controller.core.plans import DrainPlan, Event, NodePlan, NodeWrite, ObjectRef, PlanKind
-from gpumon.controller.core.policy import EMPTY_NODE_STATE, NodeRuleState, Policy, evaluate_node, with_records
+from gpumon.controller.core.policy import (
+    EMPTY_NODE_STATE,
+    NodeRuleState,
+    Policy,
+    evaluate_node,
+    stale_at,
+    with_records,
+)
 from gpumon.controller.core.pools import pool_of
 from gpumon.controller.core.signals import NodeReading, SignalSource
 from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
@@ -130,7 +138,15 @@ class Reconciler:
         self._dirty: set[str] = set()
         # Nodes whose drain (or device taints) waited for the pod-level caches.
         self._held: set[str] = set()
+        # Each node's next look: the earliest its last look asked for (an evaluation derives
+        # every wake-up it needs again, so the earlier ones are obsolete), in a heap whose
+        # entries not in _due_at any more are skipped.
         self._timers: list[tuple[float, str]] = []
+        self._due_at: dict[str, float] = {}
+        # When each node's reading would go stale: compared with the source's latest reading
+        # then, evaluated only if it has (a heartbeat keeps a healthy node fresh for ever).
+        self._stale_checks: list[tuple[float, str]] = []
+        self._stale_at: dict[str, float] = {}
         self._wake = asyncio.Event()
         self.rounds = 0
 
@@ -184,8 +200,39 @@ class Reconciler:
             self.mark((name,))
 
     def _schedule(self, when: float | None, node: str) -> None:
-        if when is not None:
+        if when is not None and when < self._due_at.get(node, math.inf):
+            self._due_at[node] = when
             heapq.heappush(self._timers, (when, node))
+
+    def _watch_staleness(self, node: str, when: float) -> None:
+        self._stale_at[node] = when
+        heapq.heappush(self._stale_checks, (when, node))
+
+    def take_due(self, now: float) -> set[str]:
+        """The nodes to look at now: marked, due, or gone stale since they were last looked at."""
+        due = set(self._dirty)
+        self._dirty.clear()
+        while self._timers and self._timers[0][0] <= now:
+            when, node = heapq.heappop(self._timers)
+            if self._due_at.get(node) == when:
+                del self._due_at[node]
+                due.add(node)
+        fleet = self._source.current() if self._stale_checks and self._stale_checks[0][0] <= now else None
+        while fleet is not None and self._stale_checks and self._stale_checks[0][0] <= now:
+            when, node = heapq.heappop(self._stale_checks)
+            if self._stale_at.get(node) != when:
+                continue
+            del self._stale_at[node]
+            reading = fleet.nodes.get(node)
+            later = None if reading is None else stale_at(reading, self.settings.policy)
+            if later is not None and later > now:
+                self._watch_staleness(node, later)  # heard from since: nothing to decide
+            else:
+                due.add(node)
+        return due
+
+    def _next_wake(self) -> float:
+        return min([math.inf, *(heap[0][0] for heap in (self._timers, self._stale_checks) if heap)])
 
     # -- views of the cluster -----------------------------------------------------------------
 
@@ -279,10 +326,7 @@ class Reconciler:
             if now >= next_resync:
                 self._dirty.update(self._nodes.items())
                 next_resync = now + self.settings.resync_seconds
-            due = set(self._dirty)
-            self._dirty.clear()
-            while self._timers and self._timers[0][0] <= now:
-                due.add(heapq.heappop(self._timers)[1])
+            due = self.take_due(now)
             if due:
                 started = loop.time()
                 try:
@@ -293,7 +337,7 @@ class Reconciler:
                         self._schedule(now + self.settings.retry.round_retry_seconds, node)
                 self._metrics.reconcile.observe(loop.time() - started)
                 continue
-            wake_at = min([next_resync, *(t for t, _ in self._timers[:1])])
+            wake_at = min(next_resync, self._next_wake())
             self._wake.clear()
             if self._dirty:
                 continue
@@ -309,6 +353,9 @@ class Reconciler:
         evaluated: list[tuple[NodeView, NodeVerdict, NodeReading | None, SignalStatus]] = []
         gone: list[str] = []
         for name in sorted(names):
+            # This look derives every wake-up the node needs again.
+            self._due_at.pop(name, None)
+            self._stale_at.pop(name, None)
             view = self._nodes.get(name)
             if view is None:
                 self._states.pop(name, None)
@@ -328,6 +375,8 @@ class Reconciler:
             if ev.verdict.age_seconds is not None:
                 self._metrics.signal_age.observe(ev.verdict.age_seconds)
             self._schedule(ev.next_check_at, name)
+            if ev.stale_at is not None:
+                self._watch_staleness(name, ev.stale_at)
             evaluated.append((view, ev.verdict, reading, before))
         if not self._is_leader():
             return
