@@ -111,7 +111,9 @@ class DevCluster:
         for name, (pair, who) in clients.items():
             doc = kubeconfig.build(server, keys.ca.cert_pem, pair, who.user)
             kubeconfig.write(doc, layout.kubeconfig(name))
-        layout.kwok_config.write_text(components.kwok_config([p.read_text() for p in tools.kwok_stages]))
+        layout.kwok_config.write_text(
+            components.kwok_config([p.read_text() for p in tools.kwok_stages], options.kwok_pod_workers)
+        )
         layout.device_classes.write_text(yaml.safe_dump_all(resourceslices.device_classes(), sort_keys=False))
         return cls(tools, layout, ports, components.all_components(tools, ports, layout, options))
 

@@ -151,6 +151,11 @@ def test_kwok_config_is_a_configuration_then_the_stages() -> None:
     assert options["cidr"] == components.POD_CIDR
 
 
+def test_kwok_config_sets_the_pod_workers_it_is_given() -> None:
+    assert yaml.safe_load(components.kwok_config([], 16))["options"]["podPlayStageParallelism"] == 16
+    assert yaml.safe_load(components.kwok_config([]))["options"]["podPlayStageParallelism"] == 4
+
+
 def test_kwok_config_refuses_what_is_not_a_stage() -> None:
     with pytest.raises(ValueError, match="not a kwok Stage"):
         components.kwok_config(["kind: Pod\n"])
