@@ -1,93 +1,61 @@
 """The kubelet pod-resources API (v1 ``PodResourcesLister.List``) over its unix socket.
 
-One gRPC channel for the life of the exporter, polled on the slow cadence and never on a
-scrape. A failed poll is counted (``pod_resources`` errors by kind) and leaves the last good
-view in place; the channel reconnects on its own, with its backoff capped so that a restarted
-kubelet is seen again within a few seconds.
+Polled on the slow cadence and never on a scrape. A failed poll is counted (``pod_resources``
+errors by kind) and leaves the last good view in place; it is logged once per outage.
+
+The call is made by gpumon's own small gRPC client (h2c on asyncio streams: the pure parts are
+:mod:`.podresources.grpc_unary`, :mod:`.podresources.h2`, :mod:`.podresources.hpack` and
+:mod:`.podresources.view`), not by grpcio: ``import grpc`` alone cost the exporter about 10 MiB of
+RSS, and grpc's C core its own threads and timer wake-ups at idle, for one unary call every
+10 seconds (docs/pod-attribution.md, "The pod-resources client"). One connection per poll: a
+connect on a local socket costs microseconds, and nothing then needs reconnecting, backing off or
+keeping alive across kubelet restarts. Each poll is bounded by its timeout, from connect to the
+last byte.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
-import grpc
-import grpc.aio
-
 from gpumon.devices.backend import ErrorSink
-from gpumon.dra import ClaimDevice, ClaimRef, DeviceRef
-from gpumon.exporter.podresources import api_pb2, api_pb2_grpc
+from gpumon.exporter.podresources.grpc_unary import CallFailed, Status, UnaryCall
+from gpumon.exporter.podresources.protowire import DecodeError
+from gpumon.exporter.podresources.view import (
+    Assignment,
+    DeviceAssignment,
+    PodKey,
+    PodResourcesView,
+    view_from_response,
+)
+
+__all__ = [
+    "Assignment",
+    "DeviceAssignment",
+    "PodKey",
+    "PodResourcesClient",
+    "PodResourcesView",
+    "error_kind",
+    "view_from_response",
+]
 
 log = logging.getLogger(__name__)
 
 SOURCE = "pod_resources"
+LIST = "/v1.PodResourcesLister/List"
 _MAX_MESSAGE_BYTES = 16 << 20  # what the kubelet itself allows for this API
+_READ_BYTES = 1 << 16
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceAssignment:
-    resource: str
-    device_ids: tuple[str, ...]
-
-
-PodKey = tuple[str, str]
-"""(namespace, pod name): the API identifies pods by name only."""
-
-Assignment = DeviceAssignment | ClaimDevice
-"""What the kubelet gave a container: devices of a device plugin's resource, or one device of a
-DRA ResourceClaim (``dynamic_resources``)."""
-
-PodResourcesView = Mapping[PodKey, Mapping[str, tuple[Assignment, ...]]]
-"""Every pod the kubelet runs, by (namespace, name); for each container its assignments of the
-watched resources and DRA drivers (empty for containers that hold none)."""
-
-
-def view_from_response(
-    response: api_pb2.ListPodResourcesResponse,
-    watched: Callable[[str], bool],
-    dra_drivers: frozenset[str] = frozenset(),
-) -> PodResourcesView:
-    view: dict[PodKey, dict[str, tuple[Assignment, ...]]] = {}
-    for pod in response.pod_resources:
-        view[(pod.namespace, pod.name)] = {
-            c.name: (
-                *(
-                    DeviceAssignment(d.resource_name, tuple(d.device_ids))
-                    for d in c.devices
-                    if watched(d.resource_name)
-                ),
-                *_claim_devices(c, dra_drivers),
-            )
-            for c in pod.containers
-        }
-    return view
-
-
-def _claim_devices(c: api_pb2.ContainerResources, drivers: frozenset[str]) -> tuple[ClaimDevice, ...]:
-    # dict: each device once, however many shares of it (share_id) the claim holds.
-    return tuple(
-        dict.fromkeys(
-            ClaimDevice(
-                ClaimRef(dr.claim_namespace, dr.claim_name),
-                DeviceRef(r.driver_name, r.pool_name, r.device_name),
-            )
-            for dr in c.dynamic_resources
-            for r in dr.claim_resources
-            if r.driver_name in drivers and r.device_name
-        )
-    )
-
-
-def error_kind(err: grpc.aio.AioRpcError) -> str:
-    code = err.code()
+def error_kind(status: Status) -> str:
     return {
-        grpc.StatusCode.UNAVAILABLE: "unavailable",
-        grpc.StatusCode.DEADLINE_EXCEEDED: "timeout",
-        grpc.StatusCode.PERMISSION_DENIED: "forbidden",
-        grpc.StatusCode.UNIMPLEMENTED: "unimplemented",
-    }.get(code, code.name.lower() if code is not None else "error")
+        Status.UNAVAILABLE: "unavailable",
+        Status.DEADLINE_EXCEEDED: "timeout",
+        Status.PERMISSION_DENIED: "forbidden",
+        Status.UNIMPLEMENTED: "unimplemented",
+    }.get(status, status.name.lower())
 
 
 class PodResourcesClient:
@@ -105,8 +73,6 @@ class PodResourcesClient:
         self._watched = watched
         self._dra_drivers = dra_drivers
         self._timeout = timeout_seconds
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: api_pb2_grpc.PodResourcesListerStub | None = None
         self.view: PodResourcesView | None = None
         self.fresh = False
         self._outage_logged = False
@@ -117,34 +83,56 @@ class PodResourcesClient:
         if not self._socket.exists():
             self._errors(SOURCE, "socket_missing")
             return
-        if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(
-                f"unix://{self._socket.absolute()}",
-                options=[
-                    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-                    ("grpc.initial_reconnect_backoff_ms", 500),
-                    ("grpc.max_reconnect_backoff_ms", 5000),
-                ],
-            )
-            self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
         try:
-            response = await self._stub.List(api_pb2.ListPodResourcesRequest(), timeout=self._timeout)
-        except grpc.aio.AioRpcError as e:
-            kind = error_kind(e)
-            self._errors(SOURCE, kind)
-            # Logged once per outage; the error metric counts every failure.
-            log.log(
-                logging.DEBUG if self._outage_logged else logging.WARNING,
-                "pod-resources List failed",
-                extra={"kind": kind, "detail": (e.details() or "")[:200]},
-            )
-            self._outage_logged = True
+            view = view_from_response(await self._list(), self._watched, self._dra_drivers)
+        except CallFailed as e:
+            self._failed(e)
             return
-        self.view = view_from_response(response, self._watched, self._dra_drivers)
+        except DecodeError as e:  # grpcio gave INTERNAL for a reply protobuf would not parse
+            self._failed(CallFailed(Status.INTERNAL, f"the reply is no ListPodResourcesResponse: {e}"))
+            return
+        self.view = view
         self.fresh = True
         self._outage_logged = False
 
+    async def _list(self) -> bytes:
+        call = UnaryCall(LIST, b"", timeout_seconds=self._timeout, max_message=_MAX_MESSAGE_BYTES)
+        writer: asyncio.StreamWriter | None = None
+        try:
+            async with asyncio.timeout(self._timeout):
+                reader, writer = await asyncio.open_unix_connection(self._socket)
+                writer.write(call.start())
+                while call.reply is None:
+                    data = await reader.read(_READ_BYTES)
+                    if not data:
+                        call.closed()
+                    elif out := call.receive(data):
+                        writer.write(out)
+                        # A server that sends and never reads makes us wait (and time out),
+                        # not buffer its PING acknowledgements without end.
+                        await writer.drain()
+                return call.reply
+        except TimeoutError as e:
+            raise CallFailed(Status.DEADLINE_EXCEEDED, f"no reply within {self._timeout} s") from e
+        except PermissionError as e:
+            raise CallFailed(Status.PERMISSION_DENIED, str(e)) from e
+        except OSError as e:  # refused (nobody listening), reset, not a socket
+            raise CallFailed(Status.UNAVAILABLE, str(e) or type(e).__name__) from e
+        finally:
+            if writer is not None:
+                writer.close()
+
+    def _failed(self, e: CallFailed) -> None:
+        kind = error_kind(e.status)
+        self._errors(SOURCE, kind)
+        # Logged once per outage; the error metric counts every failure.
+        log.log(
+            logging.DEBUG if self._outage_logged else logging.WARNING,
+            "pod-resources List failed",
+            extra={"kind": kind, "detail": e.message[:200]},
+        )
+        self._outage_logged = True
+
     async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
-        self._channel = self._stub = None
+        """Nothing to release: no connection outlives a poll (kept for the attributor's and
+        doctor's cleanup, which close whatever source they were given)."""

@@ -113,7 +113,7 @@ def test_dra_claims_of_gpu_drivers_each_device_once() -> None:
     )
     claim = ClaimRef("ml", "train-0-gpu-x7k2p")
     watched = watched_resource(PodsConfig())
-    assert view_from_response(response, watched, frozenset({NVIDIA_GPU_DRIVER})) == {
+    assert view_from_response(response.SerializeToString(), watched, frozenset({NVIDIA_GPU_DRIVER})) == {
         ("ml", "train-0"): {
             "main": (
                 DeviceAssignment("nvidia.com/gpu", (GPU0,)),
@@ -123,7 +123,7 @@ def test_dra_claims_of_gpu_drivers_each_device_once() -> None:
         }
     }
     # DRA off (no drivers): the device plugin's devices only.
-    assert view_from_response(response, watched) == {
+    assert view_from_response(response.SerializeToString(), watched) == {
         ("ml", "train-0"): {"main": (DeviceAssignment("nvidia.com/gpu", (GPU0,)),)}
     }
 
