@@ -24,6 +24,7 @@ from gpumon.controller.shell.signal_sources.prometheus import (
 from gpumon.dra import NVIDIA_GPU_DRIVER, ClaimDevice
 from gpumon.exporter.cgroups import ContainerKey, Unmatched, parse_cgroup
 from gpumon.exporter.podresources import api_pb2
+from gpumon.exporter.podresources.protowire import DecodeError
 from gpumon.exporter.podresources_client import DeviceAssignment, view_from_response
 
 RULES = build_policy(ControllerConfig()).rules
@@ -192,13 +193,13 @@ replies = st.one_of(
 @FUZZ
 @given(replies)
 def test_a_pod_resources_reply_is_a_view_or_a_decode_error(reply: Any) -> None:
-    if isinstance(reply, bytes):  # what the wire could carry: protobuf decodes it or refuses
-        try:
-            reply = api_pb2.ListPodResourcesResponse.FromString(reply)
-        except Exception as e:  # protobuf's DecodeError, which grpc surfaces as an RPC error
-            assert type(e).__name__ == "DecodeError"
-            return
-    view = view_from_response(reply, lambda r: r == "nvidia.com/gpu", frozenset({NVIDIA_GPU_DRIVER}))
+    # What the wire could carry (bytes), or a reply protobuf itself serializes.
+    wire = reply if isinstance(reply, bytes) else reply.SerializeToString()
+    try:
+        view = view_from_response(wire, lambda r: r == "nvidia.com/gpu", frozenset({NVIDIA_GPU_DRIVER}))
+    except DecodeError:
+        assert isinstance(reply, bytes)
+        return
     assert all(isinstance(k, tuple) for k in view)
     for containers in view.values():
         for held in containers.values():
