@@ -60,7 +60,7 @@ numa = st.builds(
 )
 claim_resources = st.builds(
     api_pb2.ClaimResource,
-    cdi_devices=st.lists(st.builds(api_pb2.CDIDevice, name=names), max_size=2),
+    cdi_devices=st.lists(st.builds(api_pb2.CDIDevice, name=names), max_size=1),
     driver_name=st.sampled_from([NVIDIA_GPU_DRIVER, "example.com/tpu", "nic.example.com", ""]),
     pool_name=names,
     device_name=st.sampled_from(["", "gpu-0", "gpu-1", "gpu-2-mig-9-4-4"]),
@@ -73,22 +73,22 @@ containers = st.builds(
         st.builds(
             api_pb2.ContainerDevices,
             resource_name=resources,
-            device_ids=st.lists(names, max_size=3),
+            device_ids=st.lists(names, max_size=2),
             topology=numa,
         ),
-        max_size=3,
+        max_size=2,
     ),
-    cpu_ids=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4),
+    cpu_ids=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=2),
     memory=st.lists(
         st.builds(api_pb2.ContainerMemory, memory_type=names, size=st.integers(0, 2**64 - 1), topology=numa),
-        max_size=2,
+        max_size=1,
     ),
     dynamic_resources=st.lists(
         st.builds(
             api_pb2.DynamicResource,
             claim_name=names,
             claim_namespace=names,
-            claim_resources=st.lists(claim_resources, max_size=4),
+            claim_resources=st.lists(claim_resources, max_size=3),
         ),
         max_size=2,
     ),
@@ -97,9 +97,9 @@ responses = st.builds(
     api_pb2.ListPodResourcesResponse,
     pod_resources=st.lists(
         st.builds(
-            api_pb2.PodResources, name=names, namespace=names, containers=st.lists(containers, max_size=3)
+            api_pb2.PodResources, name=names, namespace=names, containers=st.lists(containers, max_size=2)
         ),
-        max_size=5,
+        max_size=4,
     ),
 )
 
