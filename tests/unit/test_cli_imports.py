@@ -40,7 +40,8 @@ def test_the_exporters_parser_imports_no_other_command() -> None:
 # What `gpumon exporter --backend nvml` without --config must never import, while it runs: the
 # controller's config models (its pools, rules and CEL), pydantic-settings (gpumon.config reads
 # the GPUMON_ variables itself), YAML (no file is read: the pod's service account needs none),
-# the simulator, and what the check above keeps out of its parser.
+# the simulator, grpc and protobuf (the pod-resources client is gpumon's own: docs/pod-attribution.md),
+# and what the check above keeps out of its parser.
 _NOT_IN_THE_RUNNING_EXPORTER = (
     *_NOT_FOR_THE_EXPORTER,
     "gpumon.config.controller",
@@ -53,6 +54,9 @@ _NOT_IN_THE_RUNNING_EXPORTER = (
     "yaml",
     "gpumon.devices.simulated",
     "gpumon.devices.simulated_http",
+    "grpc",
+    "google.protobuf",
+    "gpumon.exporter.podresources.api_pb2",
 )
 
 
