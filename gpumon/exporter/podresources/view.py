@@ -55,61 +55,54 @@ def view_from_response(
     if it is not one. A pod or container listed twice keeps its last entry, as a map of the
     parsed message would."""
     view: dict[PodKey, dict[str, tuple[Assignment, ...]]] = {}
-    for number, pod in length_delimited(memoryview(response)):
-        if number == _POD_RESOURCES:
-            name = namespace = ""
-            containers: dict[str, tuple[Assignment, ...]] = {}
-            for field, value in length_delimited(pod):
-                if field == _POD_NAME:
-                    name = text(value)
-                elif field == _POD_NAMESPACE:
-                    namespace = text(value)
-                elif field == _CONTAINERS:
-                    cname, held = _container(value, watched, dra_drivers)
-                    containers[cname] = held
-            view[(namespace, name)] = containers
+    for pod in _message(memoryview(response), (), (_POD_RESOURCES,))[1][_POD_RESOURCES]:
+        names, fields = _message(pod, (_POD_NAME, _POD_NAMESPACE), (_CONTAINERS,))
+        view[(names[_POD_NAMESPACE], names[_POD_NAME])] = dict(
+            _container(c, watched, dra_drivers) for c in fields[_CONTAINERS]
+        )
     return view
+
+
+def _message(
+    data: memoryview, strings: tuple[int, ...], repeated: tuple[int, ...] = ()
+) -> tuple[dict[int, str], dict[int, list[memoryview]]]:
+    """A message's string fields of the numbers ``strings`` (the last of each, "" when absent,
+    as protobuf's parse gives them) and the values of its repeated fields ``repeated``, in wire
+    order; every other field skipped."""
+    found = dict.fromkeys(strings, "")
+    lists: dict[int, list[memoryview]] = {number: [] for number in repeated}
+    for number, value in length_delimited(data):
+        if number in found:
+            found[number] = text(value)
+        elif number in lists:
+            lists[number].append(value)
+    return found, lists
 
 
 def _container(
     data: memoryview, watched: Callable[[str], bool], drivers: frozenset[str]
 ) -> tuple[str, tuple[Assignment, ...]]:
-    name = ""
+    names, fields = _message(data, (_CONTAINER_NAME,), (_DEVICES, _DYNAMIC_RESOURCES))
     devices: list[DeviceAssignment] = []
+    for entry in fields[_DEVICES]:
+        resource, ids = _message(entry, (_RESOURCE_NAME,), (_DEVICE_IDS,))
+        if watched(resource[_RESOURCE_NAME]):
+            devices.append(DeviceAssignment(resource[_RESOURCE_NAME], tuple(map(text, ids[_DEVICE_IDS]))))
     # dict: each claim device once, however many shares of it (share_id) its claim holds.
-    claimed: dict[ClaimDevice, None] = {}
-    for field, value in length_delimited(data):
-        if field == _CONTAINER_NAME:
-            name = text(value)
-        elif field == _DEVICES:
-            resource, ids = "", []
-            for f, v in length_delimited(value):
-                if f == _RESOURCE_NAME:
-                    resource = text(v)
-                elif f == _DEVICE_IDS:
-                    ids.append(text(v))
-            if watched(resource):
-                devices.append(DeviceAssignment(resource, tuple(ids)))
-        elif field == _DYNAMIC_RESOURCES and drivers:
-            claimed.update(dict.fromkeys(_claim_devices(value, drivers)))
-    return name, (*devices, *claimed)
+    claimed = dict.fromkeys(
+        device
+        for claim in (fields[_DYNAMIC_RESOURCES] if drivers else ())
+        for device in _claim_devices(claim, drivers)
+    )
+    return names[_CONTAINER_NAME], (*devices, *claimed)
 
 
 def _claim_devices(data: memoryview, drivers: frozenset[str]) -> Iterator[ClaimDevice]:
-    claim_name = claim_namespace = ""
-    devices: list[DeviceRef] = []
-    for field, value in length_delimited(data):
-        if field == _CLAIM_NAME:
-            claim_name = text(value)
-        elif field == _CLAIM_NAMESPACE:
-            claim_namespace = text(value)
-        elif field == _CLAIM_RESOURCES:
-            strings = {_DRIVER_NAME: "", _POOL_NAME: "", _DEVICE_NAME: ""}
-            for f, v in length_delimited(value):
-                if f in strings:
-                    strings[f] = text(v)
-            if strings[_DRIVER_NAME] in drivers and strings[_DEVICE_NAME]:
-                devices.append(DeviceRef(strings[_DRIVER_NAME], strings[_POOL_NAME], strings[_DEVICE_NAME]))
-    # The claim's name may follow its resources on the wire: known only once it is all read.
-    claim = ClaimRef(claim_namespace, claim_name)
-    return (ClaimDevice(claim, device) for device in devices)
+    names, fields = _message(data, (_CLAIM_NAME, _CLAIM_NAMESPACE), (_CLAIM_RESOURCES,))
+    claim = ClaimRef(names[_CLAIM_NAMESPACE], names[_CLAIM_NAME])
+    for resource in fields[_CLAIM_RESOURCES]:
+        device, _ = _message(resource, (_DRIVER_NAME, _POOL_NAME, _DEVICE_NAME))
+        if device[_DRIVER_NAME] in drivers and device[_DEVICE_NAME]:
+            yield ClaimDevice(
+                claim, DeviceRef(device[_DRIVER_NAME], device[_POOL_NAME], device[_DEVICE_NAME])
+            )
