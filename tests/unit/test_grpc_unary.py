@@ -163,6 +163,13 @@ def test_trailers_only_carry_the_status(status: int, text: bytes, want: Status) 
             [SETTINGS + frame(FrameType.HEADERS, h2.END_HEADERS, 1, encode_literals([(b":status", b"200")]))],
             Status.INTERNAL,  # no content-type
         ),
+        (
+            [
+                SETTINGS
+                + frame(FrameType.HEADERS, h2.END_HEADERS, 1, encode_literals([(b":status", b"9" * 5000)]))
+            ],
+            Status.INTERNAL,  # a status int() would refuse: more digits than Python converts
+        ),
         # HTTP statuses and resets as gRPC maps them.
         (
             [SETTINGS + frame(FrameType.HEADERS, h2.END_HEADERS, 1, encode_literals([(b":status", b"404")]))],

@@ -165,7 +165,12 @@ class UnaryCall:
         values = dict(fields)
         http = values.get(b":status", b"")
         if http != b"200":
-            status = _FROM_HTTP.get(int(http), Status.UNKNOWN) if http.isdigit() else Status.INTERNAL
+            # Three digits, or int() of a long one would raise (and cost) beyond our statuses.
+            status = (
+                _FROM_HTTP.get(int(http), Status.UNKNOWN)
+                if http.isdigit() and len(http) == 3
+                else Status.INTERNAL
+            )
             raise CallFailed(status, f"HTTP status {http[:10].decode('ascii', 'replace')}")
         if not values.get(b"content-type", b"").startswith(b"application/grpc"):
             raise CallFailed(Status.INTERNAL, "the reply's content-type is not application/grpc")
