@@ -37,11 +37,12 @@ def test_the_exporters_parser_imports_no_other_command() -> None:
     assert out.strip().splitlines()[-1] == "[]"
 
 
-# What `gpumon exporter --backend nvml` without --config must never import, while it runs: the
+# What `gpumon exporter --backend nvml` as the Helm chart runs it must never import, while it runs: the
 # controller's config models (its pools, rules and CEL), pydantic-settings (gpumon.config reads
-# the GPUMON_ variables itself), YAML (no file is read: the pod's service account needs none),
-# the simulator, grpc and protobuf (the pod-resources client is gpumon's own: docs/pod-attribution.md),
-# and what the check above keeps out of its parser.
+# the GPUMON_ variables itself), YAML (the config file is plain JSON, as the Helm chart writes it,
+# and the pod's service account needs no kubeconfig), the simulator, grpc and protobuf (the
+# pod-resources client is gpumon's own: docs/pod-attribution.md), and what the check above keeps
+# out of its parser.
 _NOT_IN_THE_RUNNING_EXPORTER = (
     *_NOT_FOR_THE_EXPORTER,
     "gpumon.config.controller",
@@ -71,10 +72,11 @@ def test_the_running_exporter_imports_only_what_its_configuration_needs(tmp_path
     module it imported, on every GPU node (docs/exporter.md, "What the exporter imports")."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUMON_", "KUBE"))}
     env |= {"HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}  # no kubeconfig: as in a pod, no YAML
+    config = tmp_path / "exporter.yaml"  # plain JSON, as the Helm chart writes it
+    config.write_text('{"listen_address": "127.0.0.1", "port": 0, "pods": {"enabled": true}}')
     argv = [
         sys.executable, "-X", "importtime", "-m", "gpumon.cli", "exporter", "--backend", "nvml",
-        "--nvml-library", str(tmp_path / "libnvidia-ml.so.1"), "--listen-address", "127.0.0.1",
-        "--port", "0",
+        "--nvml-library", str(tmp_path / "libnvidia-ml.so.1"), "--config", str(config),
     ]  # fmt: skip
     err = tmp_path / "stderr"
     with err.open("w") as sink:
