@@ -17,7 +17,9 @@ library's, which the unit tests check on every profile with hostile label values
 
 A renderer that keeps a :class:`LineCache` from one render to the next writes only what changed
 since its last render: on the mock node (8 GPUs, 64 pods, about 900 samples) a render went from
-7.6 to 4.3 ms of its thread's CPU (issue #19, docs/benchmarks.md).
+7.6 to 4.3 ms of its thread's CPU (issue #19, docs/benchmarks.md). It also keeps each GPU's
+samples of the slow fields (:class:`SlowSamples`), built again only from a new slow reading: the
+render thread 0.42-0.48 -> 0.30-0.33 % of a core on the mock node.
 
 A :class:`RenderedMetrics` holds the sample lines; each of the four bodies (text or OpenMetrics,
 plain or gzip) is written on first use and kept. The render thread writes those that scrapes asked
@@ -151,7 +153,7 @@ def render(
     lines, reused where a series is the same (give each renderer its own); without it, every
     line is written afresh."""
     lines = lines if lines is not None else LineCache()
-    families = [_write(f, lines) for f in snapshot_families(snapshot, profile)]
+    families = [_write(f, lines) for f in snapshot_families(snapshot, profile, lines.slow)]
     for collector in extra:
         families.extend(_write_any(f, lines) for f in collector.collect())
     lines.rotate()
@@ -161,12 +163,17 @@ def render(
     return out
 
 
-def snapshot_families(snapshot: Snapshot, profile: Profile) -> Iterator[Metric]:
-    """The non-empty metric families of ``snapshot`` in ``profile``."""
+def snapshot_families(
+    snapshot: Snapshot, profile: Profile, slow: SlowSamples | None = None
+) -> Iterator[Metric]:
+    """The non-empty metric families of ``snapshot`` in ``profile``. ``slow``: the samples the
+    last build made from each GPU's slow reading, reused where the reading is the same one;
+    without it, all are built afresh."""
+    slow = slow if slow is not None else SlowSamples()
     if profile in ("native", "both"):
-        yield from _non_empty(_native(snapshot))
+        yield from _non_empty(_native(snapshot, slow))
     if profile in ("dcgm", "both"):
-        yield from _non_empty(_dcgm(snapshot))
+        yield from _non_empty(_dcgm(snapshot, slow))
 
 
 # Sample lines are identical in both formats for the families written here: legacy-charset
@@ -276,11 +283,13 @@ class LineCache:
     families it wrote, so what went away is forgotten one render later. For one renderer at a
     time: no lock."""
 
-    __slots__ = ("_current", "_previous")
+    __slots__ = ("_current", "_previous", "slow")
 
     def __init__(self) -> None:
         self._current: dict[str, _Kept] = {}
         self._previous: dict[str, _Kept] = {}
+        # The samples built from each GPU's slow reading, for the next render's families.
+        self.slow = SlowSamples()
 
     def last(self, family: Metric) -> _Kept | None:
         """``family`` as the last render wrote it, if its name, type, help and unit are the same."""
@@ -298,9 +307,53 @@ class LineCache:
     def rotate(self) -> None:
         """A render is over: what it wrote is what the next one compares with."""
         self._previous, self._current = self._current, {}
+        self.slow.rotate()
 
     def __len__(self) -> int:
         return len(self._previous)
+
+
+# One GPU's samples for a group of families, one tuple per family, in the group's order.
+Chunks = tuple[tuple[Sample, ...], ...]
+
+
+class SlowSamples:
+    """The samples each GPU's slow reading gave, kept while that reading is the current one.
+
+    Slow fields are read every 10 s, and on the mock node they are nearly half of the samples
+    (432 of 912, 288 of them the per-link NVLink error counters): building them again on every
+    tick was about half of what was left of a render (issue #19). A GPU's slow reading is one
+    immutable object until the next slow read replaces it, so the samples built from it are
+    reused while the GPU's reading is that same object and its labels are equal. Each build
+    keeps only what it used, so a GPU that went away is forgotten one build later. For one
+    builder at a time: no lock."""
+
+    __slots__ = ("_current", "_previous")
+
+    def __init__(self) -> None:
+        # (group, GPU UUID) -> (the slow reading, the GPU's labels, the samples built from them)
+        self._current: dict[tuple[str, str], tuple[SlowFields, Labels, Chunks]] = {}
+        self._previous: dict[tuple[str, str], tuple[SlowFields, Labels, Chunks]] = {}
+
+    def chunks(
+        self, group: str, gpu: GpuSample, labels: Labels, build: Callable[[GpuSample, Labels], Chunks]
+    ) -> Chunks:
+        """``build(gpu, labels)``, or what it gave for the same slow reading and labels last time;
+        ``gpu.slow`` must not be None."""
+        slow = gpu.slow
+        assert slow is not None
+        key = (group, gpu.identity.uuid)
+        kept = self._previous.get(key)
+        if kept is not None and kept[0] is slow and kept[1] == labels:
+            self._current[key] = kept
+            return kept[2]
+        made = build(gpu, labels)
+        self._current[key] = (slow, labels, made)
+        return made
+
+    def rotate(self) -> None:
+        """A build is over: what it used is what the next one may reuse."""
+        self._previous, self._current = self._current, {}
 
 
 def _line_head(name: str, labels: Mapping[str, str]) -> str:
@@ -345,6 +398,9 @@ class _Field:
     doc: str
     series: tuple[tuple[Labels, Getter], ...]
     unit: str = ""
+    # Every getter reads only the GPU's slow reading (``GpuSample.slow``): its samples are
+    # built once per slow reading (:class:`SlowSamples`).
+    slow: bool = False
 
 
 def _family(name: str, kind: str, doc: str, unit: str = "") -> Metric:
@@ -356,15 +412,36 @@ def _add(family: Metric, labels: Labels, value: float) -> None:
     family.samples.append(Sample(name, labels, float(value)))
 
 
-def _emit(fields: Sequence[_Field], rows: Iterable[tuple[GpuSample, Labels]]) -> list[Metric]:
+def _emit(
+    fields: Sequence[_Field], rows: Iterable[tuple[GpuSample, Labels]], slow: SlowSamples, group: str
+) -> list[Metric]:
+    """``fields``' families over ``rows``; the slow fields' samples of a GPU come from ``slow``
+    under ``group`` (one name per field table)."""
     families = [_family(f.name, f.kind, f.doc, f.unit) for f in fields]
+    fast = [(f, family) for f, family in zip(fields, families, strict=True) if not f.slow]
+    slow_fields = tuple(f for f in fields if f.slow)
+    slow_families = [family for f, family in zip(fields, families, strict=True) if f.slow]
+    build = functools.partial(_series, slow_fields)
     for gpu, base in rows:
-        for field, family in zip(fields, families, strict=True):
-            for extra, get in field.series:
-                value = get(gpu)
-                if value is not None:
-                    _add(family, {**base, **extra} if extra else base, value)
+        for field, family in fast:
+            family.samples.extend(_field_samples(field, gpu, base))
+        # Without a slow reading a slow field has no series.
+        if gpu.slow is not None and slow_fields:
+            for family, chunk in zip(slow_families, slow.chunks(group, gpu, base, build), strict=True):
+                family.samples.extend(chunk)
     return families
+
+
+def _series(fields: Sequence[_Field], gpu: GpuSample, base: Labels) -> Chunks:
+    return tuple(tuple(_field_samples(f, gpu, base)) for f in fields)
+
+
+def _field_samples(field: _Field, gpu: GpuSample, base: Labels) -> Iterator[Sample]:
+    # A field's name is its samples' (a counter's family drops the _total its samples keep).
+    for extra, get in field.series:
+        value = get(gpu)
+        if value is not None:
+            yield Sample(field.name, {**base, **extra} if extra else base, float(value))
 
 
 def _emit_mig_memory(
@@ -418,7 +495,9 @@ def _prof(get: ProfilingGetter) -> Getter:
 
 def _gpm_fields(table: Sequence[_GpmField]) -> tuple[_Field, ...]:
     return tuple(
-        _Field(f.name, "gauge", f.doc, tuple((labels, _prof(get)) for labels, get in f.series), f.unit)
+        _Field(
+            f.name, "gauge", f.doc, tuple((labels, _prof(get)) for labels, get in f.series), f.unit, slow=True
+        )
         for f in table
     )
 
@@ -616,6 +695,7 @@ _NATIVE_FIELDS: tuple[_Field, ...] = (
         "counter",
         "PCIe replays (retries).",
         _one(_slow(lambda s: s.pcie_replays)),
+        slow=True,
     ),
     _Field(
         "gpumon_gpu_ecc_errors_total",
@@ -625,6 +705,7 @@ _NATIVE_FIELDS: tuple[_Field, ...] = (
             ({"type": "corrected"}, _slow(lambda s: s.ecc_corrected)),
             ({"type": "uncorrected"}, _slow(lambda s: s.ecc_uncorrected)),
         ),
+        slow=True,
     ),
     _Field(
         "gpumon_gpu_remapped_rows",
@@ -634,18 +715,21 @@ _NATIVE_FIELDS: tuple[_Field, ...] = (
             ({"type": "correctable"}, _slow(lambda s: s.remapped_rows_correctable)),
             ({"type": "uncorrectable"}, _slow(lambda s: s.remapped_rows_uncorrectable)),
         ),
+        slow=True,
     ),
     _Field(
         "gpumon_gpu_row_remap_pending",
         "gauge",
         "1 when a row remap waits for a GPU reset.",
         _one(_slow(lambda s: s.row_remap_pending)),
+        slow=True,
     ),
     _Field(
         "gpumon_gpu_row_remap_failure",
         "gauge",
         "1 when a row remap has failed.",
         _one(_slow(lambda s: s.row_remap_failure)),
+        slow=True,
     ),
     _Field(
         "gpumon_gpu_video_utilization_ratio",
@@ -656,6 +740,7 @@ _NATIVE_FIELDS: tuple[_Field, ...] = (
             ({"engine": "decoder"}, _slow(lambda s: s.decoder_utilization_ratio)),
         ),
         "ratio",
+        slow=True,
     ),
     _Field(
         "gpumon_gpu_fan_speed_ratio",
@@ -663,12 +748,14 @@ _NATIVE_FIELDS: tuple[_Field, ...] = (
         "Fan speed as a fraction of its maximum.",
         _one(_slow(lambda s: s.fan_speed_ratio)),
         "ratio",
+        slow=True,
     ),
     _Field(
         "gpumon_gpu_performance_state",
         "gauge",
         "Performance state (P-state): 0 is the most performance, 15 the least.",
         _one(_slow(lambda s: s.performance_state)),
+        slow=True,
     ),
     _Field(
         "gpumon_gpu_clock_violation_seconds_total",
@@ -676,6 +763,7 @@ _NATIVE_FIELDS: tuple[_Field, ...] = (
         "Time clocks were held below target by a policy, since the driver loaded.",
         tuple(({"policy": p}, _violation(p)) for p in VIOLATION_POLICIES),
         "seconds",
+        slow=True,
     ),
     _Field(
         "gpumon_gpu_nvlink_data_bytes_total",
@@ -683,12 +771,14 @@ _NATIVE_FIELDS: tuple[_Field, ...] = (
         "NVLink data (payload) bytes moved over all links since the driver loaded.",
         tuple(({"direction": d}, _nvlink_data(d)) for d in ("tx", "rx")),
         "bytes",
+        slow=True,
     ),
     _Field(
         "gpumon_gpu_vgpu_licensed",
         "gauge",
         "1 while the vGPU holds its licence, 0 while it does not (vGPU guests only).",
         _one(_slow(lambda s: s.vgpu_licensed)),
+        slow=True,
     ),
     *_gpm_fields(_NATIVE_GPM),
 )
@@ -696,7 +786,7 @@ _NATIVE_FIELDS: tuple[_Field, ...] = (
 _POD_LABELS = ("node", "namespace", "pod", "container", "gpu", "uuid")
 
 
-def _native(snap: Snapshot) -> list[Metric]:
+def _native(snap: Snapshot, slow: SlowSamples) -> list[Metric]:
     info = _family("gpumon_gpu_info", "gauge", "GPU identity and driver versions (always 1).")
     health = _family(
         "gpumon_gpu_health",
@@ -742,16 +832,16 @@ def _native(snap: Snapshot) -> list[Metric]:
             for reason in (*CLOCK_EVENT_REASONS, *sorted(active - CLOCK_EVENT_REASONS.keys())):
                 _add(throttled, {**base, "reason": reason}, 1 if reason in active else 0)
 
-    per_gpu = _emit(_NATIVE_FIELDS, present)
+    per_gpu = _emit(_NATIVE_FIELDS, present, slow, "native")
     nvlink_errors = _family(
-        "gpumon_gpu_nvlink_errors_total",
+        _NVLINK_ERRORS,
         "counter",
         "NVLink data-link errors on one link since the driver loaded, by type (replay, recovery, crc).",
     )
     for g, base in present:
         if g.slow is not None:
-            for (link, kind), count in sorted(g.slow.nvlink_errors.items()):
-                _add(nvlink_errors, {**base, "link": str(link), "type": kind}, count)
+            (chunk,) = slow.chunks("native_nvlink_errors", g, base, _nvlink_errors)
+            nvlink_errors.samples.extend(chunk)
     _emit_mig_memory(
         _NATIVE_MEMORY,
         per_gpu,
@@ -768,6 +858,19 @@ def _native(snap: Snapshot) -> list[Metric]:
         ),
     )
     return [info, *per_gpu, nvlink_errors, throttled, xids, health, health_info, *_native_pods(snap)]
+
+
+_NVLINK_ERRORS = "gpumon_gpu_nvlink_errors_total"
+
+
+def _nvlink_errors(g: GpuSample, base: Labels) -> Chunks:
+    assert g.slow is not None
+    return (
+        tuple(
+            Sample(_NVLINK_ERRORS, {**base, "link": str(link), "type": kind}, float(count))
+            for (link, kind), count in sorted(g.slow.nvlink_errors.items())
+        ),
+    )
 
 
 def _mig_labels(mig: MigInstance) -> Labels:
@@ -997,6 +1100,7 @@ _DCGM_FIELDS: tuple[_Field, ...] = (
         "unknown",
         "Total number of PCIe retries.",
         _one(_slow(lambda s: s.pcie_replays)),
+        slow=True,
     ),
     _Field(
         "DCGM_FI_DEV_GPU_UTIL",
@@ -1022,36 +1126,42 @@ _DCGM_FIELDS: tuple[_Field, ...] = (
         "unknown",
         "Total number of single-bit volatile ECC errors.",
         _one(_slow(lambda s: s.ecc_corrected)),
+        slow=True,
     ),
     _Field(
         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
         "unknown",
         "Total number of double-bit volatile ECC errors.",
         _one(_slow(lambda s: s.ecc_uncorrected)),
+        slow=True,
     ),
     _Field(
         "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
         "unknown",
         "Number of remapped rows for uncorrectable errors",
         _one(_slow(lambda s: s.remapped_rows_uncorrectable)),
+        slow=True,
     ),
     _Field(
         "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
         "unknown",
         "Number of remapped rows for correctable errors",
         _one(_slow(lambda s: s.remapped_rows_correctable)),
+        slow=True,
     ),
     _Field(
         "DCGM_FI_DEV_ROW_REMAP_FAILURE",
         "gauge",
         "Whether remapping of rows has failed",
         _one(_slow(lambda s: s.row_remap_failure)),
+        slow=True,
     ),
     _Field(
         "DCGM_FI_DEV_ROW_REMAP_PENDING",
         "gauge",
         "Whether remapping of rows is pending",
         _one(_slow(lambda s: s.row_remap_pending)),
+        slow=True,
     ),
     _DCGM_XID,
     _Field(
@@ -1059,24 +1169,28 @@ _DCGM_FIELDS: tuple[_Field, ...] = (
         "gauge",
         "Encoder utilization (in %).",
         _one(_slow(lambda s: _scaled(s.encoder_utilization_ratio, 100.0))),
+        slow=True,
     ),
     _Field(
         "DCGM_FI_DEV_DEC_UTIL",
         "gauge",
         "Decoder utilization (in %).",
         _one(_slow(lambda s: _scaled(s.decoder_utilization_ratio, 100.0))),
+        slow=True,
     ),
     _Field(
         "DCGM_FI_DEV_FAN_SPEED",
         "gauge",
         "Fan speed (in 0-100%).",
         _one(_slow(lambda s: _scaled(s.fan_speed_ratio, 100.0))),
+        slow=True,
     ),
     _Field(
         "DCGM_FI_DEV_PSTATE",
         "gauge",
         "Performance state (P-State) 0-15.",
         _one(_slow(lambda s: s.performance_state)),
+        slow=True,
     ),
     *(
         _Field(
@@ -1084,6 +1198,7 @@ _DCGM_FIELDS: tuple[_Field, ...] = (
             "unknown",
             f"Throttling duration due to {why} (in ns).",
             _one(_violation(policy, nanoseconds=True)),
+            slow=True,
         )
         for name, policy, why in (
             ("POWER", "power", "power constraints"),
@@ -1099,18 +1214,20 @@ _DCGM_FIELDS: tuple[_Field, ...] = (
         "gauge",
         "vGPU License status",
         _one(_slow(lambda s: s.vgpu_licensed)),
+        slow=True,
     ),
     _Field(
         "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
         "unknown",
         "Total number of NVLink bandwidth counters for all lanes.",
         _one(_dcgm_nvlink_bandwidth),
+        slow=True,
     ),
     *_gpm_fields(_DCGM_GPM),
 )
 
 
-def _dcgm(snap: Snapshot) -> list[Metric]:
+def _dcgm(snap: Snapshot, slow: SlowSamples) -> list[Metric]:
     holders = _sole_holders(snap)
     host = {"Hostname": snap.node}
     if snap.driver is not None:
@@ -1140,10 +1257,12 @@ def _dcgm(snap: Snapshot) -> list[Metric]:
             # dcgm has no health family: the last Xid (79, fallen off the bus, typically) is what
             # dcgm users alert on, and it is event data, still true of a lost GPU.
             lost.append(row)
-    families = _emit(_DCGM_FIELDS, present)
+    families = _emit(_DCGM_FIELDS, present, slow, "dcgm")
     _emit_mig_memory(_DCGM_MEMORY, families, mig_rows)
     _emit_mig_profiling(_DCGM_GPM, families, mig_gpm_rows)
-    families[_DCGM_FIELDS.index(_DCGM_XID)].samples.extend(_emit((_DCGM_XID,), lost)[0].samples)
+    xid = families[_DCGM_FIELDS.index(_DCGM_XID)]
+    for g, labels in lost:
+        xid.samples.extend(_field_samples(_DCGM_XID, g, labels))
     return families
 
 

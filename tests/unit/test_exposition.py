@@ -14,6 +14,7 @@ from prometheus_client.openmetrics import exposition as om_exposition
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 from self_metrics_in_use import self_metrics_in_use
 
 from gpumon.devices.model import (
@@ -690,7 +691,46 @@ def _ticks() -> list[Snapshot]:
         ),
     )
     swapped = replace(churned, pods=(pod("p-other", 0, used_memory_bytes=MiB), *churned.pods[1:]))
-    return [full, full, hotter, churned, swapped, SNAPSHOTS["odd"], SNAPSHOTS["sparse"], full, hotter]
+    # A fast-only tick: every fast field new, each GPU's slow reading the same object as before.
+    fast_only = replace(swapped, gpus=tuple(replace(g, fast=_other_fast()) for g in swapped.gpus))
+    # One GPU's slow reading is a new one; the others keep theirs.
+    first, *rest = fast_only.gpus
+    slow_read = replace(
+        fast_only,
+        gpus=(replace(first, slow=full_slow(ecc_corrected=8, nvlink_errors={(1, "crc"): 4})), *rest),
+    )
+    renamed = replace(slow_read, node="gpu-node-2")  # same readings, other labels
+    return [
+        full,
+        full,
+        hotter,
+        churned,
+        swapped,
+        fast_only,
+        slow_read,
+        renamed,
+        SNAPSHOTS["odd"],
+        SNAPSHOTS["sparse"],
+        full,
+        hotter,
+    ]
+
+
+def _other_fast() -> FastFields:
+    """Every fast field with another value than :func:`full_fast`'s."""
+    return FastFields(
+        memory=MemoryInfo(total_bytes=40 * GiB, used_bytes=GiB, free_bytes=38 * GiB, reserved_bytes=GiB + 1),
+        utilization_ratio=0.5,
+        memory_utilization_ratio=0.125,
+        temperature_gpu_celsius=50.0,
+        temperature_memory_celsius=55.0,
+        power_watts=100.0,
+        power_limit_watts=300.0,
+        energy_joules=1.5,
+        sm_clock_hertz=1e9,
+        memory_clock_hertz=2e9,
+        throttle_reasons=frozenset({"gpu_idle"}),
+    )
 
 
 @pytest.mark.parametrize("profile", ["native", "dcgm", "both"])
@@ -708,6 +748,26 @@ def test_renders_that_reuse_the_last_ones_lines_write_exactly_a_fresh_render(pro
         assert reused.text_bytes == fresh.text_bytes
         families = [*snapshot_families(snap, profile), *(f for c in extra for f in c.collect())]
         assert len(lines) == len(families), "only the last render's families are kept"
+
+
+@pytest.mark.parametrize("profile", ["native", "dcgm"])
+def test_a_gpus_slow_samples_are_built_once_per_slow_reading(profile: Profile) -> None:
+    lines = LineCache()
+    nvlink = "gpumon_gpu_nvlink_errors" if profile == "native" else "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"
+
+    def built(snap: Snapshot) -> list[Sample]:
+        families = {f.name: f for f in snapshot_families(snap, profile, lines.slow)}
+        lines.slow.rotate()
+        return families[nvlink].samples
+
+    first = SNAPSHOTS["full"]
+    before = built(first)
+    fast_only = replace(first, gpus=tuple(replace(g, fast=_other_fast()) for g in first.gpus))
+    after = built(fast_only)
+    assert after == before and all(a is b for a, b in zip(after, before, strict=True)), "reused"
+    new_slow = replace(fast_only, gpus=tuple(replace(g, slow=full_slow()) for g in fast_only.gpus))
+    again = built(new_slow)
+    assert again == before and not any(a is b for a, b in zip(again, before, strict=True)), "built anew"
 
 
 def test_a_family_whose_help_changes_is_written_again() -> None:
