@@ -567,3 +567,42 @@ def test_an_odd_query_answer_is_refused_or_skipped_not_a_crash(doc: dict[str, An
     # OverflowError, which the source's retry loop does not catch.
     with contextlib.suppress(ValueError):
         assert parse_vector(doc) == []
+
+
+async def test_a_fleet_of_watches_is_set_up_a_bounded_number_at_a_time():
+    # A restart subscribes to every exporter at once: unbounded, the event loop could not
+    # finish thousands of connects within their timeout, and they failed and came back
+    # together. A watch holds its place from the connect to its first line, then gives it up.
+    setting_up = 0
+    most = 0
+    streaming = 0
+
+    async def watch(request: web.Request) -> web.StreamResponse:
+        nonlocal setting_up, most, streaming
+        setting_up += 1
+        most = max(most, setting_up)
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await asyncio.sleep(0.02)  # a busy exporter's first line
+        setting_up -= 1
+        await resp.write(GOOD_STATE)
+        streaming += 1
+        with contextlib.suppress(ConnectionError):
+            while True:
+                await asyncio.sleep(0.05)
+                await resp.write(wire.encode(wire.heartbeat_line(node="n1", at=1.0)))
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/nodes/{node}/api/v1/watch", watch)
+    server = TestServer(app)
+    await server.start_server()
+    urls = {f"n{i}": f"{base_url(server)}/nodes/n{i}" for i in range(40)}
+    try:
+        async with running_source(urls, DirectSettings(heartbeat_seconds=0.2, max_connecting=4)) as src:
+            await wait_for(lambda: len(src.current().nodes) == 40, "every exporter heard")
+            assert most <= 4
+            assert streaming == 40, "the places are given up: all 40 stream at once"
+            assert src.errors == {}
+    finally:
+        await server.close()

@@ -210,6 +210,12 @@ class DirectSettings:
     line_burst: float = 2000.0
     # A misbehaving node is logged at most once per this many seconds, with what was suppressed.
     log_interval_seconds: float = 60.0
+    # Watches being set up at once (connect, request, first line). Unbounded, a restart opened
+    # all of a fleet's at once: at 5,000 nodes the event loop could not finish them within the
+    # connect timeout, so they failed, backed off and came back together, and the fleet took
+    # minutes to be heard (docs/benchmarks.md). A connection holds its place only until its
+    # first line.
+    max_connecting: int = 200
 
 
 class LogThrottle:
@@ -282,6 +288,7 @@ class DirectSource:
         self._watchers: dict[str, tuple[str, asyncio.Task[None]]] = {}
         self._polled: set[str] = set()  # exporters without a watch endpoint
         self._limit = asyncio.Semaphore(settings.max_concurrency)
+        self._connecting = asyncio.Semaphore(settings.max_connecting)
         self._on_change: ChangeCallback = lambda nodes: None
         # Failures by kind: the wire schema's refusals (oversize, schema, invalid) and
         # connection (unreachable, HTTP error, cut stream).
@@ -350,6 +357,10 @@ class DirectSource:
         hb = self._s.heartbeat_seconds
         timeout = aiohttp.ClientTimeout(sock_connect=self._s.timeout_seconds, sock_read=3 * hb + 5)
         while True:
+            # Held from the connect to the first line (the timeouts count from there), or to
+            # the end of a connection that never sent one.
+            await self._connecting.acquire()
+            setting_up = True
             try:
                 async with self._session.get(
                     url.rstrip("/") + "/api/v1/watch",
@@ -359,6 +370,8 @@ class DirectSource:
                     server_hostname=self._s.server_name,
                 ) as resp:
                     if resp.status == 404:
+                        self._connecting.release()
+                        setting_up = False
                         log.info("exporter has no watch endpoint; polling it", extra={"node": node})
                         self._polled.add(node)
                         await self._fetch_snapshot(node, url)
@@ -384,6 +397,9 @@ class DirectSource:
                             if changed or reconnected:
                                 self._on_change((node,))
                             reconnected = False
+                            if setting_up:
+                                self._connecting.release()
+                                setting_up = False
                         # A chunk already buffered is handed over without suspending: let the
                         # lease renewal and the other nodes run between this node's chunks.
                         await asyncio.sleep(0)
@@ -401,6 +417,9 @@ class DirectSource:
                 # A bug of ours on this node's input: the traceback is logged and the watcher
                 # starts over like any other failure, rather than the node going dark for good.
                 self._crashed(node, "exporter watch failed; reconnecting")
+            finally:
+                if setting_up:
+                    self._connecting.release()
             attempt += 1
             await asyncio.sleep(self._backoff.delay(attempt + strikes, salt=len(node)))
 
