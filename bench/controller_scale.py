@@ -676,7 +676,7 @@ async def restart_trial(
         while len(marks) < 4 and time.time() - started < DEADLINE:
             try:
                 text = await controller_metrics(session, ctl)
-            except aiohttp.ClientError:
+            except (aiohttp.ClientError, TimeoutError):  # a busy loop answers late: not yet
                 text = ""
             at = time.time() - started
             if text:
@@ -733,7 +733,7 @@ async def leader_change_trial(
             raise RuntimeError(f"the standby replica exited:\n{standby.log_tail()}")
         try:
             return None if informers_synced(await controller_metrics(session, standby)) else "syncing"
-        except aiohttp.ClientError:
+        except (aiohttp.ClientError, TimeoutError):
             return "starting"
 
     standby.spawn()
@@ -945,7 +945,7 @@ async def gpumon_phases(
                     raise RuntimeError(f"the controller exited:\n{ctl.log_tail()}")
                 try:
                     text = await controller_metrics(session, ctl)
-                except aiohttp.ClientError:
+                except (aiohttp.ClientError, TimeoutError):
                     return "starting"
                 fresh = metric_sum(text, "gpumon_controller_nodes_by_signal_status", status="fresh")
                 leading = metric_sum(text, "gpumon_controller_leader")
