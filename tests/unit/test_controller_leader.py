@@ -66,6 +66,36 @@ async def test_first_candidate_creates_the_lease_and_leads_until_its_renew_deadl
     assert api.objects[LEASE]["spec"]["acquireTime"] == spec["acquireTime"]
 
 
+class SlowKube(FakeKube):
+    """An API server (or an event loop) that answers a GET ``delay`` seconds late."""
+
+    def __init__(self, clock: Clock, delay: float) -> None:
+        super().__init__()
+        self.clock, self.delay = clock, delay
+
+    async def get(self, path: str, params=None):
+        self.clock.t += self.delay
+        return await super().get(path, params)
+
+
+async def test_a_round_slower_than_the_renew_deadline_holds_the_lease_without_acting_and_says_so(caplog):
+    clock = Clock()
+    api = SlowKube(clock, delay=0.0)
+    api.creatable.add(NS)
+    a = elector(api, "a", clock)
+    assert await a.try_once() and a.is_leader()
+    api.delay = 11.0  # past the 10 s renew deadline
+    with caplog.at_level("WARNING", logger="gpumon.controller.shell.leader"):
+        assert await a.try_once()  # the lease is written, and ours
+        assert not a.is_leader()
+        assert await a.try_once() and not a.is_leader()
+    assert api.objects[LEASE]["spec"]["holderIdentity"] == "a"
+    slow = [r for r in caplog.records if "slower than the renew deadline" in r.getMessage()]
+    assert len(slow) == 1  # once per slow spell, not every round
+    api.delay = 0.0
+    assert await a.try_once() and a.is_leader()
+
+
 async def test_standby_takes_over_only_after_a_full_lease_duration_and_never_overlaps():
     api, clock = FakeKube(), Clock()
     api.creatable.add(NS)

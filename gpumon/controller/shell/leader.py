@@ -117,6 +117,7 @@ class LeaderElector:
         self._seen: tuple[tuple[str, str | None, str], float] | None = None
         self._leading_until = float("-inf")
         self._was_leader = False
+        self._slow_logged = False  # the last round was slower than the renew deadline, and said so
         self.leader_changed = asyncio.Event()
 
     def is_leader(self) -> bool:
@@ -175,6 +176,18 @@ class LeaderElector:
             log.warning("lease round failed", extra={"error": str(e)})
             return False
         self._leading_until = started + self._s.renew_deadline_seconds
+        took = self._clock() - started
+        slow = took >= self._s.renew_deadline_seconds
+        if slow and not self._slow_logged:
+            # The lease is written and ours, yet its renewal is already older than the deadline
+            # when the write returns: this replica holds the lease and never acts. Only a loop
+            # or an API server this slow does it, and without this line only the leader gauge
+            # at 0 would show it.
+            log.warning(
+                "lease round slower than the renew deadline: holding the lease without acting",
+                extra={"seconds": round(took, 1), "renew_deadline_seconds": self._s.renew_deadline_seconds},
+            )
+        self._slow_logged = slow
         return True
 
     async def run(self) -> None:
