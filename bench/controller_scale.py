@@ -1412,7 +1412,8 @@ async def curve(sizes: Sequence[int], base: Plan, workdir: Path, write: Callable
             return
         runs.append(CurveRun(curve_point(out, plan), out, time.monotonic() - t0))
         write(curve_section(runs, None, started))
-        shutil.rmtree(workdir / f"n{nodes}", ignore_errors=True)  # etcd data: hundreds of MiB at 10,000
+        # etcd data: hundreds of MiB at 10,000; the logs beside it are small and kept
+        shutil.rmtree(workdir / f"n{nodes}" / "cluster", ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1425,6 +1426,13 @@ def main(argv: list[str] | None = None) -> int:
         help="fleet sizes, e.g. 1000,2000,5000,10000: one fresh fleet each, the curve section of RESULTS.md",
     )
     parser.add_argument("--output", type=Path, help=f"where to write (default: {RESULTS}, full runs)")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="run in DIR and leave the controller's, the farm's and kwok's logs there (default: a "
+        "temporary directory, removed at the end)",
+    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.nodes:
@@ -1438,9 +1446,14 @@ def main(argv: list[str] | None = None) -> int:
             output.write_text(splice(output.read_text() if output.exists() else "", section))
             print(f"bench: wrote {output}", file=sys.stderr)
 
-    with tempfile.TemporaryDirectory(prefix="gpumon-bench-scale-") as tmp:
-        if args.curve:
-            asyncio.run(curve(args.curve, plan, Path(tmp), write))
+    with ExitStack() as stack:
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            workdir = args.keep
         else:
-            write(asyncio.run(run(plan, Path(tmp))))
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpumon-bench-scale-")))
+        if args.curve:
+            asyncio.run(curve(args.curve, plan, workdir, write))
+        else:
+            write(asyncio.run(run(plan, workdir)))
     return 0
