@@ -33,7 +33,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
@@ -1248,12 +1248,48 @@ CURVE_SECTION = "controller-scale-curve"
 
 
 @dataclass(frozen=True, slots=True)
-class CurveRun:
-    """One size of the curve as it ran: its figures and what the machine did meanwhile."""
+class CurveRecord:
+    """One size of the curve as it ran, as kept between runs: its figures (numbers), its row of
+    the control-plane table (display text, never read back as numbers), its cache sample and
+    when it ran. A curve run replaces the records of the sizes it ran and keeps the others, so
+    one size can be run again (or added) without running every other."""
 
     point: scale_curve.Point
-    out: Outcome
+    control_plane: tuple[str, ...]
+    cache: tuple[CacheSize, ...]
     seconds: float
+    date: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "point": asdict(self.point),
+            "control_plane": list(self.control_plane),
+            "cache": [asdict(c) for c in self.cache],
+            "seconds": self.seconds,
+            "date": self.date,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> CurveRecord:
+        return cls(
+            point=scale_curve.Point(**doc["point"]),
+            control_plane=tuple(doc["control_plane"]),
+            cache=tuple(CacheSize(**c) for c in doc["cache"]),
+            seconds=float(doc["seconds"]),
+            date=str(doc["date"]),
+        )
+
+
+def load_records(path: Path) -> dict[int, CurveRecord]:
+    if not path.exists():
+        return {}
+    records = (CurveRecord.from_json(doc) for doc in json.loads(path.read_text()))
+    return {r.point.nodes: r for r in records}
+
+
+def save_records(path: Path, records: Mapping[int, CurveRecord]) -> None:
+    docs = [records[n].to_json() for n in sorted(records)]
+    path.write_text(json.dumps(docs, indent=1, allow_nan=True) + "\n")
 
 
 def curve_point(out: Outcome, plan: Plan) -> scale_curve.Point:
@@ -1274,48 +1310,49 @@ def curve_point(out: Outcome, plan: Plan) -> scale_curve.Point:
     )
 
 
-def control_plane_grid(runs: Sequence[CurveRun]) -> Grid:
-    header = (
-        "nodes",
-        "lease (renewals/s)",
-        "nodes created, Ready",
-        "pods created (per s), Running",
-        "kube-apiserver cores (steady)",
-        "RSS: kube-apiserver, etcd, kwok",
-        "etcd db",
-        "memory available",
-        "restart: /metrics up, leading, signals fresh",
-        "size took",
+CONTROL_PLANE_HEADER = (
+    "nodes",
+    "lease (renewals/s)",
+    "nodes created, Ready",
+    "pods created (per s), Running",
+    "kube-apiserver cores (steady)",
+    "RSS: kube-apiserver, etcd, kwok",
+    "etcd db",
+    "memory available",
+    "restart: /metrics up, leading, signals fresh",
+    "size took",
+)
+
+
+def control_plane_row(point: scale_curve.Point, out: Outcome, seconds: float) -> tuple[str, ...]:
+    n = point.nodes
+    setup, steady, restart = out.setup, out.steady, out.restart
+    assert setup is not None and steady is not None and restart is not None
+    lease = lease_seconds(n)
+    rss = out.control_plane_rss
+    return (
+        f"{n:,}",
+        f"{lease} s ({4 * n / lease:.0f}/s)",
+        f"{setup.nodes_seconds:.0f} s, +{setup.ready_seconds:.0f} s",
+        f"{setup.pods_seconds:.0f} s ({point.pods / setup.pods_seconds:.0f}/s), "
+        f"+{setup.running_seconds:.0f} s",
+        f"{steady.apiserver_cores:.2f}",
+        ", ".join(f"{rss.get(c, 0) / MIB:,.0f}" for c in ("kube-apiserver", "etcd", "kwok")) + " MiB",
+        f"{out.etcd_db_bytes / MIB:,.0f} MiB",
+        f"{out.memory_available / 2**30:.1f} GiB",
+        f"{seconds_text(restart.up)}, {seconds_text(restart.leading)}, {seconds_text(restart.fresh)}",
+        f"{seconds:.0f} s",
     )
-    rows = []
-    for r in runs:
-        out, n = r.out, r.point.nodes
-        setup, steady, restart = out.setup, out.steady, out.restart
-        assert setup is not None and steady is not None and restart is not None
-        lease = lease_seconds(n)
-        rss = out.control_plane_rss
-        rows.append(
-            (
-                f"{n:,}",
-                f"{lease} s ({4 * n / lease:.0f}/s)",
-                f"{setup.nodes_seconds:.0f} s, +{setup.ready_seconds:.0f} s",
-                f"{setup.pods_seconds:.0f} s ({r.point.pods / setup.pods_seconds:.0f}/s), "
-                f"+{setup.running_seconds:.0f} s",
-                f"{steady.apiserver_cores:.2f}",
-                ", ".join(f"{rss.get(c, 0) / MIB:,.0f}" for c in ("kube-apiserver", "etcd", "kwok")) + " MiB",
-                f"{out.etcd_db_bytes / MIB:,.0f} MiB",
-                f"{out.memory_available / 2**30:.1f} GiB",
-                f"{seconds_text(restart.up)}, {seconds_text(restart.leading)}, {seconds_text(restart.fresh)}",
-                f"{r.seconds:.0f} s",
-            )
-        )
+
+
+def control_plane_grid(records: Sequence[CurveRecord]) -> Grid:
     return Grid(
         "Controller scale curve: the control plane at each size",
         "What the test setup cost the machine at each size: the fleet's build, the API server's CPU during "
         "the controller's steady window, the control plane's memory with the fleet built, etcd's database "
         "file. Restart columns: from the controller's process started again.",
-        header,
-        tuple(rows),
+        CONTROL_PLANE_HEADER,
+        tuple(r.control_plane for r in records),
     )
 
 
@@ -1327,8 +1364,9 @@ eviction, pending pods → scale request, a restart (SIGKILL, a fault injected w
 started again) to its informers synced and to its first correct decision (that node tainted),
 and, where two replicas fit, a leader change to a synced standby. Then a least-squares line per
 figure. Regenerate with
-`python -m bench controller-scale --curve 1000,2000,5000,10000`; docs/benchmarks.md says what
-the lines imply for 65,000 nodes."""
+`python -m bench controller-scale --curve 1000,2000,5000,10000`: a run replaces the rows of the
+sizes it ran and keeps the others, whose figures bench/controller-scale-curve.json holds (the
+date row says when each ran). docs/benchmarks.md says what the lines imply for 65,000 nodes."""
 
 CURVE_NOTES = (
     "Each size starts its own control plane and fleet, so no size inherits another's quarantined "
@@ -1355,12 +1393,16 @@ CURVE_NOTES = (
 )
 
 
-def curve_section(runs: Sequence[CurveRun], stopped: str | None, started: str) -> str:
-    points = [r.point for r in runs]
-    largest = max(runs, key=lambda r: r.point.nodes)
+def curve_section(records: Mapping[int, CurveRecord], stopped: str | None) -> str:
+    ordered = [records[n] for n in sorted(records)]
+    points = [r.point for r in ordered]
+    largest = ordered[-1]
+    by_date: dict[str, list[str]] = {}
+    for r in ordered:
+        by_date.setdefault(r.date, []).append(f"{r.point.nodes:,}")
     machine = [
-        ("date", started),
-        ("sizes", ", ".join(f"{r.point.nodes:,} nodes" for r in runs) + (f"; {stopped}" if stopped else "")),
+        ("date", "; ".join(f"{date} ({', '.join(sizes)} nodes)" for date, sizes in sorted(by_date.items()))),
+        ("sizes", ", ".join(f"{p.nodes:,} nodes" for p in points) + (f"; {stopped}" if stopped else "")),
         ("CPU", f"{cpu_model()}, nproc {os.cpu_count()}; nothing pinned"),
         ("memory", f"{_total_memory() / 2**30:.1f} GiB"),
         (
@@ -1373,8 +1415,8 @@ def curve_section(runs: Sequence[CurveRun], stopped: str | None, started: str) -
     tables = [
         scale_curve.curve_grid(points),
         scale_curve.fit_grid(points),
-        scale_curve.cache_grid(largest.out.cache, largest.point.nodes),
-        control_plane_grid(runs),
+        scale_curve.cache_grid(largest.cache, largest.point.nodes),
+        control_plane_grid(ordered),
     ]
     notes = list(CURVE_NOTES)
     if run_out is not None:
@@ -1392,11 +1434,17 @@ def curve_section(runs: Sequence[CurveRun], stopped: str | None, started: str) -
     )
 
 
-async def curve(sizes: Sequence[int], base: Plan, workdir: Path, write: Callable[[str], None]) -> None:
-    """Each size in turn, in its own control plane; the section written after every size, so a
-    size that fails (or a stop) leaves the smaller ones; the first failure ends the curve."""
+async def curve(
+    sizes: Sequence[int],
+    base: Plan,
+    workdir: Path,
+    records: dict[int, CurveRecord],
+    write: Callable[[dict[int, CurveRecord], str | None], None],
+) -> bool:
+    """Each size in turn, in its own control plane, its record replacing that size's earlier one;
+    written after every size, so a size that fails (or a stop) leaves the others; the first
+    failure ends the curve (False)."""
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    runs: list[CurveRun] = []
     for nodes in sizes:
         plan = replace(base, nodes=nodes, naive=False, restart=True)
         log(f"curve: {nodes:,} nodes")
@@ -1404,16 +1452,20 @@ async def curve(sizes: Sequence[int], base: Plan, workdir: Path, write: Callable
         try:
             out = await measure(plan, workdir / f"n{nodes}")
         except Exception as e:  # the curve stops at the largest size that runs, and says why
-            if not runs:
-                raise
             stopped = f"{nodes:,} nodes did not run: {type(e).__name__}: {e}"
             log(f"curve: {stopped}")
-            write(curve_section(runs, stopped.splitlines()[0], started))
-            return
-        runs.append(CurveRun(curve_point(out, plan), out, time.monotonic() - t0))
-        write(curve_section(runs, None, started))
+            if records:
+                write(records, stopped.splitlines()[0])
+            return False
+        point = curve_point(out, plan)
+        seconds = time.monotonic() - t0
+        records[nodes] = CurveRecord(
+            point, control_plane_row(point, out, seconds), tuple(out.cache), seconds, started
+        )
+        write(records, None)
         # etcd data: hundreds of MiB at 10,000; the logs beside it are small and kept
         shutil.rmtree(workdir / f"n{nodes}" / "cluster", ignore_errors=True)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1452,8 +1504,16 @@ def main(argv: list[str] | None = None) -> int:
             workdir = args.keep
         else:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpumon-bench-scale-")))
-        if args.curve:
-            asyncio.run(curve(args.curve, plan, workdir, write))
-        else:
+        if not args.curve:
             write(asyncio.run(run(plan, workdir)))
-    return 0
+            return 0
+        # beside the section it renders: bench/controller-scale-curve.json for RESULTS.md
+        records_file = None if output is None else output.parent / f"{CURVE_SECTION}.json"
+        records = {} if records_file is None else load_records(records_file)
+
+        def write_curve(records: dict[int, CurveRecord], stopped: str | None) -> None:
+            if records_file is not None:
+                save_records(records_file, records)
+            write(curve_section(records, stopped))
+
+        return 0 if asyncio.run(curve(args.curve, plan, workdir, records, write_curve)) else 1
