@@ -8,17 +8,28 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from bench import controller_scale, scale_curve
+from bench.cache_bytes import CacheSize
 from bench.controller_scale import (
+    CONTROL_PLANE_HEADER,
+    CURVE_SECTION,
+    FULL,
+    CurveRecord,
     coverage_lags,
+    curve,
+    curve_section,
     dispatched_by_flow,
     has_taint,
     leaving,
+    load_records,
     metric_sum,
+    save_records,
     unschedulable,
 )
 from bench.report import Row, Table, carry_sections, section_markdown, sections, splice
@@ -194,3 +205,57 @@ def test_unschedulable_is_the_schedulers_verdict_only() -> None:
     assert unschedulable(pod(status="False", reason="Unschedulable"))
     assert not unschedulable(pod(status="False", reason="SchedulingGated"))
     assert not unschedulable(pod(status="True")) and not unschedulable({})
+
+
+def curve_record(nodes: int, date: str, restart: float = math.nan) -> CurveRecord:
+    point = scale_curve.Point(
+        nodes=nodes,
+        cpu_cores=nodes * 4e-5,
+        rss_bytes=1e8 + nodes * 5e4,
+        requests_per_second=1.2,
+        fault_to_taint=0.05,
+        taint_to_eviction=0.1,
+        pending_to_request=1.5,
+        restart_synced=nodes / 200,
+        restart_decision=restart,
+        load=3.0,
+    )
+    row = (f"{nodes:,}", *(f"{date} {h}" for h in CONTROL_PLANE_HEADER[1:]))
+    return CurveRecord(point, row, (CacheSize("nodes", 500, 500, 1128 * 500, 16388 * 500),), 284.0, date)
+
+
+def test_curve_records_survive_the_file_nan_included(tmp_path: Path) -> None:
+    file = tmp_path / "curve.json"
+    records = {1000: curve_record(1000, "d1"), 10000: curve_record(10000, "d2", restart=12.5)}
+    save_records(file, records)
+    back = load_records(file)
+    assert repr(back) == repr(records)  # repr: NaN is not equal to itself
+    assert math.isnan(back[1000].point.restart_decision) and back[10000].point.restart_decision == 12.5
+    assert load_records(tmp_path / "absent.json") == {}
+
+
+async def test_a_curve_run_replaces_the_sizes_it_ran_keeps_the_others_and_stops_at_a_failure(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ran: list[int] = []
+
+    async def measure(plan: controller_scale.Plan, workdir: Path) -> controller_scale.Outcome:
+        ran.append(plan.nodes)
+        raise RuntimeError(f"{plan.nodes} nodes: the controller never led\nlog tail")
+
+    monkeypatch.setattr(controller_scale, "measure", measure)
+    records = {1000: curve_record(1000, "earlier"), 5000: curve_record(5000, "earlier")}
+    written: list[tuple[list[int], str | None]] = []
+    ok = await curve(
+        [10000, 20000], FULL, tmp_path, records, lambda r, stopped: written.append((sorted(r), stopped))
+    )
+    assert not ok and ran == [10000]
+    assert written == [
+        ([1000, 5000], "10,000 nodes did not run: RuntimeError: 10000 nodes: the controller never led")
+    ]
+    section = curve_section(records, written[0][1])
+    assert section.startswith(f"<!-- begin {CURVE_SECTION} -->")
+    assert "| sizes | 1,000 nodes, 5,000 nodes; 10,000 nodes did not run" in section
+    assert "| date | earlier (1,000, 5,000 nodes) |" in section
+    # the control-plane rows are the records' own text, in size order
+    assert section.index("| 1,000 | earlier lease") < section.index("| 5,000 | earlier lease")
