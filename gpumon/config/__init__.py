@@ -281,21 +281,35 @@ def _environment(model: type[Settings], environ: Mapping[str, str]) -> dict[str,
 
 
 def _exploded(prefix: str, field: str, annotation: Any, env: Mapping[str, str]) -> dict[str, Any]:
+    # Shallower variables first, so that a deeper one lands inside the section a shallower one
+    # set as JSON, whatever the environment's order; and one that would land inside a plain
+    # value is refused, not dropped.
     out: dict[str, Any] = {}
-    for variable, text in env.items():
-        if not variable.startswith(prefix):
-            continue
-        *keys, last = variable.removeprefix(prefix).split(ENV_NESTED_DELIMITER)
+    setters: dict[tuple[str, ...], str] = {}  # keys -> the variable that set them
+    named = (v for v in env if v.startswith(prefix))
+    for variable in sorted(named, key=lambda v: v.count(ENV_NESTED_DELIMITER)):
+        *path, last = variable.removeprefix(prefix).split(ENV_NESTED_DELIMITER)
+        keys = tuple(path)
         node, target = out, annotation
-        for key in keys:
+        for depth, key in enumerate(keys, 1):
             target = _field_type(target, key) if target is not None else None
-            node = node.setdefault(key, {}) if isinstance(node, dict) else node
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                # set by a variable of its own, or inside the JSON of a shallower one
+                setter = next(setters[keys[:d]] for d in range(depth, 0, -1) if keys[:d] in setters)
+                raise field_error(
+                    ".".join((field, *keys[:depth])),
+                    f"${variable.upper()} sets a key inside it, but ${setter} sets it to a value "
+                    "that is not a section",
+                )
+            node = child
         target = _field_type(target, last) if target is not None else None
+        text = env[variable]
         value: Any = text
         if target is not None and text and _complex(target):
             value = _json(text, variable.upper(), ".".join((field, *keys, last)))
-        if isinstance(node, dict):
-            node[last] = value
+        node[last] = value
+        setters[(*keys, last)] = variable.upper()
     return out
 
 

@@ -106,3 +106,43 @@ def test_json_that_is_not_json_names_the_field_and_the_variable(
     with pytest.raises(ConfigError) as e:
         load(ExporterConfig)
     assert str(e.value).startswith(f"invalid configuration:\n  {field}: ${variable} is not valid JSON: ")
+
+
+def test_a_key_lands_inside_its_sections_json_whatever_the_environments_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the deeper variable first: read in the environment's order, the JSON replaced it
+    _env(monkeypatch, GPUMON_HEALTH__XID_OVERRIDES__79="healthy")
+    _env(monkeypatch, GPUMON_HEALTH__XID_OVERRIDES='{"13": "degraded"}')
+    overrides = dict(load(ExporterConfig).health.xid_overrides)
+    assert overrides == {79: HealthState.HEALTHY, 13: HealthState.DEGRADED}
+
+
+@pytest.mark.parametrize(
+    ("values", "field", "message"),
+    [
+        (
+            {"GPUMON_PODS__API__X": "1", "GPUMON_PODS__API": "false"},
+            "pods.api",
+            "$GPUMON_PODS__API__X sets a key inside it, but $GPUMON_PODS__API sets it to a value that is "
+            "not a section",
+        ),
+        (
+            {
+                "GPUMON_SIGNALS__DIRECT": '{"endpoints": "none"}',
+                "GPUMON_SIGNALS__DIRECT__ENDPOINTS__NODE1": "http://10.0.0.1:9842",
+            },
+            "signals.direct.endpoints",
+            "$GPUMON_SIGNALS__DIRECT__ENDPOINTS__NODE1 sets a key inside it, but $GPUMON_SIGNALS__DIRECT "
+            "sets it to a value that is not a section",
+        ),
+    ],
+)
+def test_a_key_inside_a_plain_value_is_refused_not_dropped(
+    monkeypatch: pytest.MonkeyPatch, values: dict[str, str], field: str, message: str
+) -> None:
+    _env(monkeypatch, **values)
+    model = ControllerConfig if field.startswith("signals") else ExporterConfig
+    with pytest.raises(ConfigError) as e:
+        load(model)
+    assert str(e.value) == f"invalid configuration:\n  {field}: {message}"
