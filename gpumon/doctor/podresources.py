@@ -62,13 +62,7 @@ def gather(socket: Path, *, timeout_seconds: float, used: bool = True) -> PodRes
         timeout_seconds=timeout_seconds,
     )
 
-    async def ask() -> None:
-        try:
-            await client.poll()
-        finally:
-            await client.close()
-
-    asyncio.run(ask())
+    asyncio.run(client.poll())
     resources: Counter[str] = Counter()
     for containers in (client.view or {}).values():
         for assignments in containers.values():

@@ -426,8 +426,6 @@ class PodAttribution:
         DRA claim on), and closes every source after; an aiohttp ``cleanup_ctx`` (put it before
         the sampler's, so that it stops after the sampler)."""
         async with contextlib.AsyncExitStack() as stack:
-            if self._pod_resources is not None:
-                stack.push_async_callback(self._pod_resources.close)
             api = None
             if self._pods is not None or self._slices is not None:
                 api = self._pods_api or await _api_client(stack, self.metrics)

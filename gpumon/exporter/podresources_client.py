@@ -131,7 +131,3 @@ class PodResourcesClient:
             extra={"kind": kind, "detail": e.message[:200]},
         )
         self._outage_logged = True
-
-    async def close(self) -> None:
-        """Nothing to release: no connection outlives a poll (kept for the attributor's and
-        doctor's cleanup, which close whatever source they were given)."""

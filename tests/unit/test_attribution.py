@@ -378,36 +378,33 @@ async def test_attributor_with_real_sources(host_proc: Path, kubelet: tuple[Fake
         call_timeout_seconds=5,
         initial_states={"proc": SourceState.UP},
     )
-    try:
-        gpus = [gpu(0, proc(100, 3000, 0.1), proc(200, 1000, 0.2)), gpu(1), gpu(2, proc(400, 9000, 0.7))]
-        first = attributor.attribute(gpus)  # before any refresh: allocations unknown, pids unresolved
-        assert first == ()
-        await attributor.refresh()
-        series = attributor.attribute(gpus)
-        assert [(u.ref.pod, u.gpu_index, u.used_memory_bytes) for u in series] == [
-            ("exclusive", 2, 9000 * MIB),
-            ("share-a", 0, 3000 * MIB),
-            ("share-b", 0, 1000 * MIB),
-        ]
-        assert metrics.dropped_total == 1  # the idle HAMi pod, over the cap of 3
-        attributor.attribute(gpus)
-        assert metrics.dropped_total == 1  # the same series dropped again is not counted again
+    gpus = [gpu(0, proc(100, 3000, 0.1), proc(200, 1000, 0.2)), gpu(1), gpu(2, proc(400, 9000, 0.7))]
+    first = attributor.attribute(gpus)  # before any refresh: allocations unknown, pids unresolved
+    assert first == ()
+    await attributor.refresh()
+    series = attributor.attribute(gpus)
+    assert [(u.ref.pod, u.gpu_index, u.used_memory_bytes) for u in series] == [
+        ("exclusive", 2, 9000 * MIB),
+        ("share-a", 0, 3000 * MIB),
+        ("share-b", 0, 1000 * MIB),
+    ]
+    assert metrics.dropped_total == 1  # the idle HAMi pod, over the cap of 3
+    attributor.attribute(gpus)
+    assert metrics.dropped_total == 1  # the same series dropped again is not counted again
 
-        # The exclusive pod is deleted: gone from the API and the kubelet, its process exits.
-        set_pods(pods, SHARE_A, SHARE_B, HAMI)
-        kubelet[0].pods = [p for p in kubelet[0].pods if p.name != "exclusive"]
-        gpus = [gpus[0], gpus[1], gpu(2)]
-        await attributor.refresh()
-        assert [u.ref.pod for u in attributor.attribute(gpus)] == ["share-a", "share-b", "hami"]
+    # The exclusive pod is deleted: gone from the API and the kubelet, its process exits.
+    set_pods(pods, SHARE_A, SHARE_B, HAMI)
+    kubelet[0].pods = [p for p in kubelet[0].pods if p.name != "exclusive"]
+    gpus = [gpus[0], gpus[1], gpu(2)]
+    await attributor.refresh()
+    assert [u.ref.pod for u in attributor.attribute(gpus)] == ["share-a", "share-b", "hami"]
 
-        text = render(metrics)
-        assert 'gpumon_exporter_pod_source_state{source="pod_resources",state="up"} 1.0' in text
-        assert 'gpumon_exporter_pod_source_state{source="api",state="up"} 1.0' in text
-        assert 'gpumon_exporter_pod_source_state{source="proc",state="up"} 1.0' in text
-        assert "gpumon_exporter_pod_series 3.0" in text
-        assert "gpumon_exporter_pod_series_dropped_total 1.0" in text
-    finally:
-        await pr.close()
+    text = render(metrics)
+    assert 'gpumon_exporter_pod_source_state{source="pod_resources",state="up"} 1.0' in text
+    assert 'gpumon_exporter_pod_source_state{source="api",state="up"} 1.0' in text
+    assert 'gpumon_exporter_pod_source_state{source="proc",state="up"} 1.0' in text
+    assert "gpumon_exporter_pod_series 3.0" in text
+    assert "gpumon_exporter_pod_series_dropped_total 1.0" in text
 
 
 async def test_refresh_never_raises() -> None:

@@ -404,7 +404,7 @@ async def quick(seconds: float) -> None:
 
 def attributor_for(
     kubelet: tuple[FakeKubelet, Path], client: KubeClient, metrics: AttributionMetrics
-) -> tuple[PodAttribution, PodResourcesClient, ResourceSliceWatch]:
+) -> tuple[PodAttribution, ResourceSliceWatch]:
     config = PodsConfig(pod_resources_socket=kubelet[1])
     pr = PodResourcesClient(
         kubelet[1], metrics.error, watched_resource(config), timeout_seconds=5, dra_drivers=DRIVERS
@@ -421,7 +421,7 @@ def attributor_for(
         pods_api=client,
         slices=slices,
     )
-    return attributor, pr, slices
+    return attributor, slices
 
 
 async def test_slices_are_watched_from_the_first_claim_and_late_devices_resolve(
@@ -429,41 +429,38 @@ async def test_slices_are_watched_from_the_first_claim_and_late_devices_resolve(
 ) -> None:
     api = SliceApi(resource_slice([gpu_device(0, UUIDS[0])]))
     metrics = AttributionMetrics()
-    attributor, pr, slices = attributor_for(kubelet, await api_stand_in(api, RESOURCE_SLICES_PATH), metrics)
-    try:
-        async with attributor.running():
-            await attributor.refresh()  # no DRA pod on the node: no slice is ever asked for
-            await asyncio.sleep(0.1)
-            assert api.requests == [] and "dra" not in metrics.states
+    attributor, slices = attributor_for(kubelet, await api_stand_in(api, RESOURCE_SLICES_PATH), metrics)
+    async with attributor.running():
+        await attributor.refresh()  # no DRA pod on the node: no slice is ever asked for
+        await asyncio.sleep(0.1)
+        assert api.requests == [] and "dra" not in metrics.states
 
-            kubelet[0].pods = [claim_pod("train-0", "train-0-gpu", "gpu-2")]
-            await attributor.refresh()
-            await until(lambda: slices.synced)
-            assert api.requests[0] == {"fieldSelector": f"spec.nodeName={NODE}"}
-            await attributor.refresh()
-            assert attributor.attribute(gpus()) == ()  # gpu-2 is in no slice yet
-            assert metrics.dra_unresolved == 1
-            # Another pod comes: the view is rebuilt, the same device is not counted again.
-            kubelet[0].pods = [*kubelet[0].pods, claim_pod("peer-0", "peer-0-gpu", "gpu-0")]
-            await attributor.refresh()
-            assert metrics.errors() == {("dra", "unknown_device"): 1}  # once, not per rebuild
-            assert metrics.states["dra"] is SourceState.UP
+        kubelet[0].pods = [claim_pod("train-0", "train-0-gpu", "gpu-2")]
+        await attributor.refresh()
+        await until(lambda: slices.synced)
+        assert api.requests[0] == {"fieldSelector": f"spec.nodeName={NODE}"}
+        await attributor.refresh()
+        assert attributor.attribute(gpus()) == ()  # gpu-2 is in no slice yet
+        assert metrics.dra_unresolved == 1
+        # Another pod comes: the view is rebuilt, the same device is not counted again.
+        kubelet[0].pods = [*kubelet[0].pods, claim_pod("peer-0", "peer-0-gpu", "gpu-0")]
+        await attributor.refresh()
+        assert metrics.errors() == {("dra", "unknown_device"): 1}  # once, not per rebuild
+        assert metrics.states["dra"] is SourceState.UP
 
-            # The driver publishes gpu-2: resolved from the next refresh on.
-            api.events.put_nowait(
-                {"type": "ADDED", "object": resource_slice([gpu_device(2, UUIDS[2])], uid="slice-2")}
-            )
-            await until(lambda: ref_of("gpu-2") in slices.index)
-            await attributor.refresh()
-            series = attributor.attribute(gpus())
-            assert sorted((u.ref.pod, u.gpu_uuid, u.claims) for u in series) == [
-                ("peer-0", UUIDS[0], (claim("peer-0-gpu", "gpu-0"),)),
-                ("train-0", UUIDS[2], (claim("train-0-gpu", "gpu-2"),)),
-            ]
-            assert metrics.dra_unresolved == 0
-            assert "gpumon_exporter_dra_unresolved_devices 0.0" in render(metrics)
-    finally:
-        await pr.close()
+        # The driver publishes gpu-2: resolved from the next refresh on.
+        api.events.put_nowait(
+            {"type": "ADDED", "object": resource_slice([gpu_device(2, UUIDS[2])], uid="slice-2")}
+        )
+        await until(lambda: ref_of("gpu-2") in slices.index)
+        await attributor.refresh()
+        series = attributor.attribute(gpus())
+        assert sorted((u.ref.pod, u.gpu_uuid, u.claims) for u in series) == [
+            ("peer-0", UUIDS[0], (claim("peer-0-gpu", "gpu-0"),)),
+            ("train-0", UUIDS[2], (claim("train-0-gpu", "gpu-2"),)),
+        ]
+        assert metrics.dra_unresolved == 0
+        assert "gpumon_exporter_dra_unresolved_devices 0.0" in render(metrics)
 
 
 async def test_an_api_without_resource_slices_is_unsupported_and_device_plugins_unaffected(
@@ -471,7 +468,7 @@ async def test_an_api_without_resource_slices_is_unsupported_and_device_plugins_
 ) -> None:
     api = SliceApi(status=404)
     metrics = AttributionMetrics()
-    attributor, pr, slices = attributor_for(kubelet, await api_stand_in(api, RESOURCE_SLICES_PATH), metrics)
+    attributor, slices = attributor_for(kubelet, await api_stand_in(api, RESOURCE_SLICES_PATH), metrics)
     plugin = api_pb2.PodResources(
         name="train-0",
         namespace="ml",
@@ -483,18 +480,15 @@ async def test_an_api_without_resource_slices_is_unsupported_and_device_plugins_
             )
         ],
     )
-    try:
-        async with attributor.running():
-            kubelet[0].pods = [plugin]
-            await attributor.refresh()
-            await until(lambda: slices.failure == "not_found")
-            await attributor.refresh()
-            assert metrics.states["dra"] is SourceState.UNSUPPORTED
-            assert metrics.errors()[("dra", "not_found")] >= 1
-            assert ("dra", "unknown_device") not in metrics.errors()  # never listed: not judged
-            series = attributor.attribute(gpus())
-            assert [(u.ref.pod, u.gpu_index, u.allocated_resources) for u in series] == [
-                ("train-0", 0, ("nvidia.com/gpu",))
-            ]
-    finally:
-        await pr.close()
+    async with attributor.running():
+        kubelet[0].pods = [plugin]
+        await attributor.refresh()
+        await until(lambda: slices.failure == "not_found")
+        await attributor.refresh()
+        assert metrics.states["dra"] is SourceState.UNSUPPORTED
+        assert metrics.errors()[("dra", "not_found")] >= 1
+        assert ("dra", "unknown_device") not in metrics.errors()  # never listed: not judged
+        series = attributor.attribute(gpus())
+        assert [(u.ref.pod, u.gpu_index, u.allocated_resources) for u in series] == [
+            ("train-0", 0, ("nvidia.com/gpu",))
+        ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -43,11 +43,9 @@ def socket() -> Iterator[Path]:
 
 
 @pytest.fixture
-async def client(socket: Path) -> AsyncIterator[tuple[PodResourcesClient, Errors]]:
+def client(socket: Path) -> tuple[PodResourcesClient, Errors]:
     errors = Errors()
-    c = PodResourcesClient(socket, errors, watched_resource(PodsConfig()), timeout_seconds=0.5)
-    yield c, errors
-    await c.close()
+    return PodResourcesClient(socket, errors, watched_resource(PodsConfig()), timeout_seconds=0.5), errors
 
 
 def sample_pods() -> list[api_pb2.PodResources]:
