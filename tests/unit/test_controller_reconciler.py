@@ -543,3 +543,27 @@ async def test_a_heartbeat_keeps_a_healthy_node_from_being_evaluated_again():
     await w.reconciler.round(["n0"])
     assert [e["reason"] for e in w.events("GpuSignalsLost")] == ["GpuSignalsLost"]
     assert w.reconciler.take_due(w.t + 1000) == set(), "a dark node waits for its exporter"
+
+
+async def test_a_round_over_a_fleet_lets_the_lease_and_the_streams_run_meanwhile() -> None:
+    w = World()
+    for i in range(300):
+        w.node(f"n{i:03d}")
+        w.signals(f"n{i:03d}", xid=79 if i == 299 else None)
+    turns = 0
+
+    async def other_task() -> None:  # the lease renewal, an exporter's stream
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(other_task())
+    await asyncio.sleep(0)
+    before = turns
+    await w.reconciler.round(w.nodes.items())
+    during = turns - before
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert during >= 300 // 64  # a turn every 64 nodes at least, not one after the round
+    assert w.tainted() == ["n299"]  # and the round still decided over all of them
