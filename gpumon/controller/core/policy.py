@@ -196,8 +196,9 @@ def _xid_reason(codes: list[int], classes: HealthPolicy) -> str:
 def _numeric(rule: Rule, value: float | None, label: str, unit: str, at: float) -> _Obs:
     if value is None:
         return _UNKNOWN
-    holds = _COMPARE[rule.op](value, rule.threshold)
-    return _Obs(holds, f"{label} {value:g}{unit} {rule.op} {rule.threshold:g}{unit}", "", at)
+    if not _COMPARE[rule.op](value, rule.threshold):
+        return _Obs(False, "", "", at)  # evidence is read only when a condition holds
+    return _Obs(True, f"{label} {value:g}{unit} {rule.op} {rule.threshold:g}{unit}", "", at)
 
 
 def _observe_gpu(rule: Rule, g: GpuReading | None, policy: Policy, now: float) -> _Obs:
@@ -215,19 +216,22 @@ def _observe_gpu(rule: Rule, g: GpuReading | None, policy: Policy, now: float) -
         case Signal.ROW_REMAP_FAILURE:
             if g.row_remap_failure is None:
                 return _UNKNOWN
-            holds = _COMPARE[rule.op](float(g.row_remap_failure), rule.threshold)
-            return _Obs(holds, "row remapping failed" if g.row_remap_failure else "row remapping ok", "", at)
+            if not _COMPARE[rule.op](float(g.row_remap_failure), rule.threshold):
+                return _Obs(False, "", "", at)
+            return _Obs(True, "row remapping failed" if g.row_remap_failure else "row remapping ok", "", at)
         case Signal.GPU_LOST:
             if g.lost is None:
                 return _UNKNOWN
-            holds = _COMPARE[rule.op](float(g.lost), rule.threshold)
-            return _Obs(holds, "GPU is lost" if g.lost else "GPU present", "", at)
+            if not _COMPARE[rule.op](float(g.lost), rule.threshold):
+                return _Obs(False, "", "", at)
+            return _Obs(True, "GPU is lost" if g.lost else "GPU present", "", at)
         case Signal.EXPORTER_HEALTH:
             if g.health is None:
                 return _UNKNOWN
-            holds = _COMPARE[rule.op](float(g.health.state.rank), rule.threshold)
+            if not _COMPARE[rule.op](float(g.health.state.rank), rule.threshold):
+                return _Obs(False, "", "", at)
             detail = f": {g.health.detail}" if g.health.detail else ""
-            return _Obs(holds, f"exporter verdict {g.health.state}{detail}", g.health.reason, at)
+            return _Obs(True, f"exporter verdict {g.health.state}{detail}", g.health.reason, at)
         case Signal.XID:
             if g.xids is None:
                 return _UNKNOWN
@@ -339,14 +343,22 @@ def _step_target(
     now: float,
     policy: Policy,
 ) -> tuple[TargetState, list[float]]:
+    observed = [(rule, observe(rule)) for rule in rules]
+    if (
+        not prev.rules
+        and not prev.onsets
+        and not any(o.holds or o.holds_until is not None for _, o in observed)
+    ):
+        # Nothing remembered and nothing holds: what the steps below come to, for most GPUs of
+        # a fleet on every look, without them.
+        return prev, []
     onsets = tuple(t for t in prev.onsets if now - t < policy.flap_window_seconds)
     flapping = len(onsets) >= policy.flap_max_onsets
     new_rules: dict[str, RuleState] = {}
     wakeups: list[float] = []
     seen: set[str] = set()
-    for rule in rules:
+    for rule, obs in observed:
         seen.add(rule.name)
-        obs = observe(rule)
         st = _step(rule, prev.rules.get(rule.name, _IDLE), obs, now, flapping)
         if st != _IDLE:
             new_rules[rule.name] = st
@@ -424,7 +436,7 @@ def evaluate_node(
     for uuid in sorted(set(readings) | (set(previous.targets) - {NODE_TARGET})):
         g = readings.get(uuid)
         prev = previous.targets.get(uuid) or TargetState(index=g.index if g is not None else -1)
-        if g is not None:
+        if g is not None and prev.index != g.index:
             prev = replace(prev, index=g.index)
         g_fresh = _fresh_gpu(g, fresh, policy) if g is not None and fresh is not None else None
         observe = functools.partial(_observe_gpu, g=g_fresh, policy=policy, now=now)
