@@ -430,8 +430,7 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
             while True:
                 await elector.leader_changed.wait()
                 elector.leader_changed.clear()
-                # A new leader looks at everything at once.
-                controller.reconciler.mark(controller.nodes.items())
+                controller.reconciler.leadership_gained()
 
         start("leadership changes", follow_leadership)
     start("reconciler", controller.reconciler.run)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from types import MappingProxyType
 from typing import Any
 
@@ -567,3 +568,23 @@ async def test_a_round_over_a_fleet_lets_the_lease_and_the_streams_run_meanwhile
     await asyncio.gather(task, return_exceptions=True)
     assert during >= 300 // 64  # a turn every 64 nodes at least, not one after the round
     assert w.tainted() == ["n299"]  # and the round still decided over all of them
+
+
+async def test_a_new_leader_looks_again_at_the_nodes_it_may_have_to_act_on_not_the_fleet() -> None:
+    w = World(leader=False)
+    recorded = json.dumps([{"gpu": "n1-GPU-1", "index": 1, "severity": "critical", "reason": "XidFatal"}])
+    for i in range(4):
+        quarantine = {
+            c.ANNOTATION_QUARANTINED_AT: to_rfc3339(w.t - 60),
+            c.ANNOTATION_UNHEALTHY_GPUS: recorded,
+        }
+        w.node(f"n{i}", annotations=quarantine if i == 1 else None)
+        w.signals(f"n{i}", xid=79 if i == 0 else None)
+    await w.reconciler.round(w.nodes.items())  # the standby's warm state; nothing written
+    assert w.api.writes() == [] and w.reconciler.take_due(w.t) == set()
+    w.leader = True
+    w.reconciler.leadership_gained()
+    # n0 has a finding to act on, n1 a quarantine to keep or lift; n2 and n3 are healthy
+    assert w.reconciler.take_due(w.t) == {"n0", "n1"}
+    await w.reconciler.round({"n0", "n1"})
+    assert w.tainted() == ["n0"]

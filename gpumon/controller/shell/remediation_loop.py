@@ -199,6 +199,20 @@ class Reconciler:
         if self._rules is not None:
             self.mark(r.node for r in self._rules.items().values() if r.node)
 
+    def leadership_gained(self) -> None:
+        """Look again at the nodes a new leader may have to write to. Every replica evaluates
+        every node, so a standby's verdicts are current; what it never did is act on them, and
+        only nodes with findings or pending rules (their states), a quarantine to keep or lift,
+        or gpumon's DeviceTaintRules can have anything to act on: a healthy node's plan is
+        none. Marking every node cost a whole-fleet round per gain: at 10,000 nodes on a
+        loaded loop that round delayed the next lease renewal past its deadline, and the
+        leadership just gained was lost again (docs/benchmarks.md)."""
+        nodes = set(self._states)
+        nodes.update(name for name, view in self._nodes.items().items() if is_quarantined(view))
+        if self._rules is not None:
+            nodes.update(r.node for r in self._rules.items().values() if r.node)
+        self.mark(nodes)
+
     def _mark_if_watched(self, name: str) -> None:
         """Look at a node again when a change of its pods could matter: it has findings or a
         quarantine."""
