@@ -420,3 +420,42 @@ async def test_the_flood_limits_come_from_the_controller_config(burst: int | Non
                 assert src.errors["flood"] == 0
         finally:
             await cancel_and_wait([task])
+
+
+async def test_a_stream_gone_silent_is_ended_and_opened_again_and_a_talking_one_is_not():
+    async def silent_after_state(resp: web.StreamResponse, n: int) -> None:
+        await resp.write(state("n1"))
+        if n == 0:
+            await asyncio.Event().wait()  # the connection stays open; nothing more comes
+
+    settings = DirectSettings(heartbeat_seconds=0.1, read_timeout_seconds=0.5)
+    async with (
+        exporter(silent_after_state) as (silent, silent_served),
+        exporter(good("n2")) as (talking, talking_served),
+        running_source({"n1": silent, "n2": talking}, settings, backoff=QUICK) as src,
+    ):
+        await wait_for(lambda: len(silent_served) >= 2, "the silent stream opened again")
+        assert src.errors["connection"] >= 1
+        assert talking_served == [0]  # heartbeats every 0.05 s: never taken for silence
+
+
+async def test_a_watch_whose_set_up_never_answers_gives_its_place_back():
+    async def never_answers(request: web.Request) -> web.StreamResponse:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    app = web.Application()
+    app.router.add_get("/api/v1/watch", never_answers)
+    server = TestServer(app)
+    await server.start_server()
+    # One watch set up at a time: n2 is opened only once n1's set-up has timed out.
+    settings = DirectSettings(heartbeat_seconds=0.1, read_timeout_seconds=0.5, max_connecting=1)
+    try:
+        async with (
+            exporter(good("n2")) as (talking, _),
+            running_source({"n1": base_url(server), "n2": talking}, settings, backoff=SLOW) as src,
+        ):
+            await wait_for(lambda: "n2" in src.current().nodes, "n2 heard")
+            assert src.errors["connection"] >= 1
+    finally:
+        await server.close()
