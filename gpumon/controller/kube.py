@@ -20,6 +20,7 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpumon.configfile import ConfigError, field_error, read_yaml_mapping
+from gpumon.gcpause import gc_paused
 
 Json = dict[str, Any]
 
@@ -135,7 +136,8 @@ class ApiClientKube:
             raise Unreachable(f"{method} {path}: {e!r}") from None
         finally:
             resp.release()
-        data = json.loads(raw) if raw else {}
+        with gc_paused():
+            data = json.loads(raw) if raw else {}
         return data if isinstance(data, dict) else {}
 
     async def get(self, path: str, params: Mapping[str, str] | None = None) -> Json:

@@ -4,6 +4,7 @@ transport errors, and the guard that keeps its own writes from being undone by a
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -188,3 +189,17 @@ async def test_unchanged_views_are_stored_quietly_and_index_follows_moves():
 
 def test_object_keys():
     assert object_key(obj("a", 1)) == "a" and object_key(obj("a", 1, "ns")) == "ns/a"
+
+
+async def test_a_listed_page_is_converted_with_the_collector_held_off():
+    enabled_during: list[bool] = []
+
+    def convert(o: Mapping[str, Any]) -> Mapping[str, Any]:
+        enabled_during.append(gc.isenabled())
+        return o
+
+    api = Recorded(pages=[page([obj("a", 1), obj("b", 2)], 5, cont="t"), page([obj("c", 3)], 5)], streams=[])
+    informer: Informer[Any] = Informer(api, "/x", convert, name="x")
+    await run_until_done(informer, api)
+    assert enabled_during == [False, False, False] and gc.isenabled()
+    assert sorted(informer.items()) == ["a", "b", "c"]

@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.kube import Gone, KubeApi, KubeError
+from gpumon.gcpause import gc_paused
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +136,11 @@ class Informer(Generic[T]):
             if cont:
                 params["continue"] = cont
             doc = await self._api.get(self._path, params)
-            for obj in doc.get("items") or ():
-                seen[object_key(obj)] = self._convert(obj)
             meta = doc.get("metadata") or {}
+            with gc_paused():
+                for obj in doc.get("items") or ():
+                    seen[object_key(obj)] = self._convert(obj)
+                del doc  # the page is freed here, by reference counting
             rv = str(meta.get("resourceVersion", ""))
             cont = str(meta.get("continue") or "")
             if not cont:
