@@ -391,6 +391,7 @@ class DirectSource:
                     if resp.status == 404:
                         self._connecting.release()
                         setting_up = False
+                        silence.reschedule(None)  # the snapshot fetch has its own timeout
                         log.info("exporter has no watch endpoint; polling it", extra={"node": node})
                         self._polled.add(node)
                         await self._fetch_snapshot(node, url)
