@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
 import json
 import math
@@ -462,6 +461,16 @@ async def controller_metrics(session: aiohttp.ClientSession, ctl: ControllerProc
         return await resp.text()
 
 
+async def metrics_if_answering(session: aiohttp.ClientSession, ctl: ControllerProcess) -> str | None:
+    """The controller's /metrics, or None while it is not answering: not up yet, or a busy loop
+    answering later than the session's timeout ("not yet", for polls bounded by their own
+    deadline)."""
+    try:
+        return await controller_metrics(session, ctl)
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+
+
 def histogram_mean(text: str, name: str) -> tuple[float, int]:
     total, count = metric_sum(text, f"{name}_sum"), metric_sum(text, f"{name}_count")
     return (total / count if count else math.nan), int(count)
@@ -674,10 +683,7 @@ async def restart_trial(
         ctl.spawn()
         marks: dict[str, float] = {}
         while len(marks) < 4 and time.time() - started < DEADLINE:
-            try:
-                text = await controller_metrics(session, ctl)
-            except (aiohttp.ClientError, TimeoutError):  # a busy loop answers late: not yet
-                text = ""
+            text = await metrics_if_answering(session, ctl) or ""
             at = time.time() - started
             if text:
                 marks.setdefault("up", at)
@@ -731,10 +737,10 @@ async def leader_change_trial(
     async def standby_synced() -> str | None:
         if not standby.running:
             raise RuntimeError(f"the standby replica exited:\n{standby.log_tail()}")
-        try:
-            return None if informers_synced(await controller_metrics(session, standby)) else "syncing"
-        except (aiohttp.ClientError, TimeoutError):
+        text = await metrics_if_answering(session, standby)
+        if text is None:
             return "starting"
+        return None if informers_synced(text) else "syncing"
 
     standby.spawn()
     await poll("standby replica", standby_synced, every=1.0)
@@ -745,10 +751,9 @@ async def leader_change_trial(
         await farm.fault(node)
         leading = math.nan
         while not tainted.done() and time.time() - killed < DEADLINE:
-            with contextlib.suppress(aiohttp.ClientError):
-                text = await controller_metrics(session, standby)
-                if math.isnan(leading) and metric_sum(text, "gpumon_controller_leader"):
-                    leading = time.time() - killed
+            text = await metrics_if_answering(session, standby) or ""
+            if math.isnan(leading) and metric_sum(text, "gpumon_controller_leader"):
+                leading = time.time() - killed
             await asyncio.sleep(0.25)
         taint_at, _ = await asyncio.wait_for(tainted, DEADLINE)
     finally:
@@ -943,9 +948,8 @@ async def gpumon_phases(
             async def not_synced() -> str | None:
                 if not ctl.running:
                     raise RuntimeError(f"the controller exited:\n{ctl.log_tail()}")
-                try:
-                    text = await controller_metrics(session, ctl)
-                except (aiohttp.ClientError, TimeoutError):
+                text = await metrics_if_answering(session, ctl)
+                if text is None:
                     return "starting"
                 fresh = metric_sum(text, "gpumon_controller_nodes_by_signal_status", status="fresh")
                 leading = metric_sum(text, "gpumon_controller_leader")

@@ -9,9 +9,11 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from bench import controller_scale, scale_curve
@@ -29,6 +31,7 @@ from bench.controller_scale import (
     leaving,
     load_records,
     metric_sum,
+    metrics_if_answering,
     save_records,
     unschedulable,
 )
@@ -259,3 +262,27 @@ async def test_a_curve_run_replaces_the_sizes_it_ran_keeps_the_others_and_stops_
     assert "| date | earlier (1,000, 5,000 nodes) |" in section
     # the control-plane rows are the records' own text, in size order
     assert section.index("| 1,000 | earlier lease") < section.index("| 5,000 | earlier lease")
+
+
+async def test_a_controller_not_answering_yet_is_none_whether_refused_or_late() -> None:
+    async def late(request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.Response(text="late")
+
+    async def prompt(request: web.Request) -> web.Response:
+        return web.Response(text="gpumon_controller_leader 1.0\n")
+
+    app = web.Application()
+    app.router.add_get("/late/metrics", late)
+    app.router.add_get("/metrics", prompt)
+    async with (
+        TestServer(app) as server,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.2)) as s,
+    ):
+        base = str(server.make_url("")).rstrip("/")
+        answered = await metrics_if_answering(s, SimpleNamespace(url=base))
+        assert answered is not None and metric_sum(answered, "gpumon_controller_leader") == 1
+        assert await metrics_if_answering(s, SimpleNamespace(url=base + "/late")) is None
+        closed = f"http://127.0.0.1:{server.port}"
+    async with aiohttp.ClientSession() as s:
+        assert await metrics_if_answering(s, SimpleNamespace(url=closed)) is None

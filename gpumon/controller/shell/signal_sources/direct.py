@@ -448,7 +448,7 @@ class DirectSource:
             attempt += 1
             await asyncio.sleep(self._backoff.delay(attempt + strikes, salt=len(node)))
 
-    def sweep(self) -> None:
+    def _sweep(self) -> None:
         """End the streams silent for longer than the read timeout (each watch then counts a
         connection failure and opens its stream again)."""
         now, limit = self._monotonic(), self._s.read_timeout
@@ -461,7 +461,7 @@ class DirectSource:
     async def _sweeps(self) -> None:
         while True:
             await asyncio.sleep(min(self._s.heartbeat_seconds, self._s.read_timeout))
-            self.sweep()
+            self._sweep()
 
     async def _fetch_snapshot(self, node: str, url: str) -> None:
         async with self._limit:
