@@ -44,6 +44,7 @@ from gpumon.devices.model import (
     MigProfiling,
     ProcessSample,
     Profiling,
+    RecoveryAction,
     SlowFields,
     XidEvent,
 )
@@ -258,6 +259,19 @@ def vgpu_licensed(features: Any) -> bool | None:
         if feature.featureCode == pynvml.NVML_GRID_LICENSE_FEATURE_CODE_VGPU:
             return bool(feature.featureState)
     return None
+
+
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, by number: nvidia-ml-py before 13 does not name it.
+FI_GPU_RECOVERY_ACTION = 230
+
+
+def recovery_action(value: float) -> RecoveryAction | None:
+    """The field's nvmlDeviceGpuRecoveryAction_t; None for a number gpumon does not know (a
+    driver newer than this table)."""
+    try:
+        return RecoveryAction(int(value))
+    except ValueError:
+        return None
 
 
 def gpu_instance_profiles(instances: Iterable[MigInstance]) -> dict[int, str]:
@@ -842,8 +856,13 @@ class NvmlBackend:
                 performance_state=None if pstate is None else performance_state(pstate),
                 violation_seconds=self._violations(gpu),
                 vgpu_licensed=self._vgpu_licensed(gpu),
+                recovery_action=self._recovery_action(gpu),
                 **self._nvlink(gpu),
             )
+
+    def read_recovery_action(self, index: int) -> RecoveryAction | None:
+        with self._reading(index) as gpu:
+            return self._recovery_action(gpu)
 
     def wait_xids(self, timeout_seconds: float) -> list[XidEvent]:
         with self._xid_lock:
@@ -955,6 +974,15 @@ class NvmlBackend:
             self._failed(gpu.index, "memory_temperature", values[0].nvmlReturn)
             return None
         return field_value(values[0])
+
+    def _recovery_action(self, gpu: _Gpu) -> RecoveryAction | None:
+        values = self._field_values(gpu, "recovery_action", [FI_GPU_RECOVERY_ACTION])
+        if values is None:
+            return None
+        action = recovery_action(values[0])
+        if action is None:
+            self._errors("nvml.recovery_action", "unknown_value")
+        return action
 
     def _violations(self, gpu: _Gpu) -> dict[str, float]:
         out = {}

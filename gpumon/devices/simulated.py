@@ -31,7 +31,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from gpumon.config import ConfigError, format_validation_error
 from gpumon.configfile import read_yaml_mapping
@@ -44,6 +52,7 @@ from gpumon.devices.model import (
     MemoryInfo,
     MigInstance,
     ProcessSample,
+    RecoveryAction,
     SlowFields,
     XidEvent,
 )
@@ -283,6 +292,18 @@ class SlowFault(_Fault):
     seconds: Float = Field(5.0, gt=0, le=3600)
 
 
+def _action(value: Any) -> Any:
+    return RecoveryAction.from_label(value) if isinstance(value, str) else value
+
+
+class RecoveryActionFault(_Fault):
+    """The driver asks for ``action`` (NVML's GPU recovery action, by name: ``gpu_reset``,
+    ``node_reboot``, ...) until a reset (``clear``) or another of these sets it."""
+
+    fault: Literal["recovery_action"]
+    action: Annotated[RecoveryAction, BeforeValidator(_action)]
+
+
 class ClearFault(_Fault):
     """A GPU reset: faults removed, volatile ECC counters and remap state cleared."""
 
@@ -324,6 +345,7 @@ FaultSpec = Annotated[
     | LostFault
     | OverheatFault
     | SlowFault
+    | RecoveryActionFault
     | ClearFault
     | UnavailableFault
     | XidStormFault,
@@ -336,6 +358,7 @@ FAULT_KINDS: tuple[str, ...] = (
     "lost",
     "overheat",
     "slow",
+    "recovery_action",
     "clear",
     "unavailable",
     "xid_storm",
@@ -433,6 +456,7 @@ class _GpuFaults:
     release: threading.Event = field(default_factory=threading.Event)
     ecc_uncorrected: int = 0
     remap_failures: int = 0
+    recovery_action: RecoveryAction = RecoveryAction.NONE
 
 
 @dataclass(frozen=True, slots=True)
@@ -602,6 +626,12 @@ class SimulatedBackend:
             self._enter_read(index)
             return self._slow_fields(index)
 
+    def read_recovery_action(self, index: int) -> RecoveryAction | None:
+        self._block_if_slow(index)
+        with self._cond:
+            self._enter_read(index)
+            return self._faults[index].recovery_action
+
     def wait_xids(self, timeout_seconds: float) -> list[XidEvent]:
         with self._cond:
             self._apply_due()
@@ -676,6 +706,8 @@ class SimulatedBackend:
             case SlowFault(seconds=seconds):
                 f.slow_seconds = seconds
                 f.release = threading.Event()
+            case RecoveryActionFault(action=action):
+                f.recovery_action = action
             case ClearFault():
                 f.release.set()
                 self._faults[spec.gpu] = _GpuFaults()
@@ -809,6 +841,7 @@ class SimulatedBackend:
             row_remap_pending=False if remap else None,
             row_remap_failure=faults.remap_failures > 0 if remap else None,
             mig_instances=self._mig.get(index, ()),
+            recovery_action=faults.recovery_action,
         )
 
 
@@ -837,4 +870,6 @@ def _describe(f: _GpuFaults) -> tuple[str, ...]:
         out.append(f"ecc {f.ecc_uncorrected} uncorrected")
     if f.remap_failures:
         out.append("remap failure")
+    if f.recovery_action is not RecoveryAction.NONE:
+        out.append(f"recovery action {f.recovery_action.label}")
     return tuple(out)

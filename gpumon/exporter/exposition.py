@@ -56,6 +56,7 @@ from gpumon.devices.model import (
     MigProfiling,
     PodGpuUsage,
     Profiling,
+    RecoveryAction,
     SlowFields,
     Snapshot,
 )
@@ -536,6 +537,11 @@ def _nvlink_data(direction: str) -> Getter:
     return get
 
 
+def _recovery_action_is(action: RecoveryAction) -> Getter:
+    """One series of the one-hot: absent where the driver does not report the action."""
+    return _slow(lambda s: None if s.recovery_action is None else s.recovery_action is action)
+
+
 def _dcgm_nvlink_bandwidth(g: GpuSample) -> float | None:
     """DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL as DCGM computes it (DcgmCacheManager.cpp,
     ReadAndCacheNvLinkBandwidth): the change of the KiB counters, TX plus RX, over the interval,
@@ -778,6 +784,13 @@ _NATIVE_FIELDS: tuple[_Field, ...] = (
         "gauge",
         "1 while the vGPU holds its licence, 0 while it does not (vGPU guests only).",
         _one(_slow(lambda s: s.vgpu_licensed)),
+        slow=True,
+    ),
+    _Field(
+        "gpumon_gpu_recovery_action",
+        "gauge",
+        "What the driver says the GPU needs, one-hot over NVML's recovery actions.",
+        tuple(({"action": a.label}, _recovery_action_is(a)) for a in RecoveryAction),
         slow=True,
     ),
     *_gpm_fields(_NATIVE_GPM),
@@ -1214,6 +1227,13 @@ _DCGM_FIELDS: tuple[_Field, ...] = (
         "gauge",
         "vGPU License status",
         _one(_slow(lambda s: s.vgpu_licensed)),
+        slow=True,
+    ),
+    _Field(
+        "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION",
+        "gauge",
+        "GPU Recovery Action (see nvmlDeviceGpuRecoveryAction_t for return values)",
+        _one(_slow(lambda s: s.recovery_action)),
         slow=True,
     ),
     _Field(

@@ -37,6 +37,7 @@ from gpumon.devices.model import (
     PodGpuUsage,
     PodRef,
     ProcessSample,
+    RecoveryAction,
     SlowFields,
     Snapshot,
     XidEvent,
@@ -126,6 +127,8 @@ class GpuStatus(_WireModel):
     ecc_uncorrected: Count | None = None
     row_remap_pending: bool | None = None
     row_remap_failure: bool | None = None
+    # NVML's number; None where the driver does not report it.
+    recovery_action: RecoveryAction | None = None
     lost: bool = False
     xids: tuple[Xid, ...] = Field(default=(), max_length=MAX_XIDS_PER_GPU)
     pods: tuple[Pod, ...] = Field(default=(), max_length=MAX_PODS)
@@ -236,6 +239,7 @@ class Slow(_WireModel):
     row_remap_pending: bool | None = None
     row_remap_failure: bool | None = None
     mig_instances: tuple[Mig, ...] = Field(default=(), max_length=MAX_MIG_INSTANCES)
+    recovery_action: RecoveryAction | None = None
 
 
 class Driver(_WireModel):
@@ -391,6 +395,7 @@ def gpu_status(g: GpuSample, pods: tuple[PodRef, ...]) -> GpuStatus:
         ecc_uncorrected=None if slow is None else slow.ecc_uncorrected,
         row_remap_pending=None if slow is None else slow.row_remap_pending,
         row_remap_failure=None if slow is None else slow.row_remap_failure,
+        recovery_action=None if slow is None else slow.recovery_action,
         lost=g.lost,
         xids=xids(g.xids, g.xid_counts),
         pods=tuple(pod(r) for r in pods),
@@ -488,6 +493,7 @@ def _slow(s: SlowFields | None) -> Slow | None:
         row_remap_pending=s.row_remap_pending,
         row_remap_failure=s.row_remap_failure,
         mig_instances=tuple(_mig(m) for m in s.mig_instances[:MAX_MIG_INSTANCES]),
+        recovery_action=s.recovery_action,
     )
 
 

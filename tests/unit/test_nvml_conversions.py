@@ -8,8 +8,17 @@ import pynvml
 import pytest
 
 from gpumon.devices.backend import BackendUnavailable, GpuLostError
-from gpumon.devices.model import GpuIdentity, MemoryInfo, MigInstance, ProcessSample, Profiling, XidEvent
+from gpumon.devices.model import (
+    GpuIdentity,
+    MemoryInfo,
+    MigInstance,
+    ProcessSample,
+    Profiling,
+    RecoveryAction,
+    XidEvent,
+)
 from gpumon.devices.nvml import (
+    FI_GPU_RECOVERY_ACTION,
     GPM_METRICS,
     GPM_MIG_METRICS,
     THROTTLE_REASONS,
@@ -38,6 +47,7 @@ from gpumon.devices.nvml import (
     profiling,
     ratio,
     read_failure,
+    recovery_action,
     seconds,
     text,
     throttle_reasons,
@@ -552,6 +562,19 @@ def test_profiling_leaves_unanswered_metrics_out_and_names_them() -> None:
 )
 def test_performance_state(pstate: int, expected: int | None) -> None:
     assert performance_state(pstate) == expected
+
+
+def test_recovery_action_is_nvmls_number_and_an_unknown_one_is_no_reading() -> None:
+    assert recovery_action(float(pynvml.NVML_GPU_RECOVERY_ACTION_NONE)) is RecoveryAction.NONE
+    assert (
+        recovery_action(float(pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET))
+        is RecoveryAction.DRAIN_AND_RESET
+    )
+    assert (
+        recovery_action(float(pynvml.NVML_GPU_RECOVERY_ACTION_SYSTEM_REBOOT)) is RecoveryAction.SYSTEM_REBOOT
+    )
+    assert recovery_action(8.0) is None
+    assert FI_GPU_RECOVERY_ACTION == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 
 
 def test_violation_time_is_seconds() -> None:
