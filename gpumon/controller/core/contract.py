@@ -39,6 +39,11 @@ class NodePhase(enum.StrEnum):
     DRAINING = "draining"
     DRAINED = "drained"
     RECOVERING = "recovering"
+    # The repair ladder's steps (gpumon.controller.core.repair).
+    RESETTING = "resetting"
+    REBOOTING = "rebooting"
+    REPLACING = "replacing"
+    VALIDATING = "validating"
 
 
 # Events and log lines about a decision that dry-run kept from being written start with this.
