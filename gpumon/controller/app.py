@@ -55,6 +55,7 @@ from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.leader import LeaderElector, LeaderSettings
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
 from gpumon.controller.shell.remediation_loop import Reconciler, Settings
+from gpumon.controller.shell.repair_loop import RepairLoop, RepairMetrics, RepairSettings
 from gpumon.controller.shell.signal_sources.direct import DirectSettings, DirectSource
 from gpumon.controller.shell.signal_sources.endpoints import DiscoveredEndpoints, StaticEndpoints
 from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource
@@ -120,6 +121,7 @@ class Controller:
     session: aiohttp.ClientSession
     endpoints: DiscoveredEndpoints | None = None
     autoscaler: Autoscaler | None = None
+    repair: RepairLoop | None = None  # with a pool that repairs (pools[].repair)
     # gpumon's DeviceTaintRules; None when quarantine.device_taints is off. Not among the
     # informers that readiness waits for: it runs only if discovery finds the API.
     rules: Informer[RuleView] | None = None
@@ -320,6 +322,22 @@ def make_app(
             on_error=on_error("autoscaler"),
             retry=settings.retry,
         )
+    repair = None
+    if any(p.repair is not None for p in pools):
+        repair = RepairLoop(
+            api=api,
+            pools=pools,
+            nodes=nodes,
+            pods=pods,
+            source=source,
+            recorder=recorder,
+            is_leader=lambda: elector is None or elector.is_leader(),
+            safety=lambda: replace(settings.safety, paused=reconciler.paused()),
+            open_breakers=reconciler.open_breakers,
+            metrics=RepairMetrics(registry),
+            settings=RepairSettings(policy=policy, namespace=config.namespace, dry_run=config.dry_run),
+            wall_clock=wall_clock,
+        )
     controller = Controller(
         config=config,
         api=api,
@@ -336,6 +354,7 @@ def make_app(
         session=session,
         endpoints=endpoints,
         autoscaler=autoscaler,
+        repair=repair,
         supervisor=supervisor,
         rules=rules,
     )
@@ -438,6 +457,8 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
         start("device taints", functools.partial(_device_taints, controller, controller.rules))
     if controller.autoscaler is not None:
         start("autoscaler", controller.autoscaler.run)
+    if controller.repair is not None:
+        start("repair", controller.repair.run)
     yield
     await controller.supervisor.stop()
     if controller.elector is not None:

@@ -18,6 +18,8 @@ from gpumon.controller.core.objects import Taint
 from gpumon.controller.core.policy import Policy, Rule
 from gpumon.controller.core.pools import Pool, ScaleTarget
 from gpumon.controller.core.repair import RepairPolicy
+from gpumon.controller.core.repair_jobs import PoolRepair
+from gpumon.controller.core.repair_record import Step
 from gpumon.selectors import parse_selector
 
 _KNOWN_PLURALS = {
@@ -98,7 +100,17 @@ def pool_from_config(p: PoolConfig) -> Pool:
         headroom_nodes=p.headroom_nodes,
         replace_quarantined=p.replace_quarantined,
         allow_cluster_autoscaler=p.allow_cluster_autoscaler,
-        repair=None if p.repair is None else repair_policy(p.repair),
+        repair=None if p.repair is None else pool_repair(p.repair),
+    )
+
+
+def pool_repair(r: RepairConfig) -> PoolRepair:
+    jobs = {Step.RESET: r.reset_job, Step.REBOOT: r.reboot_job, Step.VALIDATE: r.validation_job}
+    return PoolRepair(
+        policy=repair_policy(r),
+        templates=MappingProxyType(
+            {s: MappingProxyType(j.template) for s, j in jobs.items() if j is not None}
+        ),
     )
 
 
@@ -115,4 +127,6 @@ def repair_policy(r: RepairConfig) -> RepairPolicy:
         replace_deadline_seconds=r.replace_deadline_seconds,
         free_deadline_seconds=r.free_deadline_seconds,
         flap_window_seconds=r.flap_window_seconds,
+        validate=r.validation_job is not None,
+        validate_deadline_seconds=r.validate_deadline_seconds,
     )

@@ -21,7 +21,9 @@ from gpumon.controller.core.repair import (
     admit_repairs,
     holds_quarantine,
     plan_repair,
+    repair_phase,
 )
+from gpumon.controller.core.repair_jobs import job_manifest, job_name, job_work
 from gpumon.controller.core.repair_record import (
     EMPTY_RECORD,
     Attempt,
@@ -227,8 +229,13 @@ def test_a_replacement_is_followed_to_its_deadline() -> None:
 
 def test_validation_runs_after_the_repair_and_holds_the_quarantine_until_it_passes() -> None:
     policy = replace(POLICY, validate=True)
-    fixed = RepairRecord((Attempt(Step.RESET, 1, (GPU,), T0, Outcome.SUCCEEDED, T0 + 50, T0 + 60),))
-    assert holds_quarantine(fixed, policy) and not holds_quarantine(fixed, POLICY)
+    started = step(node(), T0, policy)
+    assert started.record is not None and holds_quarantine(started.record), "from the first step on"
+    assert step(node(), T0).record == replace(started.record, validate=False), "a pool without validation"
+    assert not holds_quarantine(replace(started.record, validate=False))
+    fixed = RepairRecord(
+        (Attempt(Step.RESET, 1, (GPU,), T0, Outcome.SUCCEEDED, T0 + 50, T0 + 60),), validate=True
+    )
     # Validation starts nothing disruptive: never refused by the breaker.
     plan = step(
         node(RecoveryAction.NONE, healthy=True, record=fixed), T0 + 70, policy, refusal="breaker open"
@@ -239,11 +246,7 @@ def test_validation_runs_after_the_repair_and_holds_the_quarantine_until_it_pass
     ok = step(
         node(RecoveryAction.NONE, healthy=True, record=plan.record, work=Work.SUCCEEDED), T0 + 80, policy
     )
-    assert (
-        ok.record is not None
-        and ok.record.validated_at == T0 + 80
-        and not holds_quarantine(ok.record, policy)
-    )
+    assert ok.record is not None and ok.record.validated_at == T0 + 80 and not holds_quarantine(ok.record)
     # The rules cleared but the quarantine was held for the validation: now the ladder ends.
     healthy = dict(verdict=verdict(), healthy=True)
     assert step(node(RecoveryAction.NONE, record=plan.record, **healthy), T0 + 75, policy).move is Move.ENSURE
@@ -358,6 +361,10 @@ def test_new_steps_are_admitted_through_the_quarantines_breaker_and_rate_limit()
 # --- config ----------------------------------------------------------------------------------------
 
 
+JOB = {"template": {"spec": {"containers": [{"name": "reset", "image": "nvidia/cuda:12"}]}}}
+JOBS = {"reset_job": JOB, "reboot_job": JOB}
+
+
 def pool(**repair: Any) -> dict[str, Any]:
     return {
         "name": "h100",
@@ -365,21 +372,21 @@ def pool(**repair: Any) -> dict[str, Any]:
         "node_selector": "pool=h100",
         "template": {"resources": {"nvidia.com/gpu": 8}},
         "max_replicas": 4,
-        "repair": repair,
+        "repair": {**JOBS, **repair},
     }
 
 
 def test_repair_is_opt_in_per_pool_and_converted_once(tmp_path) -> None:
     from test_autoscale_config import load_pools
 
-    cfg = load_pools(
-        tmp_path,
-        pool(steps=["reboot", "replace"], max_concurrent=2),
-        {**pool(), "name": "x", "repair": None, "target": {"namespace": "capi", "name": "x"}},
-    )
-    on, off = (pool_from_config(p) for p in cfg.pools)
+    plain = {**pool(), "name": "x", "repair": None, "target": {"namespace": "capi", "name": "x"}}
+    on = pool(steps=["reboot", "replace"], max_concurrent=2, reset_job=None, validation_job=JOB)
+    cfg = load_pools(tmp_path, on, plain)
+    repaired, off = (pool_from_config(p) for p in cfg.pools)
     assert off.repair is None, "off unless the pool asks"
-    assert on.repair == RepairPolicy(reset=False, max_concurrent=2)
+    assert repaired.repair is not None
+    assert repaired.repair.policy == RepairPolicy(reset=False, max_concurrent=2, validate=True)
+    assert set(repaired.repair.templates) == {Step.REBOOT, Step.VALIDATE}
 
 
 @pytest.mark.parametrize(
@@ -391,6 +398,12 @@ def test_repair_is_opt_in_per_pool_and_converted_once(tmp_path) -> None:
         ({"max_attempts": 0}, "pools.0.repair.max_attempts"),
         ({"reset_deadline_seconds": 0}, "pools.0.repair.reset_deadline_seconds"),
         ({"surprise": True}, "pools.0.repair.surprise"),
+        ({"reset_job": None}, "pools.0.repair: reset_job: required while steps has reset"),
+        ({"reboot_job": {"template": {"spec": {}}}}, "pools.0.repair.reboot_job.template: spec.containers"),
+        (
+            {"validation_job": {"template": {"spec": {"containers": [{"name": "burn"}]}}}},
+            "pools.0.repair.validation_job.template: spec.containers.0: needs a name and an image",
+        ),
     ],
 )
 def test_an_invalid_repair_section_names_the_field(tmp_path, repair: dict[str, Any], field: str) -> None:
@@ -399,3 +412,68 @@ def test_an_invalid_repair_section_names_the_field(tmp_path, repair: dict[str, A
     with pytest.raises(ConfigError) as err:
         load_pools(tmp_path, pool(**repair))
     assert field in str(err.value)
+
+
+# --- the node-local steps as Jobs -------------------------------------------------------------------
+
+
+def test_a_steps_job_is_pinned_to_its_node_tolerates_the_quarantine_and_is_told_what_to_do() -> None:
+    template = {
+        "metadata": {"labels": {"app": "gpu-reset"}},
+        "spec": {
+            "containers": [
+                {"name": "reset", "image": "nvidia/cuda:12", "securityContext": {"privileged": True}}
+            ]
+        },
+    }
+    job = job_manifest(
+        node="gpu-node-7",
+        step=Step.RESET,
+        attempt=2,
+        gpus=("GPU-1", "GPU-3"),
+        action="GPU_RESET",
+        template=template,
+        namespace="gpumon-system",
+        deadline_seconds=600,
+    )
+    assert job["metadata"]["name"] == job_name("gpu-node-7", Step.RESET, 2)
+    assert (
+        job["metadata"]["name"]
+        != job_name("gpu-node-7", Step.RESET, 3)
+        != job_name("gpu-node-8", Step.RESET, 2)
+    )
+    assert len(job_name("n" * 253, Step.VALIDATE, 99)) <= 63
+    spec = job["spec"]
+    assert (spec["backoffLimit"], spec["activeDeadlineSeconds"]) == (0, 600)
+    pod = spec["template"]
+    assert pod["metadata"]["labels"]["app"] == "gpu-reset", "the template's own kept"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["gpu-node-7"]
+    assert {"key": "gpumon.io/gpu-unhealthy", "operator": "Exists"} in pod["spec"]["tolerations"]
+    (container,) = pod["spec"]["containers"]
+    assert container["securityContext"] == {"privileged": True}, "privilege is the template's alone"
+    assert {e["name"]: e["value"] for e in container["env"]} == {
+        "GPUMON_NODE": "gpu-node-7",
+        "GPUMON_GPU_UUIDS": "GPU-1,GPU-3",
+        "GPUMON_RECOVERY_ACTION": "GPU_RESET",
+    }
+    assert "env" not in template["spec"]["containers"][0], "the config's template is not changed"
+
+
+def test_a_jobs_state_as_the_planner_reads_it() -> None:
+    assert job_work(None) is Work.ABSENT
+    assert job_work({"status": {}}) is Work.RUNNING
+    assert job_work({"status": {"active": 1}}) is Work.RUNNING
+    assert job_work({"status": {"succeeded": 1}}) is Work.SUCCEEDED
+    deadline = {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]}
+    assert job_work({"status": deadline}) is Work.FAILED
+    assert job_work({"status": {"failed": 1}}) is Work.FAILED
+
+
+def test_the_label_while_a_step_runs() -> None:
+    assert repair_phase(running(Step.REBOOT)) is NodePhase.REBOOTING
+    assert repair_phase(running(Step.VALIDATE)) is NodePhase.VALIDATING
+    assert repair_phase(EMPTY_RECORD) is None
+    failed = RepairRecord((Attempt(Step.RESET, 1, (GPU,), T0, Outcome.FAILED, ended_at=T0 + 1),))
+    assert repair_phase(failed) is None, "between steps: the drain's label"

@@ -19,6 +19,8 @@ ANNOTATION_CORDON_PREEXISTING = "gpumon.io/cordon-preexisting"
 # gpumon acted, and when the current drain began (its deadline counts from here).
 ANNOTATION_TAINT_PREEXISTING = "gpumon.io/taint-preexisting"
 ANNOTATION_DRAIN_STARTED_AT = "gpumon.io/drain-started-at"
+# The repair ladder's record: what was tried on the node (gpumon.controller.core.repair_record).
+ANNOTATION_REPAIR = "gpumon.io/repair"
 
 LABEL_STATE = "gpumon.io/state"
 LABEL_EXCLUDE = "gpumon.io/exclude"

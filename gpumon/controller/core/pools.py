@@ -22,7 +22,7 @@ from typing import Any
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.demand import Template
 from gpumon.controller.core.objects import from_rfc3339
-from gpumon.controller.core.repair import RepairPolicy
+from gpumon.controller.core.repair_jobs import PoolRepair
 from gpumon.resources import milli
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
@@ -90,7 +90,7 @@ class Pool:
     headroom_nodes: int = 0
     replace_quarantined: bool = True
     allow_cluster_autoscaler: bool = False
-    repair: RepairPolicy | None = None  # None: no repair ladder for the pool's nodes
+    repair: PoolRepair | None = None  # None: no repair ladder for the pool's nodes
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from gpumon.controller.core.repair_record import (
     Step,
 )
 from gpumon.controller.core.signals import GpuReading, NodeReading
-from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
+from gpumon.controller.core.verdicts import Finding, GpuRecord, GpuVerdict, NodeVerdict, SignalStatus
 from gpumon.devices.model import HealthState, RecoveryAction
 from gpumon.gpu_health import Severity, documented_resolution
 
@@ -170,6 +170,22 @@ def _event(node: str, reason: str, message: str, *, warning: bool = False, key: 
     return Event(ObjectRef("Node", node), reason, message, warning=warning, key=key or reason)
 
 
+def quarantine_verdict(node: str, records: Sequence[GpuRecord], signals: SignalStatus) -> NodeVerdict:
+    """The verdict the quarantine wrote on the node (``gpumon.io/unhealthy-gpus``), as the
+    ladder reads it: the repair follows what the quarantine acted on, and its end (the record
+    removed when the quarantine lifts), without judging the GPUs a second time."""
+    gpus, node_findings = [], []
+    for r in records:
+        finding = Finding(
+            r.rules[0] if r.rules else "", r.severity, r.reason, r.evidence, "", r.first_seen, r.first_seen
+        )
+        if r.uuid:
+            gpus.append(GpuVerdict(r.uuid, -1 if r.index is None else r.index, (finding,)))
+        else:
+            node_findings.append(finding)
+    return NodeVerdict(node, signals, None, tuple(gpus), tuple(node_findings))
+
+
 # ---------------------------------------------------------------------------------------------
 # What the GPUs need
 
@@ -240,7 +256,7 @@ def plan_repair(
     if running is not None:
         return _follow(inp, running, now, policy)
     healthy = inp.verdict.severity is None and inp.verdict.signals is SignalStatus.FRESH
-    if healthy and not holds_quarantine(rec, policy):
+    if healthy and not holds_quarantine(rec):
         return _finish_ladder(inp, now)
     if rec.gave_up_at is not None or inp.quarantined_at is None:
         return NOTHING
@@ -262,11 +278,18 @@ def plan_repair(
     return _gated(inp, step, targets, now, policy, why, refusal)
 
 
-def holds_quarantine(rec: RepairRecord, policy: RepairPolicy) -> bool:
+def holds_quarantine(rec: RepairRecord) -> bool:
     """The quarantine stays until the validation Job succeeded, where the pool asks for one and
-    a ladder ran (section "Validation" of docs/controller.md): healthy signals alone do not
-    lift it."""
-    return policy.validate and rec.active and rec.validated_at is None
+    a ladder ran (docs/controller.md, "Repair"): healthy signals alone do not lift it. Read off
+    the record alone, so the quarantine's planner needs no pool config."""
+    return rec.validate and rec.active and rec.validated_at is None
+
+
+def repair_phase(rec: RepairRecord) -> NodePhase | None:
+    """The node's gpumon.io/state while a step of its ladder runs (resetting, rebooting,
+    replacing, validating): the quarantine's planner writes it in place of the drain's."""
+    running = rec.running
+    return None if running is None else _STATES.get(running.step)
 
 
 def _last_repair(rec: RepairRecord) -> Attempt | None:
@@ -397,6 +420,7 @@ def _start(
     rec = inp.record
     number = max((a.number for a in rec.attempts), default=0) + 1
     attempt = Attempt(step, number, gpus, now)
+    rec = replace(rec, validate=rec.validate or policy.validate)
     escalated = next((a for a in reversed(rec.attempts) if a.outcome is not Outcome.SUCCEEDED), None)
     what = ", ".join(g for g in gpus if g) or "the node"
     if escalated is not None and step is not Step.VALIDATE:

@@ -64,6 +64,9 @@ _NO_TIMES: Mapping[str, float] = MappingProxyType({})
 class RepairRecord:
     attempts: tuple[Attempt, ...] = ()
     gave_up_at: float | None = None
+    # The pool asks for a validation before the node returns to service (kept here so that
+    # whoever lifts the quarantine can tell without the pool's config).
+    validate: bool = False
     validated_at: float | None = None
     # When each GPU (UUID; "" for the node) last came back through the ladder: a fault again
     # within the pool's flap window goes straight to replacement.
@@ -115,6 +118,8 @@ def record_to_json(record: RepairRecord) -> str:
     doc: dict[str, Any] = {"attempts": [attempt(a) for a in record.attempts]}
     if record.gave_up_at is not None:
         doc["gaveUpAt"] = to_rfc3339(record.gave_up_at)
+    if record.validate:
+        doc["validate"] = True
     if record.validated_at is not None:
         doc["validatedAt"] = to_rfc3339(record.validated_at)
     if record.repaired:
@@ -150,6 +155,7 @@ def record_from_json(text: str | None) -> RepairRecord:
         return RepairRecord(
             attempts=tuple(attempts),
             gave_up_at=_time(doc.get("gaveUpAt")),
+            validate=doc.get("validate") is True,
             validated_at=_time(doc.get("validatedAt")),
             repaired=MappingProxyType(repaired),
         )

@@ -69,6 +69,8 @@ from gpumon.controller.core.policy import (
     with_records,
 )
 from gpumon.controller.core.pools import pool_of
+from gpumon.controller.core.repair import holds_quarantine, repair_phase
+from gpumon.controller.core.repair_record import record_from_json
 from gpumon.controller.core.signals import NodeReading, SignalSource
 from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
 from gpumon.controller.kube import KubeApi, KubeError, NotFound
@@ -481,6 +483,9 @@ class Reconciler:
     ) -> None:
         if verdict.signals is not SignalStatus.FRESH:
             return  # unknown holds everything: no quarantine, no drain, no recovery
+        repair = record_from_json(view.annotations.get(c.ANNOTATION_REPAIR))
+        if verdict.severity is None and is_quarantined(view) and holds_quarantine(repair):
+            return  # healthy, but the repair's validation Job has not passed yet
         drain_plan: DrainPlan | None = None
         phase = c.NodePhase.QUARANTINED
         headed_for_quarantine = is_quarantined(view) or (refusal is None and not is_excluded(view))
@@ -506,6 +511,7 @@ class Reconciler:
                 holds=holds_by_pod(pods, self._claims.items(), self._slices.indexed(view.name)),
             )
             phase = drain_plan.phase
+        phase = repair_phase(repair) or phase  # a step of the repair ladder under way
         plan = plan_node(
             view, verdict, now=now, phase=phase, refusal=refusal, policy=self.settings.quarantine
         )

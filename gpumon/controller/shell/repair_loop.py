@@ -1,0 +1,313 @@
+"""The repair ladder's imperative shell: each round reads the nodes of the pools that repair,
+plans each quarantined one (:func:`gpumon.controller.core.repair.plan_repair`), admits the
+round's new disruptive steps as one batch through the quarantine's breaker and rate limit, and
+carries out the moves: the record on the Node first, then the step's Job, so that a leader that
+dies between the two leaves an attempt whose Job the next one creates (under the same name).
+
+Only the leader plans and writes. Dry-run records the Events (prefixed) and writes nothing; as
+dry-run never quarantines, its ladders never start. Replacement needs the pool's machinery
+(Cluster API, Karpenter), which gpumon does not drive yet: such a ladder gives up with a report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter
+
+from gpumon.controller.act.events import EventRecorder
+from gpumon.controller.act.repair_jobs import ensure_job, read_job, write_record
+from gpumon.controller.core import contract as c
+from gpumon.controller.core.breaker import BreakerTrip, PoolView, SafetyPolicy
+from gpumon.controller.core.contract import DRY_RUN_PREFIX
+from gpumon.controller.core.node_plan import is_excluded, quarantined_at, records_from_json
+from gpumon.controller.core.objects import NodeView, PodView, node_from_json
+from gpumon.controller.core.policy import Policy, signal_status
+from gpumon.controller.core.pools import Pool
+from gpumon.controller.core.repair import (
+    Machinery,
+    Move,
+    RepairInput,
+    RepairPlan,
+    Work,
+    admit_repairs,
+    needed_action,
+    plan_repair,
+    quarantine_verdict,
+)
+from gpumon.controller.core.repair_jobs import PoolRepair, job_manifest, job_name, job_work
+from gpumon.controller.core.repair_record import LADDER, Outcome, RepairRecord, Step, record_from_json
+from gpumon.controller.core.signals import NodeReading, SignalSource
+from gpumon.controller.kube import KubeApi, KubeError
+from gpumon.controller.shell.informer import Informer
+from gpumon.selectors import parse_selector
+
+log = logging.getLogger(__name__)
+
+_JOB_STEPS = frozenset({Step.RESET, Step.REBOOT, Step.VALIDATE})
+
+
+@dataclass(frozen=True, slots=True)
+class RepairSettings:
+    policy: Policy  # signals' staleness and the Xid window, as the quarantine judges them
+    namespace: str  # where the Jobs run: the controller's own
+    dry_run: bool = True
+    interval_seconds: float = 5.0
+
+
+class RepairMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.repairs = Counter(
+            "gpumon_controller_repairs",
+            "Repair ladder moves by step and result (started, succeeded, failed, timed_out, "
+            "refused, gave_up, done).",
+            ["step", "result"],
+            registry=registry,
+        )
+        self.errors = Counter(
+            "gpumon_controller_repair_errors",
+            "Repair writes and reads the API refused or could not take, by what.",
+            ["what", "error"],
+            registry=registry,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Node:
+    view: NodeView
+    pool: Pool
+    repair: PoolRepair
+    record: RepairRecord
+
+
+class RepairLoop:
+    def __init__(
+        self,
+        *,
+        api: KubeApi,
+        pools: Sequence[Pool],
+        nodes: Informer[NodeView],
+        pods: Informer[PodView],
+        source: SignalSource,
+        recorder: EventRecorder,
+        is_leader: Callable[[], bool],
+        safety: Callable[[], SafetyPolicy],
+        open_breakers: Callable[[], Mapping[str, BreakerTrip]],
+        metrics: RepairMetrics,
+        settings: RepairSettings,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._api = api
+        self._pools = [(p, parse_selector(p.node_selector)) for p in pools if p.repair is not None]
+        self._nodes = nodes
+        self._pods = pods
+        self._source = source
+        self._recorder = recorder
+        self._is_leader = is_leader
+        self._safety = safety
+        self._open_breakers = open_breakers
+        self._metrics = metrics
+        self.settings = settings
+        self._wall = wall_clock
+        self.rounds = 0
+
+    async def run(self) -> None:
+        await self._nodes.synced.wait()
+        await self._pods.synced.wait()
+        while True:
+            if self._is_leader():
+                await self.round()
+            await asyncio.sleep(self.settings.interval_seconds)
+
+    def _members(self) -> list[_Node]:
+        out = []
+        for view in self._nodes.items().values():
+            for pool, selector in self._pools:
+                if pool.repair is not None and selector.matches(view.labels):
+                    record = record_from_json(view.annotations.get(c.ANNOTATION_REPAIR))
+                    out.append(_Node(view, pool, pool.repair, record))
+                    break
+        return out
+
+    async def round(self) -> None:
+        self.rounds += 1
+        now = self._wall()
+        fleet = self._source.current()
+        members = self._members()
+        repairing: dict[str, set[str]] = {}
+        for m in members:
+            if m.record.active:
+                repairing.setdefault(m.pool.name, set()).add(m.view.name)
+        planned: list[tuple[_Node, RepairInput, RepairPlan]] = []
+        for m in members:
+            if quarantined_at(m.view) is None and not m.record.attempts and m.record.gave_up_at is None:
+                continue  # healthy and never repaired: the common case, nothing to read
+            inp = await self._input(m, fleet.nodes.get(m.view.name), repairing, now)
+            planned.append((m, inp, self._plan(m, inp, now)))
+        wanted = [
+            (m.view.name, m.pool.name, inp.quarantined_at or now)
+            for m, inp, p in planned
+            if p.needs_admission
+        ]
+        refused: Mapping[str, str] = {}
+        if wanted:
+            admission = admit_repairs(
+                wanted, self._pool_views(members), self._open_breakers(), now=now, policy=self._safety()
+            )
+            refused = admission.refused
+        for m, inp, plan in planned:
+            if m.view.name in refused:
+                plan = self._plan(m, inp, now, refused[m.view.name])
+            await self._apply(m, inp, plan)
+
+    def _plan(self, m: _Node, inp: RepairInput, now: float, refusal: str | None = None) -> RepairPlan:
+        return plan_repair(
+            inp,
+            now=now,
+            policy=m.repair.policy,
+            xid_window_seconds=self.settings.policy.health.xid_window_seconds,
+            refusal=refusal,
+        )
+
+    def _pool_views(self, members: Sequence[_Node]) -> dict[str, PoolView]:
+        """Each pool's size and when its disruptive steps started: what the breaker and the
+        rate limit count for repairs."""
+        sizes: dict[str, int] = {}
+        starts: dict[str, list[float]] = {}
+        for m in members:
+            sizes[m.pool.name] = sizes.get(m.pool.name, 0) + 1
+            starts.setdefault(m.pool.name, []).extend(
+                a.started_at for a in m.record.attempts if a.step in LADDER
+            )
+        return {p: PoolView(n, tuple(starts.get(p, ()))) for p, n in sizes.items()}
+
+    async def _input(
+        self, m: _Node, reading: NodeReading | None, repairing: Mapping[str, set[str]], now: float
+    ) -> RepairInput:
+        view = m.view
+        signals, _ = signal_status(reading, now, self.settings.policy)
+        records = records_from_json(view.annotations.get(c.ANNOTATION_UNHEALTHY_GPUS))
+        verdict = quarantine_verdict(view.name, records, signals)
+        held = [
+            p
+            for p in self._pods.indexed(view.name)
+            if not p.finished and p.owner_kind != "DaemonSet" and not p.mirror
+        ]
+        bad = {g.uuid for g in verdict.gpus}
+        if reading is not None and reading.pods_attributed:
+            gpus_free = not any(g.pods for g in reading.gpus if g.uuid in bad)
+        else:
+            gpus_free = not held
+        return RepairInput(
+            node=view.name,
+            pool=m.pool.name,
+            verdict=verdict,
+            reading=reading,
+            record=m.record,
+            quarantined_at=quarantined_at(view),
+            excluded=is_excluded(view),
+            gpus_free=gpus_free,
+            node_free=not held,
+            work=await self._work(view.name, m.record),
+            others_repairing=len(repairing.get(m.pool.name, set()) - {view.name}),
+            machinery=Machinery.NONE,
+        )
+
+    async def _work(self, node: str, record: RepairRecord) -> Work:
+        running = record.running
+        if running is None or running.step not in _JOB_STEPS:
+            return Work.ABSENT
+        try:
+            job = await read_job(
+                self._api, self.settings.namespace, job_name(node, running.step, running.number)
+            )
+        except KubeError as e:
+            self._metrics.errors.labels("read_job", type(e).__name__).inc()
+            log.warning("repair Job not read", extra={"node": node, "error": str(e)})
+            return Work.RUNNING  # unknown: held as it is, the deadline still counts
+        return job_work(job)
+
+    async def _apply(self, m: _Node, inp: RepairInput, plan: RepairPlan) -> None:
+        node = m.view.name
+        prefix = DRY_RUN_PREFIX if self.settings.dry_run else ""
+        for ev in plan.events:
+            await self._recorder.record(ev, prefix=prefix)
+        self._count(plan)
+        if plan.move in (Move.NONE, Move.WAIT) and plan.record is None:
+            return
+        if self.settings.dry_run:
+            log.info("dry-run: repair not carried out", extra={"node": node, "move": plan.move.value})
+            return
+        if not self._is_leader():
+            return
+        if plan.record is not None:
+            try:
+                written = await write_record(self._api, node, plan.record)
+            except KubeError as e:
+                self._metrics.errors.labels("record", type(e).__name__).inc()
+                log.warning("repair record not written; next round", extra={"node": node, "error": str(e)})
+                return
+            self._nodes.update_local(node, node_from_json(written), _version(written))
+        if plan.move in (Move.START, Move.ENSURE) and plan.step in _JOB_STEPS and plan.attempt is not None:
+            await self._ensure_job(m, inp, plan)
+
+    async def _ensure_job(self, m: _Node, inp: RepairInput, plan: RepairPlan) -> None:
+        assert plan.step is not None and plan.attempt is not None
+        template = m.repair.templates.get(plan.step)
+        if template is None:
+            log.error(
+                "no Job template for the repair step", extra={"node": m.view.name, "step": plan.step.value}
+            )
+            return
+        reading = inp.reading
+        actions = {
+            needed_action(
+                reading.gpu(g) if reading else None,
+                self.settings.policy.health.xid_window_seconds,
+                self._wall(),
+            ).name
+            for g in plan.gpus
+            if g
+        }
+        manifest = job_manifest(
+            node=m.view.name,
+            step=plan.step,
+            attempt=plan.attempt,
+            gpus=plan.gpus,
+            action=",".join(sorted(actions)),
+            template=template,
+            namespace=self.settings.namespace,
+            deadline_seconds=m.repair.policy.deadline(plan.step),
+        )
+        try:
+            created = await ensure_job(self._api, manifest)
+        except KubeError as e:
+            self._metrics.errors.labels("job", type(e).__name__).inc()
+            log.warning("repair Job not created; next round", extra={"node": m.view.name, "error": str(e)})
+            return
+        if created:
+            log.info("repair Job created", extra={"node": m.view.name, "job": manifest["metadata"]["name"]})
+
+    def _count(self, plan: RepairPlan) -> None:
+        step = (plan.step or Step.DONE).value
+        if plan.move is Move.START:
+            self._metrics.repairs.labels(step, "started").inc()
+        elif any(e.reason == "GpuRepairRefused" for e in plan.events):
+            self._metrics.repairs.labels(step, "refused").inc()
+        elif plan.move is Move.RECORD and plan.step is Step.GIVE_UP:
+            self._metrics.repairs.labels(step, "gave_up").inc()
+        elif plan.move is Move.RECORD and plan.step is Step.DONE:
+            self._metrics.repairs.labels(step, "done").inc()
+        elif plan.move is Move.RECORD and plan.record is not None and plan.attempt is not None:
+            ended = next((a for a in plan.record.attempts if a.number == plan.attempt), None)
+            if ended is not None and ended.outcome is not Outcome.RUNNING:
+                self._metrics.repairs.labels(step, ended.outcome.value).inc()
+
+
+def _version(obj: Mapping[str, object]) -> str:
+    meta = obj.get("metadata")
+    return str(meta.get("resourceVersion", "")) if isinstance(meta, Mapping) else ""
