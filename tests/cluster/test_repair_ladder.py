@@ -15,6 +15,7 @@ pod held by a scheduling gate, which the real scheduler never binds.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from controller_harness import (  # noqa: F401 - fixtures
     our_taint,
     running,
     sa_kubeconfig_for_fixture,
+    wait_for_event,
 )
 from kubernetes_asyncio import client
 
@@ -241,6 +243,45 @@ async def test_a_new_controller_continues_the_ladder_without_repeating_a_step(
         assert len(await scene.jobs()) == 1
         started = await scene.events("GpuRepairStarted")
         assert len(started) == 1, [e.message for e in started]
+
+
+async def test_an_open_breaker_holds_new_repairs_but_not_the_validation(
+    scene_for: Callable[..., Any],
+) -> None:
+    async with scene_for(validation_job=JOB) as scene:
+        core, state = scene.core, "gpumon-controller"
+        key = f"breaker.gpumon.io/{scene.pools[0]['name']}"
+        opened = {key: json.dumps({"openedAt": "2026-01-01T00:00:00Z", "reason": "a person said so"})}
+
+        async def breaker(annotations: dict[str, str | None]) -> None:
+            patch = {"metadata": {"annotations": annotations}}
+            await core.patch_namespaced_config_map(state, scene.namespace, patch)
+
+        await breaker(opened)
+        uuid = await scene.fault(3, "gpu_reset")
+        refused = await wait_for_event(core, "default", scene.node, "GpuRepairRefused")
+        assert "circuit breaker open" in refused.message and "a person said so" in refused.message
+        assert await scene.jobs() == [], "no step started"
+        await breaker({key: None})  # a person closes it
+        await scene.job_done("reset")
+        await breaker(opened)  # and it opens again before the validation
+        scene.exporter.fault(gpu=3, fault="clear")
+        validation = await scene.job_done("validate")
+        assert validation.metadata.labels["gpumon.io/repair-step"] == "validate"
+        # The quarantine lifted only after the validation, and the ladder ended.
+        await scene.ladder_done(uuid)
+        succeeded = {
+            e.message.split(" ")[0]: e.first_timestamp for e in await scene.events("GpuRepairSucceeded")
+        }
+        (recovered,) = await scene.events("GpuRecovered")
+        assert recovered.first_timestamp >= succeeded["validate"] >= succeeded["reset"], (
+            succeeded,
+            recovered,
+        )
+        assert [j.metadata.labels["gpumon.io/repair-step"] for j in await scene.jobs()] == [
+            "reset",
+            "validate",
+        ]
 
 
 async def _true(ok: bool) -> bool | None:

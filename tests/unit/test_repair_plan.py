@@ -19,6 +19,7 @@ from gpumon.controller.core.repair import (
     RepairPolicy,
     Work,
     admit_repairs,
+    continuing_refusal,
     holds_quarantine,
     plan_repair,
     repair_phase,
@@ -477,3 +478,11 @@ def test_the_label_while_a_step_runs() -> None:
     assert repair_phase(EMPTY_RECORD) is None
     failed = RepairRecord((Attempt(Step.RESET, 1, (GPU,), T0, Outcome.FAILED, ended_at=T0 + 1),))
     assert repair_phase(failed) is None, "between steps: the drain's label"
+
+
+def test_the_next_step_of_a_ladder_under_way_is_held_by_pause_and_an_open_breaker_only() -> None:
+    trip = {"h100": BreakerTrip("h100", T0 - 60, "too many")}
+    assert continuing_refusal("h100", {}, SafetyPolicy()) is None
+    assert continuing_refusal("h100", trip, SafetyPolicy()).startswith("circuit breaker open for pool 'h100'")
+    assert continuing_refusal("h100", trip, SafetyPolicy(breaker_enabled=False)) is None
+    assert continuing_refusal("h100", {}, SafetyPolicy(paused=True)) == "paused"

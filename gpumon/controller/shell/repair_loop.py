@@ -174,15 +174,15 @@ class RepairLoop:
         )
 
     def _pool_views(self, members: Sequence[_Node]) -> dict[str, PoolView]:
-        """Each pool's size and when its disruptive steps started: what the breaker and the
-        rate limit count for repairs."""
+        """Each pool's size and when each of its ladders began: what the breaker and the rate
+        limit count for repairs."""
         sizes: dict[str, int] = {}
         starts: dict[str, list[float]] = {}
         for m in members:
             sizes[m.pool.name] = sizes.get(m.pool.name, 0) + 1
-            starts.setdefault(m.pool.name, []).extend(
-                a.started_at for a in m.record.attempts if a.step in LADDER
-            )
+            first = next((a for a in m.record.attempts if a.step in LADDER), None)
+            if first is not None:
+                starts.setdefault(m.pool.name, []).append(first.started_at)
         return {p: PoolView(n, tuple(starts.get(p, ()))) for p, n in sizes.items()}
 
     async def _input(
