@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from controller_harness import (  # noqa: F401 - fixtures
     Exporter,
@@ -196,6 +197,17 @@ async def test_a_reset_the_driver_asks_for_brings_the_gpu_back(scene_for: Callab
         assert {"GpuRepairStarted", "GpuRepairSucceeded", "GpuRepairDone"} <= reasons
         assert "GpuRepairEscalated" not in reasons
         assert len(await scene.jobs()) == 1, "one reset, no other step"
+        async with aiohttp.ClientSession() as session, session.get(scene.ctl.url + "/metrics") as resp:
+            metrics = await resp.text()
+        pool = scene.pools[0]["name"]
+        for line in (
+            'gpumon_controller_repairs_total{result="started",step="reset"} 1.0',
+            'gpumon_controller_repairs_total{result="succeeded",step="reset"} 1.0',
+            'gpumon_controller_repairs_total{result="done",step="done"} 1.0',
+            f'gpumon_controller_repairing_nodes{{pool="{pool}"}} 0.0',
+            f'gpumon_controller_repair_gave_up_nodes{{pool="{pool}"}} 0.0',
+        ):
+            assert line in metrics, line
 
 
 async def test_a_reset_that_never_finishes_times_out_and_a_reboot_follows(

@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from gpumon.controller.act.events import EventRecorder
 from gpumon.controller.act.repair_jobs import ensure_job, read_job, write_record
@@ -59,8 +61,38 @@ class RepairSettings:
     interval_seconds: float = 5.0
 
 
+class _Ladders(Collector):
+    """Scrape-time: each repairing pool's nodes by where their ladder stands, read off the
+    records in the node cache (every replica, so the gauge never goes stale with leadership)."""
+
+    def __init__(self, members: Callable[[], Iterable[tuple[str, RepairRecord]]]) -> None:
+        self._members = members
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        repairing = GaugeMetricFamily(
+            "gpumon_controller_repairing_nodes",
+            "Nodes with a repair ladder under way, by pool.",
+            labels=["pool"],
+        )
+        gave_up = GaugeMetricFamily(
+            "gpumon_controller_repair_gave_up_nodes",
+            "Nodes whose repair ladder gave up and wait for a person, by pool.",
+            labels=["pool"],
+        )
+        counts: dict[str, tuple[int, int]] = {}
+        for pool, record in self._members():
+            active, stuck = counts.get(pool, (0, 0))
+            counts[pool] = (active + record.active, stuck + (record.gave_up_at is not None))
+        for pool, (active, stuck) in sorted(counts.items()):
+            repairing.add_metric([pool], active)
+            gave_up.add_metric([pool], stuck)
+        yield repairing
+        yield gave_up
+
+
 class RepairMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
         self.repairs = Counter(
             "gpumon_controller_repairs",
             "Repair ladder moves by step and result (started, succeeded, failed, timed_out, "
@@ -114,6 +146,7 @@ class RepairLoop:
         self.settings = settings
         self._wall = wall_clock
         self.rounds = 0
+        metrics.registry.register(_Ladders(lambda: ((m.pool.name, m.record) for m in self._members())))
 
     async def run(self) -> None:
         await self._nodes.synced.wait()
