@@ -149,8 +149,8 @@ async def scene_for(
     sa_kubeconfig_for: KubeconfigFactory,
 ) -> Callable[..., Any]:
     @contextlib.asynccontextmanager
-    async def make(**over: Any) -> AsyncIterator[Scene]:
-        kubeconfig = await sa_kubeconfig_for(autoscaling=True, repair=True)
+    async def make(*, rbac: bool = True, **over: Any) -> AsyncIterator[Scene]:
+        kubeconfig = await sa_kubeconfig_for(autoscaling=True, repair=rbac)
         pool = await make_pool(replicas=1)
         node = f"{pool.name}-0"  # the simulator's name
         pools = [
@@ -294,6 +294,34 @@ async def test_an_open_breaker_holds_new_repairs_but_not_the_validation(
             "reset",
             "validate",
         ]
+
+
+async def test_without_rbac_for_jobs_the_refusal_is_counted_told_once_and_nothing_crashes(
+    scene_for: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    async with scene_for(rbac=False) as scene:
+        with caplog.at_level("INFO", logger="gpumon.controller.shell.repair_loop"):
+            await scene.fault(0, "gpu_reset")
+            (told,) = [await wait_for_event(scene.core, "default", scene.node, "GpuRepairJobsUnavailable")]
+            assert "deploy/rbac/controller-repair.yaml" in told.message and "403" in told.message
+            loop = scene.ctl.controller.repair
+            assert loop is not None
+            after = loop.rounds + 4
+            await eventually(lambda: _true(loop.rounds >= after), what="four more repair rounds")
+            async with aiohttp.ClientSession() as session:
+                async with session.get(scene.ctl.url + "/metrics") as resp:
+                    metrics = await resp.text()
+                async with session.get(scene.ctl.url + "/healthz") as resp:
+                    assert resp.status == 200, await resp.text()
+        refused = [r for r in caplog.records if r.getMessage() == "repair Jobs unavailable"]
+        assert len(refused) == 1, "logged once per outage"
+        assert len(await scene.events("GpuRepairJobsUnavailable")) == 1
+        counted = [
+            line for line in metrics.splitlines() if line.startswith("gpumon_controller_repair_errors_total{")
+        ]
+        assert counted and all('error="KubeError"' in line for line in counted), counted
+        assert 'gpumon_controller_task_restarts_total{task="repair"}' not in metrics, "nothing crashed"
+        assert await scene.jobs() == []
 
 
 async def _true(ok: bool) -> bool | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,10 +25,12 @@ from prometheus_client.registry import Collector
 from gpumon.controller.act.events import EventRecorder
 from gpumon.controller.act.repair_jobs import ensure_job, read_job, write_record
 from gpumon.controller.core import contract as c
+from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.breaker import BreakerTrip, PoolView, SafetyPolicy
 from gpumon.controller.core.contract import DRY_RUN_PREFIX
 from gpumon.controller.core.node_plan import is_excluded, quarantined_at, records_from_json
 from gpumon.controller.core.objects import NodeView, PodView, node_from_json
+from gpumon.controller.core.plans import Event, ObjectRef
 from gpumon.controller.core.policy import Policy, signal_status
 from gpumon.controller.core.pools import Pool
 from gpumon.controller.core.repair import (
@@ -51,6 +54,8 @@ from gpumon.selectors import parse_selector
 log = logging.getLogger(__name__)
 
 _JOB_STEPS = frozenset({Step.RESET, Step.REBOOT, Step.VALIDATE})
+# The Jobs API refusing: asked again after 5 s, then 10, 20 ... up to 5 minutes.
+JOBS_BACKOFF = Backoff(initial_seconds=5.0, max_seconds=300.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +113,30 @@ class RepairMetrics:
         )
 
 
+class _JobsAccess:
+    """The Jobs API refusing gpumon (its RBAC not applied, say): counted every time, logged and
+    told in an Event once per outage, and asked again only with backoff."""
+
+    def __init__(self, backoff: Backoff = JOBS_BACKOFF) -> None:
+        self._backoff = backoff
+        self.failures = 0
+        self._retry_at = -math.inf
+
+    def allowed(self, now: float) -> bool:
+        return now >= self._retry_at
+
+    def failed(self, now: float) -> bool:
+        """Back off; True for the outage's first failure."""
+        self.failures += 1
+        self._retry_at = now + self._backoff.delay(self.failures)
+        return self.failures == 1
+
+    def succeeded(self) -> bool:
+        """True when this ends an outage."""
+        ended, self.failures, self._retry_at = self.failures > 0, 0, -math.inf
+        return ended
+
+
 @dataclass(frozen=True, slots=True)
 class _Node:
     view: NodeView
@@ -146,6 +175,7 @@ class RepairLoop:
         self.settings = settings
         self._wall = wall_clock
         self.rounds = 0
+        self._jobs = _JobsAccess()
         metrics.registry.register(_Ladders(lambda: ((m.pool.name, m.record) for m in self._members())))
 
     async def run(self) -> None:
@@ -254,15 +284,32 @@ class RepairLoop:
         running = record.running
         if running is None or running.step not in _JOB_STEPS:
             return Work.ABSENT
-        try:
-            job = await read_job(
-                self._api, self.settings.namespace, job_name(node, running.step, running.number)
-            )
-        except KubeError as e:
-            self._metrics.errors.labels("read_job", type(e).__name__).inc()
-            log.warning("repair Job not read", extra={"node": node, "error": str(e)})
+        if not self._jobs.allowed(self._wall()):
             return Work.RUNNING  # unknown: held as it is, the deadline still counts
+        name = job_name(node, running.step, running.number)
+        try:
+            job = await read_job(self._api, self.settings.namespace, name)
+        except KubeError as e:
+            await self._jobs_refused(node, "read_job", e)
+            return Work.RUNNING
+        self._jobs_answered()
         return job_work(job)
+
+    async def _jobs_refused(self, node: str, what: str, e: KubeError) -> None:
+        self._metrics.errors.labels(what, type(e).__name__).inc()
+        if not self._jobs.failed(self._wall()):
+            return
+        ns = self.settings.namespace
+        message = (
+            f"the Jobs API refuses gpumon in namespace {ns} ({e}): no repair step can run; "
+            "with RBAC missing, apply deploy/rbac/controller-repair.yaml. Retrying with backoff"
+        )
+        log.error("repair Jobs unavailable", extra={"namespace": ns, "error": str(e)})
+        await self._recorder.record(_node_event(node, "GpuRepairJobsUnavailable", message))
+
+    def _jobs_answered(self) -> None:
+        if self._jobs.succeeded():
+            log.info("repair Jobs available again", extra={"namespace": self.settings.namespace})
 
     async def _apply(self, m: _Node, inp: RepairInput, plan: RepairPlan) -> None:
         node = m.view.name
@@ -316,12 +363,14 @@ class RepairLoop:
             namespace=self.settings.namespace,
             deadline_seconds=m.repair.policy.deadline(plan.step),
         )
+        if not self._jobs.allowed(self._wall()):
+            return
         try:
             created = await ensure_job(self._api, manifest)
         except KubeError as e:
-            self._metrics.errors.labels("job", type(e).__name__).inc()
-            log.warning("repair Job not created; next round", extra={"node": m.view.name, "error": str(e)})
+            await self._jobs_refused(m.view.name, "job", e)
             return
+        self._jobs_answered()
         if created:
             log.info("repair Job created", extra={"node": m.view.name, "job": manifest["metadata"]["name"]})
 
@@ -339,6 +388,10 @@ class RepairLoop:
             ended = next((a for a in plan.record.attempts if a.number == plan.attempt), None)
             if ended is not None and ended.outcome is not Outcome.RUNNING:
                 self._metrics.repairs.labels(step, ended.outcome.value).inc()
+
+
+def _node_event(node: str, reason: str, message: str) -> Event:
+    return Event(ObjectRef("Node", node), reason, message, warning=True, key=reason)
 
 
 def _version(obj: Mapping[str, object]) -> str:
