@@ -445,7 +445,11 @@ def test_a_steps_job_is_pinned_to_its_node_tolerates_the_quarantine_and_is_told_
     )
     assert len(job_name("n" * 253, Step.VALIDATE, 99)) <= 63
     spec = job["spec"]
-    assert (spec["backoffLimit"], spec["activeDeadlineSeconds"]) == (0, 600)
+    assert (spec["backoffLimit"], spec["activeDeadlineSeconds"], spec["ttlSecondsAfterFinished"]) == (
+        0,
+        600,
+        86400,
+    )
     pod = spec["template"]
     assert pod["metadata"]["labels"]["app"] == "gpu-reset", "the template's own kept"
     assert pod["spec"]["restartPolicy"] == "Never"

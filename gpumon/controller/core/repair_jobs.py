@@ -27,6 +27,7 @@ LABEL_REPAIR = "gpumon.io/repair-node"
 ANNOTATION_REPAIR_NODE = "gpumon.io/repair-node"
 LABEL_STEP = "gpumon.io/repair-step"
 _NO_JOBS: Mapping[Step, Mapping[str, Any]] = MappingProxyType({})
+FINISHED_JOB_TTL_SECONDS = 86400
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,9 @@ def job_manifest(
         "spec": {
             "backoffLimit": 0,
             "activeDeadlineSeconds": max(1, int(deadline_seconds)),
+            # Kept (at least a day) for people to read, then collected. Gone, it cannot be run
+            # twice: its attempt's deadline, counted from before the Job was made, has passed.
+            "ttlSecondsAfterFinished": max(FINISHED_JOB_TTL_SECONDS, int(deadline_seconds)),
             "template": pod,
         },
     }
