@@ -1,0 +1,116 @@
+"""The repair loop's shell (gpumon/controller/shell/repair_loop.py) on a recording fake API:
+what dry-run, a standby and the leader write. The real control plane runs the whole ladder in
+tests/cluster/test_repair_ladder.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller_fakes import FakeKube, load_rules
+from prometheus_client import CollectorRegistry
+from test_controller_reconciler import StaticSource
+
+from gpumon.config.pools import PoolConfig
+from gpumon.controller.act.events import EventRecorder
+from gpumon.controller.configure import pool_from_config
+from gpumon.controller.core import contract as c
+from gpumon.controller.core.breaker import SafetyPolicy
+from gpumon.controller.core.node_plan import records_to_json
+from gpumon.controller.core.objects import PodView, node_from_json, to_rfc3339
+from gpumon.controller.core.policy import Policy
+from gpumon.controller.core.repair_record import record_from_json
+from gpumon.controller.core.signals import GpuReading, NodeReading
+from gpumon.controller.core.verdicts import GpuRecord
+from gpumon.controller.shell.informer import Informer
+from gpumon.controller.shell.repair_loop import RepairLoop, RepairMetrics, RepairSettings
+from gpumon.devices.model import HealthReason, HealthState, HealthVerdict, RecoveryAction
+from gpumon.gpu_health import Severity
+
+T = 1_800_000_000.0
+NS = "gpumon-system"
+POLICY = Policy(rules=load_rules(), stale_after_seconds=30)
+JOB = {"template": {"spec": {"containers": [{"name": "step", "image": "cuda:12"}]}}}
+POOL = pool_from_config(
+    PoolConfig.model_validate(
+        {
+            "name": "h100",
+            "target": {"namespace": "capi", "name": "h100"},
+            "node_selector": "pool=h100",
+            "template": {"resources": {"nvidia.com/gpu": 8}},
+            "max_replicas": 2,
+            "repair": {"reset_job": JOB, "reboot_job": JOB},
+        }
+    )
+)
+
+
+def world(*, dry_run: bool, leader: bool = True) -> tuple[FakeKube, RepairLoop]:
+    api = FakeKube()
+    api.creatable.add(f"/apis/batch/v1/namespaces/{NS}/jobs")
+    nodes: Informer[Any] = Informer(api, "/api/v1/nodes", node_from_json, name="nodes")
+    pods: Informer[PodView] = Informer(api, "/p", lambda o: None, name="pods", index=lambda p: p.node_name)
+    record = GpuRecord("GPU-1", 1, "RecoveryGpuReset", Severity.UNHEALTHY, ("recovery-action",), T - 60, "")
+    obj = api.add(
+        "/api/v1/nodes/n1",
+        {
+            "metadata": {
+                "name": "n1",
+                "labels": {"pool": "h100"},
+                "annotations": {
+                    c.ANNOTATION_QUARANTINED_AT: to_rfc3339(T - 60),
+                    c.ANNOTATION_UNHEALTHY_GPUS: records_to_json((record,)),
+                },
+            },
+            "spec": {},
+            "status": {},
+        },
+    )
+    nodes.update_local("n1", node_from_json(obj), obj["metadata"]["resourceVersion"])
+    source = StaticSource()
+    bad = HealthVerdict(HealthState.UNHEALTHY, (HealthReason("RecoveryGpuReset", "", HealthState.UNHEALTHY),))
+    gpu = GpuReading("GPU-1", 1, T, recovery_action=RecoveryAction.GPU_RESET, health=bad)
+    source.nodes["n1"] = NodeReading("n1", T, (gpu,))
+    loop = RepairLoop(
+        api=api,
+        pools=[POOL],
+        nodes=nodes,
+        pods=pods,
+        source=source,
+        recorder=EventRecorder(api, instance="t", wall_clock=lambda: T),
+        is_leader=lambda: leader,
+        safety=SafetyPolicy,
+        open_breakers=dict,
+        metrics=RepairMetrics(CollectorRegistry()),
+        settings=RepairSettings(
+            policy=Policy(rules=load_rules(), stale_after_seconds=30), namespace=NS, dry_run=dry_run
+        ),
+        wall_clock=lambda: T,
+    )
+    return api, loop
+
+
+def events(api: FakeKube) -> list[dict[str, Any]]:
+    return [body for method, path, body in api.calls if method == "POST" and path.endswith("/events")]
+
+
+async def test_dry_run_tells_the_step_and_writes_nothing() -> None:
+    api, loop = world(dry_run=True)
+    await loop.round()
+    (told,) = events(api)
+    assert told["reason"] == "GpuRepairStarted" and told["message"].startswith("[dry-run] reset started")
+    assert [c for c in api.writes() if not c[1].endswith("/events")] == [], "no record, no Job"
+
+
+async def test_the_leader_writes_the_record_then_the_job_and_a_standby_nothing() -> None:
+    api, loop = world(dry_run=False)
+    await loop.round()
+    writes = [(m, p) for m, p, _ in api.writes() if not p.endswith("/events")]
+    assert writes == [("PATCH", "/api/v1/nodes/n1"), ("POST", f"/apis/batch/v1/namespaces/{NS}/jobs")]
+    record = record_from_json(api.objects["/api/v1/nodes/n1"]["metadata"]["annotations"][c.ANNOTATION_REPAIR])
+    assert record.running is not None and record.running.number == 1
+    # The next round finds its Job: no second one, no second record.
+    await loop.round()
+    assert len([w for w in api.writes() if not w[1].endswith("/events")]) == 2
+    standby_api, standby = world(dry_run=False, leader=False)
+    await standby.round()
+    assert [w for w in standby_api.writes() if not w[1].endswith("/events")] == []
