@@ -132,6 +132,11 @@ def test_success_is_the_exporters_word_not_the_jobs_exit_code() -> None:
     )
     assert cleared.move is Move.RECORD and cleared.step is Step.DONE and reasons(cleared) == ["GpuRepairDone"]
     assert cleared.record == RepairRecord(repaired={GPU: T0 + 990}), "remembered for the flap window"
+    # An old repair of another GPU is forgotten once its window has passed.
+    old = replace(ok.record, repaired={"GPU-0": T0 - POLICY.flap_window_seconds, "GPU-2": T0})
+    back = node(RecoveryAction.NONE, healthy=True, record=old, verdict=verdict(), quarantined_at=None)
+    kept = step(back, T0 + 990).record
+    assert kept is not None and dict(kept.repaired) == {GPU: T0 + 990, "GPU-2": T0}
 
 
 def test_an_unsupported_action_on_an_old_driver_is_where_the_catalog_stands_in() -> None:

@@ -258,7 +258,7 @@ def plan_repair(
         return _follow(inp, running, now, policy)
     healthy = inp.verdict.severity is None and inp.verdict.signals is SignalStatus.FRESH
     if healthy and not holds_quarantine(rec):
-        return _finish_ladder(inp, now)
+        return _finish_ladder(inp, now, policy)
     if rec.gave_up_at is not None or inp.quarantined_at is None:
         return NOTHING
     if inp.verdict.signals is not SignalStatus.FRESH:
@@ -519,12 +519,14 @@ def _give_up(inp: RepairInput, now: float, why: tuple[str, ...]) -> RepairPlan:
     )
 
 
-def _finish_ladder(inp: RepairInput, now: float) -> RepairPlan:
-    """The node is healthy through the hysteresis: the ladder (if any) is over."""
+def _finish_ladder(inp: RepairInput, now: float, policy: RepairPolicy) -> RepairPlan:
+    """The node is healthy through the hysteresis: the ladder (if any) is over. Repairs older
+    than the flap window are forgotten: they can send nothing to replacement any more."""
     rec = inp.record
     if not rec.attempts and rec.gave_up_at is None:
         return NOTHING
-    repaired = dict(rec.repaired)
+    window = policy.flap_window_seconds
+    repaired = {u: at for u, at in rec.repaired.items() if now - at <= window}
     if rec.gave_up_at is None:
         for a in rec.attempts:
             for uuid in a.gpus:
