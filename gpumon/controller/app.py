@@ -335,7 +335,12 @@ def make_app(
             safety=lambda: replace(settings.safety, paused=reconciler.paused()),
             open_breakers=reconciler.open_breakers,
             metrics=RepairMetrics(registry),
-            settings=RepairSettings(policy=policy, namespace=config.namespace, dry_run=config.dry_run),
+            settings=RepairSettings(
+                policy=policy,
+                namespace=config.namespace,
+                state_configmap=config.state_configmap,
+                dry_run=config.dry_run,
+            ),
             wall_clock=wall_clock,
         )
     controller = Controller(

@@ -14,11 +14,18 @@ from gpumon.config.pools import PoolConfig
 from gpumon.controller.act.events import EventRecorder
 from gpumon.controller.configure import pool_from_config
 from gpumon.controller.core import contract as c
-from gpumon.controller.core.breaker import SafetyPolicy
+from gpumon.controller.core.breaker import BreakerTrip, SafetyPolicy
 from gpumon.controller.core.node_plan import records_to_json
 from gpumon.controller.core.objects import PodView, node_from_json, to_rfc3339
 from gpumon.controller.core.policy import Policy
-from gpumon.controller.core.repair_record import record_from_json
+from gpumon.controller.core.repair_record import (
+    Attempt,
+    Outcome,
+    RepairRecord,
+    Step,
+    record_from_json,
+    record_to_json,
+)
 from gpumon.controller.core.signals import GpuReading, NodeReading
 from gpumon.controller.core.verdicts import GpuRecord
 from gpumon.controller.shell.informer import Informer
@@ -44,7 +51,14 @@ POOL = pool_from_config(
 )
 
 
-def world(*, dry_run: bool, leader: bool = True) -> tuple[FakeKube, RepairLoop]:
+def world(
+    *,
+    dry_run: bool,
+    leader: bool = True,
+    annotations: dict[str, str] | None = None,
+    safety: SafetyPolicy | None = None,
+    breakers: dict[str, BreakerTrip] | None = None,
+) -> tuple[FakeKube, RepairLoop]:
     api = FakeKube()
     api.creatable.add(f"/apis/batch/v1/namespaces/{NS}/jobs")
     nodes: Informer[Any] = Informer(api, "/api/v1/nodes", node_from_json, name="nodes")
@@ -59,6 +73,7 @@ def world(*, dry_run: bool, leader: bool = True) -> tuple[FakeKube, RepairLoop]:
                 "annotations": {
                     c.ANNOTATION_QUARANTINED_AT: to_rfc3339(T - 60),
                     c.ANNOTATION_UNHEALTHY_GPUS: records_to_json((record,)),
+                    **(annotations or {}),
                 },
             },
             "spec": {},
@@ -78,8 +93,8 @@ def world(*, dry_run: bool, leader: bool = True) -> tuple[FakeKube, RepairLoop]:
         source=source,
         recorder=EventRecorder(api, instance="t", wall_clock=lambda: T),
         is_leader=lambda: leader,
-        safety=SafetyPolicy,
-        open_breakers=dict,
+        safety=lambda: safety or SafetyPolicy(),
+        open_breakers=lambda: breakers or {},
         metrics=RepairMetrics(CollectorRegistry()),
         settings=RepairSettings(
             policy=Policy(rules=load_rules(), stale_after_seconds=30), namespace=NS, dry_run=dry_run
@@ -114,3 +129,39 @@ async def test_the_leader_writes_the_record_then_the_job_and_a_standby_nothing()
     standby_api, standby = world(dry_run=False, leader=False)
     await standby.round()
     assert [w for w in standby_api.writes() if not w[1].endswith("/events")] == []
+
+
+def _failed_reset() -> dict[str, str]:
+    attempt = Attempt(
+        Step.RESET, 1, ("GPU-1",), T - 50, Outcome.FAILED, ended_at=T - 10, detail="its Job failed"
+    )
+    return {c.ANNOTATION_REPAIR: record_to_json(RepairRecord((attempt,)))}
+
+
+async def test_the_next_step_of_a_ladder_is_not_counted_again_but_an_open_breaker_holds_it() -> None:
+    # One node in the pool and a breaker limit of one: the ladder's first step was its one
+    # disruption; its escalation to a reboot must not count as a second and trip the breaker.
+    api, loop = world(dry_run=False, annotations=_failed_reset(), safety=SafetyPolicy(breaker_min_nodes=1))
+    await loop.round()
+    posted = [b for m, p, b in api.calls if m == "POST" and p.endswith("/jobs")]
+    assert [j["metadata"]["labels"]["gpumon.io/repair-step"] for j in posted] == ["reboot"]
+    trip = {"h100": BreakerTrip("h100", T - 600, "a person said so")}
+    api, loop = world(dry_run=False, annotations=_failed_reset(), breakers=trip)
+    await loop.round()
+    assert [(m, p) for m, p, _ in api.writes() if not p.endswith("/events")] == []
+    (held,) = events(api)
+    assert held["reason"] == "GpuRepairRefused" and "a person said so" in held["message"]
+
+
+async def test_a_wave_of_ladders_trips_the_pools_breaker_and_records_it() -> None:
+    # A limit of zero ladders (min_nodes 0, fraction 0): the first ladder of the pool trips it.
+    api, loop = world(dry_run=False, safety=SafetyPolicy(breaker_min_nodes=0, breaker_max_fraction=0.0))
+    api.add(
+        f"/api/v1/namespaces/{NS}/configmaps/gpumon-controller", {"metadata": {"name": "gpumon-controller"}}
+    )
+    await loop.round()
+    cm = api.objects[f"/api/v1/namespaces/{NS}/configmaps/gpumon-controller"]
+    assert "breaker.gpumon.io/h100" in cm["metadata"]["annotations"]
+    assert [p for m, p, _ in api.writes() if p.endswith("/jobs")] == [], "no step started"
+    reasons = [e["reason"] for e in events(api)]
+    assert "GpuBreakerOpen" in reasons and "GpuRepairRefused" in reasons

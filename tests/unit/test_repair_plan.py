@@ -18,12 +18,11 @@ from gpumon.controller.core.repair import (
     RepairInput,
     RepairPolicy,
     Work,
-    admit_repairs,
-    continuing_refusal,
     holds_quarantine,
     plan_repair,
     repair_phase,
 )
+from gpumon.controller.core.repair_gate import admit_repairs, continuing_refusal
 from gpumon.controller.core.repair_jobs import job_manifest, job_name, job_work
 from gpumon.controller.core.repair_record import (
     EMPTY_RECORD,

@@ -17,7 +17,7 @@ itself: the exporter must then report the GPUs healthy with action NONE.
 Every bound is here or in the existing gates: each step's deadline and attempts
 (:class:`RepairPolicy`), at most ``max_concurrent`` nodes of a pool repairing at once,
 ``gpumon.io/exclude``, and ``refusal`` (the circuit breaker, the rate limit and the pause
-switch, decided for all new steps of a round by :func:`admit_repairs` with the quarantine's own
+switch, decided for the new steps of a round by :mod:`.repair_gate` with the quarantine's own
 :func:`gpumon.controller.core.breaker.admit`). Dry-run is the shell's: it plans, records the
 Events and writes nothing. A validation is never refused: it starts nothing disruptive.
 """
@@ -29,9 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from gpumon.controller.core.breaker import Admission, BreakerTrip, Candidate, PoolView, SafetyPolicy, admit
 from gpumon.controller.core.contract import NodePhase
-from gpumon.controller.core.objects import to_rfc3339
 from gpumon.controller.core.plans import Event, ObjectRef
 from gpumon.controller.core.repair_record import (
     LADDER,
@@ -539,37 +537,3 @@ def _finish_ladder(inp: RepairInput, now: float, policy: RepairPolicy) -> Repair
         record=RepairRecord(repaired=MappingProxyType(repaired)),
         events=(_event(inp.node, "GpuRepairDone", f"node back in service after: {steps}"),),
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# The round's gate: the quarantine's breaker and rate limit, over new disruptive steps
-
-
-def continuing_refusal(
-    pool: str, open_breakers: Mapping[str, BreakerTrip], policy: SafetyPolicy
-) -> str | None:
-    """Why the next step of a ladder already under way may not start: the pause switch or an
-    open breaker. It is not counted again toward the breaker or the rate limit: its node was,
-    when its ladder began."""
-    if policy.paused:
-        return "paused"
-    trip = open_breakers.get(pool) if policy.breaker_enabled else None
-    if trip is None:
-        return None
-    return f"circuit breaker open for pool {pool!r} since {to_rfc3339(trip.opened_at)} ({trip.reason})"
-
-
-def admit_repairs(
-    wanted: Sequence[tuple[str, str, float]],
-    pools: Mapping[str, PoolView],
-    open_breakers: Mapping[str, BreakerTrip],
-    *,
-    now: float,
-    policy: SafetyPolicy,
-) -> Admission:
-    """Which of this round's new ladders (node, pool, when its fault began) may take their
-    first step, through :func:`gpumon.controller.core.breaker.admit`: ``pools`` count the
-    ladders begun in each pool (their first steps' start times) where the quarantine counts
-    quarantines, so a wave of repairs trips the breaker as a wave of faults does, and an open
-    breaker refuses both."""
-    return admit([Candidate(n, p, t) for n, p, t in wanted], pools, open_breakers, now=now, policy=policy)

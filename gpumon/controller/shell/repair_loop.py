@@ -22,11 +22,12 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gpumon.controller.act.breaker_record import record_breaker
 from gpumon.controller.act.events import EventRecorder
 from gpumon.controller.act.repair_jobs import ensure_job, read_job, write_record
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.backoff import Backoff
-from gpumon.controller.core.breaker import BreakerTrip, PoolView, SafetyPolicy
+from gpumon.controller.core.breaker import BreakerTrip, PoolView, SafetyPolicy, breaker_to_annotation
 from gpumon.controller.core.contract import DRY_RUN_PREFIX
 from gpumon.controller.core.node_plan import is_excluded, quarantined_at, records_from_json
 from gpumon.controller.core.objects import NodeView, PodView, node_from_json
@@ -39,11 +40,11 @@ from gpumon.controller.core.repair import (
     RepairInput,
     RepairPlan,
     Work,
-    admit_repairs,
     needed_action,
     plan_repair,
     quarantine_verdict,
 )
+from gpumon.controller.core.repair_gate import admit_repairs, continuing_refusal
 from gpumon.controller.core.repair_jobs import PoolRepair, job_manifest, job_name, job_work
 from gpumon.controller.core.repair_record import LADDER, Outcome, RepairRecord, Step, record_from_json
 from gpumon.controller.core.signals import NodeReading, SignalSource
@@ -62,6 +63,7 @@ JOBS_BACKOFF = Backoff(initial_seconds=5.0, max_seconds=300.0)
 class RepairSettings:
     policy: Policy  # signals' staleness and the Xid window, as the quarantine judges them
     namespace: str  # where the Jobs run: the controller's own
+    state_configmap: str = "gpumon-controller"  # where a tripped breaker is recorded
     dry_run: bool = True
     interval_seconds: float = 5.0
 
@@ -211,21 +213,48 @@ class RepairLoop:
                 continue  # healthy and never repaired: the common case, nothing to read
             inp = await self._input(m, fleet.nodes.get(m.view.name), repairing, now)
             planned.append((m, inp, self._plan(m, inp, now)))
-        wanted = [
-            (m.view.name, m.pool.name, inp.quarantined_at or now)
-            for m, inp, p in planned
-            if p.needs_admission
-        ]
-        refused: Mapping[str, str] = {}
+        safety, breakers = self._safety(), self._open_breakers()
+        refused: dict[str, str] = {}
+        wanted = []
+        for m, inp, p in planned:
+            if not p.needs_admission:
+                continue
+            if m.record.active:  # the next step of a ladder under way: counted when it began
+                why = continuing_refusal(m.pool.name, breakers, safety)
+                if why is not None:
+                    refused[m.view.name] = why
+            else:
+                wanted.append((m.view.name, m.pool.name, inp.quarantined_at or now))
         if wanted:
-            admission = admit_repairs(
-                wanted, self._pool_views(members), self._open_breakers(), now=now, policy=self._safety()
-            )
-            refused = admission.refused
+            admission = admit_repairs(wanted, self._pool_views(members), breakers, now=now, policy=safety)
+            refused.update(admission.refused)
+            for trip in admission.tripped:
+                await self._record_trip(trip)
         for m, inp, plan in planned:
             if m.view.name in refused:
                 plan = self._plan(m, inp, now, refused[m.view.name])
             await self._apply(m, inp, plan)
+
+    async def _record_trip(self, trip: BreakerTrip) -> None:
+        """A wave of ladders tripped the pool's breaker: recorded on the controller's ConfigMap
+        as the quarantine records its own trips, so it stays open until a person closes it."""
+        ns, name = self.settings.namespace, self.settings.state_configmap
+        key, _ = breaker_to_annotation(trip)
+        message = (
+            f"circuit breaker for pool {trip.pool!r} opened by repairs: {trip.reason}; "
+            f"remove annotation {key} to close it"
+        )
+        event = Event(
+            ObjectRef("ConfigMap", name, namespace=ns), "GpuBreakerOpen", message, warning=True, key=key
+        )
+        await self._recorder.record(event, prefix=DRY_RUN_PREFIX if self.settings.dry_run else "")
+        if self.settings.dry_run or not self._is_leader():
+            return
+        try:
+            await record_breaker(self._api, ns, name, trip)
+        except KubeError as e:
+            self._metrics.errors.labels("breaker", type(e).__name__).inc()
+            log.error("could not record the open breaker", extra={"pool": trip.pool, "error": str(e)})
 
     def _plan(self, m: _Node, inp: RepairInput, now: float, refusal: str | None = None) -> RepairPlan:
         return plan_repair(
