@@ -20,8 +20,8 @@ class RepairJobConfig(Section):
     """A node-local step, run as a Job pinned to the node: the pod template (a PodTemplateSpec,
     ``{metadata: ..., spec: {containers: [...]}}``). gpumon adds the node pinning, a toleration
     of its quarantine taint and of the cordon, ``restartPolicy: Never``, the step's deadline, and
-    to every container the environment ``GPUMON_NODE``, ``GPUMON_GPU_UUIDS`` (comma-separated;
-    empty for the whole node) and ``GPUMON_RECOVERY_ACTION``. Anything privileged is the
+    to every container the environment ``GPUMON_NODE``, ``GPUMON_GPU_UUIDS`` (comma-separated:
+    the GPUs the step is for) and ``GPUMON_RECOVERY_ACTION``. Anything privileged is the
     template's own: it is the only place a privilege is granted."""
 
     template: dict[str, Any]

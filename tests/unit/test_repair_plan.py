@@ -89,7 +89,7 @@ def reasons(plan) -> list[str]:
 
 
 def running(step_: Step, number: int = 1, at: float = T0, **kw: Any) -> RepairRecord:
-    return RepairRecord((Attempt(step_, number, (GPU,) if step_ is Step.RESET else ("",), at, **kw),))
+    return RepairRecord((Attempt(step_, number, (GPU,), at, **kw),))
 
 
 # --- the ladder, step by step ----------------------------------------------------------------
@@ -151,7 +151,7 @@ def test_an_unsupported_action_on_an_old_driver_is_where_the_catalog_stands_in()
 
 def test_the_driver_asking_for_a_reboot_skips_the_reset() -> None:
     plan = step(node(RecoveryAction.SYSTEM_REBOOT), T0 + 5)
-    assert (plan.step, plan.gpus, plan.state) == (Step.REBOOT, ("",), NodePhase.REBOOTING)
+    assert (plan.step, plan.gpus, plan.state) == (Step.REBOOT, (GPU,), NodePhase.REBOOTING)
     assert step(node(RecoveryAction.NODE_REBOOT, node_free=False), T0 + 5).step is Step.DRAIN
 
 
@@ -166,10 +166,35 @@ def test_a_failed_reset_escalates_to_a_reboot_and_a_failed_reboot_to_replacement
     )
     assert "reset tried 1 time(s)" in reboot.reasons
     assert reboot.record is not None
-    broke = step(node(record=reboot.record, work=Work.FAILED), T0 + 40)
-    replace_ = step(node(record=broke.record, machinery=Machinery.CLUSTER_API), T0 + 41)
+    # The reboot ran (its Job ended) but the driver still asks for a reset at the deadline.
+    ran = step(node(record=reboot.record, work=Work.FAILED), T0 + 40)
+    assert ran.record is not None
+    deadline = T0 + 31 + POLICY.reboot_deadline_seconds
+    broke = step(node(record=ran.record, work=Work.FAILED), deadline)
+    assert broke.record is not None and broke.record.attempts[-1].outcome is Outcome.FAILED
+    replace_ = step(node(record=broke.record, machinery=Machinery.CLUSTER_API), deadline + 1)
     assert (replace_.move, replace_.step, replace_.attempt) == (Move.START, Step.REPLACE, 3)
     assert replace_.state is NodePhase.REPLACING and replace_.needs_admission
+
+
+def test_a_reboot_is_judged_by_the_exporter_however_its_job_ends() -> None:
+    # The reboot takes its own Job's pod down with the node: a failed Job is no verdict.
+    rec = running(Step.REBOOT)
+    done = step(node(RecoveryAction.NODE_REBOOT, record=rec, work=Work.FAILED), T0 + 60)
+    assert done.move is Move.RECORD and done.record is not None
+    assert (
+        done.record.attempts[0].work_done_at == T0 + 60 and done.record.attempts[0].outcome is Outcome.RUNNING
+    )
+    back = node(RecoveryAction.NONE, healthy=True, record=done.record, work=Work.FAILED)
+    assert step(back, T0 + 300).record.attempts[0].outcome is Outcome.SUCCEEDED  # type: ignore[union-attr]
+    never = node(RecoveryAction.NODE_REBOOT, record=done.record, work=Work.FAILED)
+    late = step(never, T0 + POLICY.reboot_deadline_seconds)
+    assert late.record is not None and late.record.attempts[0].outcome is Outcome.FAILED
+    # A reset's failed Job is a failed reset.
+    assert (
+        step(node(record=running(Step.RESET), work=Work.FAILED), T0 + 60).events[0].reason
+        == "GpuRepairFailed"
+    )
 
 
 def test_a_reset_that_times_out_escalates() -> None:

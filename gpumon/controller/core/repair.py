@@ -368,7 +368,9 @@ def _gated(
     why: tuple[str, ...],
     refusal: str | None,
 ) -> RepairPlan:
-    gpus = tuple(targets) if step is Step.RESET else ("",)
+    # Every step names the GPUs it is for ("" for a node-scoped finding): a reboot's or a
+    # replacement's success is judged on them too.
+    gpus = tuple(targets)
     free = inp.gpus_free if step is Step.RESET else inp.node_free if step is Step.REBOOT else True
     if not free:
         waited_since = inp.quarantined_at or now
@@ -386,7 +388,7 @@ def _gated(
         can_replace = policy.replace and inp.machinery is not Machinery.NONE
         if step is Step.REPLACE or not can_replace or inp.record.tried(Step.REPLACE) >= policy.max_attempts:
             return _give_up(inp, now, why)
-        step, gpus = Step.REPLACE, ("",)
+        step = Step.REPLACE
     if not inp.record.active and inp.others_repairing >= policy.max_concurrent:
         return RepairPlan(
             Move.WAIT,
@@ -445,10 +447,12 @@ def _start(
 def _follow(inp: RepairInput, a: Attempt, now: float, policy: RepairPolicy) -> RepairPlan:
     """The running attempt: keep its work in place, notice how it ended, or time it out."""
     deadline = a.started_at + policy.deadline(a.step)
-    if inp.work is Work.FAILED:
+    # A reboot takes its own Job down with the node: however the Job ends, the exporter judges.
+    ended = inp.work is Work.SUCCEEDED or (a.step is Step.REBOOT and inp.work is Work.FAILED)
+    if inp.work is Work.FAILED and not ended:
         return _ended(inp, a, Outcome.FAILED, now, f"its {_work_name(a.step)} failed")
     if a.work_done_at is None:
-        if inp.work is Work.SUCCEEDED and a.step is not Step.REPLACE:
+        if ended and a.step is not Step.REPLACE:
             if a.step is Step.VALIDATE:
                 return _validated(inp, a, now)
             done = replace(a, work_done_at=now)
@@ -457,7 +461,9 @@ def _follow(inp: RepairInput, a: Attempt, now: float, policy: RepairPolicy) -> R
                 a.step,
                 attempt=a.number,
                 gpus=a.gpus,
-                reasons=("the Job succeeded: waiting for the exporter to report the GPUs healthy",),
+                reasons=(
+                    f"the Job ended ({inp.work.value}): waiting for the exporter to report the GPUs healthy",
+                ),
                 record=inp.record.with_attempt(done),
                 next_check_at=deadline,
             )
