@@ -229,10 +229,30 @@ XID_RESOLUTIONS: Mapping[int, RecoveryAction] = MappingProxyType(
 )
 
 
-def documented_resolution(codes: Iterable[int], *, lost: bool = False) -> RecoveryAction:
-    """The recovery that the Xid catalog documents for ``codes`` (a lost GPU's is a reboot),
-    the heaviest of them; NONE when none documents one."""
+# Where no Xid within the window documents one, the finding's reason does, by the same
+# catalog: a volatile uncorrectable ECC count or a pending remap is cleared by a reset, a lost GPU
+# by a reboot. Thermal and custom findings call for no recovery.
+REASON_RESOLUTIONS: Mapping[str, RecoveryAction] = MappingProxyType(
+    {
+        "XidFatal": RecoveryAction.GPU_RESET,
+        "EccUncorrectable": RecoveryAction.GPU_RESET,
+        "EccContained": RecoveryAction.GPU_RESET,
+        "EccHighSingleBitRate": RecoveryAction.GPU_RESET,
+        "RowRemapPending": RecoveryAction.GPU_RESET,
+        "RowRemapFailure": RecoveryAction.GPU_RESET,
+        "GpuLost": RecoveryAction.NODE_REBOOT,
+    }
+)
+
+
+def documented_resolution(
+    codes: Iterable[int], *, lost: bool = False, reasons: Iterable[str] = ()
+) -> RecoveryAction:
+    """The recovery that the Xid catalog documents for ``codes`` (a lost GPU's is a reboot), or
+    else for the findings' ``reasons``, the heaviest of them; NONE when none documents one."""
     actions = [XID_RESOLUTIONS[c] for c in codes if c in XID_RESOLUTIONS]
+    if not actions:
+        actions = [REASON_RESOLUTIONS[r] for r in reasons if r in REASON_RESOLUTIONS]
     if lost:
         actions.append(RecoveryAction.NODE_REBOOT)
     return max(actions, key=_heaviness, default=RecoveryAction.NONE)

@@ -193,3 +193,6 @@ def test_the_catalog_stands_in_for_a_driver_without_the_recovery_action():
     assert documented_resolution([48]) is RecoveryAction.GPU_RESET
     assert documented_resolution([48, 79]) is RecoveryAction.NODE_REBOOT, "the heaviest of them"
     assert documented_resolution([], lost=True) is RecoveryAction.NODE_REBOOT
+    assert documented_resolution([], reasons=["EccUncorrectable"]) is RecoveryAction.GPU_RESET
+    assert documented_resolution([], reasons=["Thermal", "Custom"]) is RecoveryAction.NONE
+    assert documented_resolution([79], reasons=["EccUncorrectable"]) is RecoveryAction.NODE_REBOOT

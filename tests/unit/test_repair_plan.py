@@ -147,6 +147,10 @@ def test_an_unsupported_action_on_an_old_driver_is_where_the_catalog_stands_in()
     assert step(node(reading=reading(lost)), T0 + 5).step is Step.REBOOT
     old = gpu(None, xids=(XidSeen(48, T0 - 3600),))
     assert step(node(reading=reading(old)), T0 + 5).move is Move.WAIT, "outside the Xid window: nothing"
+    # No Xid left in the window, but the finding says why: a volatile ECC count needs a reset.
+    finding = Finding("ecc-uncorrectable", Severity.UNHEALTHY, "EccUncorrectable", "2", "", T0, T0)
+    ecc = NodeVerdict("n1", SignalStatus.FRESH, 1.0, (GpuVerdict(GPU, 1, (finding,)),))
+    assert step(node(reading=reading(old), verdict=ecc), T0 + 5).step is Step.RESET
 
 
 def test_the_driver_asking_for_a_reboot_skips_the_reset() -> None:

@@ -189,22 +189,30 @@ def quarantine_verdict(node: str, records: Sequence[GpuRecord], signals: SignalS
 # What the GPUs need
 
 
-def needed_action(g: GpuReading | None, xid_window_seconds: float, now: float) -> RecoveryAction:
+def needed_action(
+    g: GpuReading | None, reasons: Sequence[str], xid_window_seconds: float, now: float
+) -> RecoveryAction:
     """The driver's recovery action; where it does not report one (or the GPU cannot be read),
-    what the Xid catalog documents for the codes seen within the window."""
+    what the Xid catalog documents for the codes seen within the window, or else for the
+    findings' ``reasons``."""
     if g is None:
         return RecoveryAction.NODE_REBOOT  # gone from the exporter's list: as if lost
     if g.recovery_action is not None:
         return g.recovery_action
     recent = [x.code for x in g.xids or () if now - x.at <= xid_window_seconds]
-    return documented_resolution(recent, lost=bool(g.lost))
+    return documented_resolution(recent, lost=bool(g.lost), reasons=reasons)
 
 
-def _targets(inp: RepairInput, xid_window_seconds: float, now: float) -> dict[str, RecoveryAction]:
+def targets(inp: RepairInput, xid_window_seconds: float, now: float) -> dict[str, RecoveryAction]:
     """The unhealthy GPUs (UUID -> what each needs); a node-scoped finding is the node's ("")."""
     reading = inp.reading
     out = {
-        g.uuid: needed_action(reading.gpu(g.uuid) if reading else None, xid_window_seconds, now)
+        g.uuid: needed_action(
+            reading.gpu(g.uuid) if reading else None,
+            [f.reason for f in g.findings],
+            xid_window_seconds,
+            now,
+        )
         for g in inp.verdict.gpus
         if g.severity is Severity.UNHEALTHY
     }
@@ -266,15 +274,15 @@ def plan_repair(
     if policy.validate and _ready_to_validate(rec, inp.reading):
         gpus = _last_repair(rec).gpus  # type: ignore[union-attr]
         return _start(inp, Step.VALIDATE, gpus, now, policy, ("the repaired GPUs are healthy",))
-    targets = _targets(inp, xid_window_seconds, now)
-    if not targets:
+    wants = targets(inp, xid_window_seconds, now)
+    if not wants:
         return NOTHING  # degraded only: not a repair's business
-    step, why = _next_step(inp, targets, now, policy)
+    step, why = _next_step(inp, wants, now, policy)
     if step is Step.GIVE_UP:
         return _give_up(inp, now, why)
     if step is Step.DONE:
         return RepairPlan(Move.WAIT, reasons=why)
-    return _gated(inp, step, targets, now, policy, why, refusal)
+    return _gated(inp, step, wants, now, policy, why, refusal)
 
 
 def holds_quarantine(rec: RepairRecord) -> bool:

@@ -40,9 +40,9 @@ from gpumon.controller.core.repair import (
     RepairInput,
     RepairPlan,
     Work,
-    needed_action,
     plan_repair,
     quarantine_verdict,
+    targets,
 )
 from gpumon.controller.core.repair_gate import admit_repairs, continuing_refusal
 from gpumon.controller.core.repair_jobs import PoolRepair, job_manifest, job_name, job_work
@@ -372,16 +372,8 @@ class RepairLoop:
                 "no Job template for the repair step", extra={"node": m.view.name, "step": plan.step.value}
             )
             return
-        reading = inp.reading
-        actions = {
-            needed_action(
-                reading.gpu(g) if reading else None,
-                self.settings.policy.health.xid_window_seconds,
-                self._wall(),
-            ).name
-            for g in plan.gpus
-            if g
-        }
+        needs = targets(inp, self.settings.policy.health.xid_window_seconds, self._wall())
+        actions = {needs[g].name for g in plan.gpus if g in needs}
         manifest = job_manifest(
             node=m.view.name,
             step=plan.step,
