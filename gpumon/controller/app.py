@@ -331,6 +331,7 @@ def make_app(
             pods=pods,
             source=source,
             recorder=recorder,
+            evictor=evictor,
             is_leader=lambda: elector is None or elector.is_leader(),
             safety=lambda: replace(settings.safety, paused=reconciler.paused()),
             open_breakers=reconciler.open_breakers,

@@ -12,6 +12,8 @@ from test_controller_reconciler import StaticSource
 
 from gpumon.config.pools import PoolConfig
 from gpumon.controller.act.events import EventRecorder
+from gpumon.controller.act.evict import Evictor
+from gpumon.controller.act.retry import DEFAULT_RETRY
 from gpumon.controller.configure import pool_from_config
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.breaker import BreakerTrip, SafetyPolicy
@@ -56,13 +58,17 @@ def world(
     dry_run: bool,
     leader: bool = True,
     annotations: dict[str, str] | None = None,
+    action: RecoveryAction = RecoveryAction.GPU_RESET,
+    pods: tuple[PodView, ...] = (),
     safety: SafetyPolicy | None = None,
     breakers: dict[str, BreakerTrip] | None = None,
 ) -> tuple[FakeKube, RepairLoop]:
     api = FakeKube()
     api.creatable.add(f"/apis/batch/v1/namespaces/{NS}/jobs")
     nodes: Informer[Any] = Informer(api, "/api/v1/nodes", node_from_json, name="nodes")
-    pods: Informer[PodView] = Informer(api, "/p", lambda o: None, name="pods", index=lambda p: p.node_name)
+    pods_informer: Informer[PodView] = Informer(
+        api, "/p", lambda o: None, name="pods", index=lambda p: p.node_name
+    )
     record = GpuRecord("GPU-1", 1, "RecoveryGpuReset", Severity.UNHEALTHY, ("recovery-action",), T - 60, "")
     obj = api.add(
         "/api/v1/nodes/n1",
@@ -83,15 +89,18 @@ def world(
     nodes.update_local("n1", node_from_json(obj), obj["metadata"]["resourceVersion"])
     source = StaticSource()
     bad = HealthVerdict(HealthState.UNHEALTHY, (HealthReason("RecoveryGpuReset", "", HealthState.UNHEALTHY),))
-    gpu = GpuReading("GPU-1", 1, T, recovery_action=RecoveryAction.GPU_RESET, health=bad)
+    gpu = GpuReading("GPU-1", 1, T, recovery_action=action, health=bad)
+    for pod in pods:
+        pods_informer.update_local(f"{pod.namespace}/{pod.name}", pod, "1")
     source.nodes["n1"] = NodeReading("n1", T, (gpu,))
     loop = RepairLoop(
         api=api,
         pools=[POOL],
         nodes=nodes,
-        pods=pods,
+        pods=pods_informer,
         source=source,
         recorder=EventRecorder(api, instance="t", wall_clock=lambda: T),
+        evictor=Evictor(api, DEFAULT_RETRY),
         is_leader=lambda: leader,
         safety=lambda: safety or SafetyPolicy(),
         open_breakers=lambda: breakers or {},
@@ -165,3 +174,21 @@ async def test_a_wave_of_ladders_trips_the_pools_breaker_and_records_it() -> Non
     assert [p for m, p, _ in api.writes() if p.endswith("/jobs")] == [], "no step started"
     reasons = [e["reason"] for e in events(api)]
     assert "GpuBreakerOpen" in reasons and "GpuRepairRefused" in reasons
+
+
+async def test_before_a_reboot_the_pods_left_on_the_node_are_evicted_unless_paused() -> None:
+    others = (
+        PodView("ml", "train-0", "uid-0", "n1", "Running", uses_gpu=True),
+        PodView("kube-system", "plugin", "uid-1", "n1", "Running", owner_kind="DaemonSet", uses_gpu=True),
+    )
+    api, loop = world(dry_run=False, action=RecoveryAction.NODE_REBOOT, pods=others)
+    await loop.round()
+    evicted = [p for m, p, _ in api.calls if m == "POST" and p.endswith("/eviction")]
+    assert evicted == ["/api/v1/namespaces/ml/pods/train-0/eviction"], "the DaemonSet's pod stays"
+    assert [p for m, p, _ in api.writes() if p.endswith("/jobs")] == [], "no reboot while a pod is there"
+    assert "GpuRepairDraining" in [e["reason"] for e in events(api)]
+    api, loop = world(
+        dry_run=False, action=RecoveryAction.NODE_REBOOT, pods=others, safety=SafetyPolicy(paused=True)
+    )
+    await loop.round()
+    assert [p for m, p, _ in api.calls if p.endswith("/eviction")] == [], "paused: nothing evicted"

@@ -156,7 +156,9 @@ def test_an_unsupported_action_on_an_old_driver_is_where_the_catalog_stands_in()
 def test_the_driver_asking_for_a_reboot_skips_the_reset() -> None:
     plan = step(node(RecoveryAction.SYSTEM_REBOOT), T0 + 5)
     assert (plan.step, plan.gpus, plan.state) == (Step.REBOOT, (GPU,), NodePhase.REBOOTING)
-    assert step(node(RecoveryAction.NODE_REBOOT, node_free=False), T0 + 5).step is Step.DRAIN
+    waiting = step(node(RecoveryAction.NODE_REBOOT, node_free=False), T0 + 5)
+    assert waiting.step is Step.DRAIN and waiting.drain_node, "the pods left on the node are evicted"
+    assert not step(node(gpus_free=False), T0 + 5).drain_node, "a reset waits for the quarantine's drain"
 
 
 def test_a_failed_reset_escalates_to_a_reboot_and_a_failed_reboot_to_replacement() -> None:

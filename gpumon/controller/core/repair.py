@@ -153,6 +153,9 @@ class RepairPlan:
     next_check_at: float | None = None
     # A new disruptive step: admitted (breaker, rate limit, pause) with the round's others.
     needs_admission: bool = False
+    # The pods left on the node are to be evicted (PDBs hold) before its reboot: the
+    # quarantine's drain takes only those of the bad GPUs.
+    drain_node: bool = False
 
     @property
     def state(self) -> NodePhase | None:
@@ -390,6 +393,7 @@ def _gated(
                 gpus=gpus,
                 reasons=(*why, f"waiting for the pods to leave {what} before the {step.value}"),
                 next_check_at=waited_since + policy.free_deadline_seconds,
+                drain_node=step is Step.REBOOT,
             )
         # Pods that never leave: the machine's own machinery drains it with its own flow.
         why = (*why, f"pods still on the node after {policy.free_deadline_seconds:g}s: no {step.value}")

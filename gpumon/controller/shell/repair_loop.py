@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from gpumon.controller.act.breaker_record import record_breaker
 from gpumon.controller.act.events import EventRecorder
+from gpumon.controller.act.evict import EvictionResult, Evictor
 from gpumon.controller.act.repair_jobs import ensure_job, read_job, write_record
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.backoff import Backoff
@@ -31,7 +32,7 @@ from gpumon.controller.core.breaker import BreakerTrip, PoolView, SafetyPolicy, 
 from gpumon.controller.core.contract import DRY_RUN_PREFIX
 from gpumon.controller.core.node_plan import is_excluded, quarantined_at, records_from_json
 from gpumon.controller.core.objects import NodeView, PodView, node_from_json
-from gpumon.controller.core.plans import Event, ObjectRef
+from gpumon.controller.core.plans import DrainTarget, Event, ObjectRef
 from gpumon.controller.core.policy import Policy, signal_status
 from gpumon.controller.core.pools import Pool
 from gpumon.controller.core.repair import (
@@ -157,6 +158,7 @@ class RepairLoop:
         pods: Informer[PodView],
         source: SignalSource,
         recorder: EventRecorder,
+        evictor: Evictor,
         is_leader: Callable[[], bool],
         safety: Callable[[], SafetyPolicy],
         open_breakers: Callable[[], Mapping[str, BreakerTrip]],
@@ -170,6 +172,7 @@ class RepairLoop:
         self._pods = pods
         self._source = source
         self._recorder = recorder
+        self._evictor = evictor
         self._is_leader = is_leader
         self._safety = safety
         self._open_breakers = open_breakers
@@ -233,6 +236,8 @@ class RepairLoop:
         for m, inp, plan in planned:
             if m.view.name in refused:
                 plan = self._plan(m, inp, now, refused[m.view.name])
+            if plan.drain_node and continuing_refusal(m.pool.name, breakers, safety) is not None:
+                plan = replace(plan, drain_node=False)  # evicting is disruptive: held the same way
             await self._apply(m, inp, plan)
 
     async def _record_trip(self, trip: BreakerTrip) -> None:
@@ -284,11 +289,7 @@ class RepairLoop:
         signals, _ = signal_status(reading, now, self.settings.policy)
         records = records_from_json(view.annotations.get(c.ANNOTATION_UNHEALTHY_GPUS))
         verdict = quarantine_verdict(view.name, records, signals)
-        held = [
-            p
-            for p in self._pods.indexed(view.name)
-            if not p.finished and p.owner_kind != "DaemonSet" and not p.mirror
-        ]
+        held = self._held(view.name)
         bad = {g.uuid for g in verdict.gpus}
         if reading is not None and reading.pods_attributed:
             gpus_free = not any(g.pods for g in reading.gpus if g.uuid in bad)
@@ -340,12 +341,37 @@ class RepairLoop:
         if self._jobs.succeeded():
             log.info("repair Jobs available again", extra={"namespace": self.settings.namespace})
 
+    def _held(self, node: str) -> list[PodView]:
+        """The pods a reboot would take down that may leave: not DaemonSet or mirror pods.
+        The cache holds GPU pods (and pods with claims) only."""
+        pods = self._pods.indexed(node)
+        return [p for p in pods if not p.finished and p.owner_kind != "DaemonSet" and not p.mirror]
+
+    async def _drain_node(self, node: str) -> None:
+        """Evict what is left on the node before its reboot, through the Eviction API (PDBs
+        hold; a refusal is retried with the evictor's backoff on later rounds)."""
+        now, dry = self._wall(), self.settings.dry_run
+        held = self._held(node)
+        if held:
+            message = f"evicting {len(held)} pod(s) before the node's reboot"
+            prefix = DRY_RUN_PREFIX if dry else ""
+            await self._recorder.record(_node_event(node, "GpuRepairDraining", message), prefix=prefix)
+        for pod in held:
+            if not dry and not self._is_leader():
+                return
+            target = DrainTarget(pod, "the node reboots to repair its GPUs")
+            out = await self._evictor.run(target, now=now, delete=False, dry_run=dry)
+            if out.result in (EvictionResult.BLOCKED, EvictionResult.ERROR):
+                self._metrics.errors.labels("evict", out.result.value).inc()
+
     async def _apply(self, m: _Node, inp: RepairInput, plan: RepairPlan) -> None:
         node = m.view.name
         prefix = DRY_RUN_PREFIX if self.settings.dry_run else ""
         for ev in plan.events:
             await self._recorder.record(ev, prefix=prefix)
         self._count(plan)
+        if plan.drain_node:
+            await self._drain_node(node)
         if plan.move in (Move.NONE, Move.WAIT) and plan.record is None:
             return
         if self.settings.dry_run:
