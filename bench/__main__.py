@@ -20,7 +20,7 @@ INTRO = """\
 The gpumon exporter (`gpumon exporter` on 8 simulated GPUs with 64 pods, 1 s sampling) beside
 the naive design it replaces (a prometheus_client custom collector that reads the devices on
 every scrape, served by prometheus_client's stock threaded HTTP server), measured in one run on
-one machine. Targets are DESIGN.md's "Performance targets". **ratio** is how many times better
+one machine. Targets: docs/benchmarks.md, "Targets". **ratio** is how many times better
 gpumon is than the naive design on that figure (above 1: better). Regenerate with `make bench`
 (`.venv/bin/python -m bench`); `--quick` is a short run that prints its tables instead."""
 

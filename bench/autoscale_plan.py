@@ -56,7 +56,7 @@ PENDING = 500
 POOLS = 4
 GPU = "nvidia.com/gpu"
 NOW = 1_800_000_000.0
-TARGET_SECONDS = 10.0  # DESIGN.md: pending GPU pods -> scale request
+TARGET_SECONDS = 10.0  # docs/benchmarks.md, "Targets": pending GPU pods -> scale request
 
 
 class _NoApi:

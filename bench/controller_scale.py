@@ -1202,8 +1202,8 @@ def _total_memory() -> int:
 INTRO = """\
 The controller on a fleet: 2,000 kwok GPU nodes of 8 GPUs, 20,000 pods, a simulated exporter per
 node, the real control plane (kube-apiserver, etcd, scheduler, controller-manager, kwok), and the
-naive polling controller it replaces measured on the same cluster right after it. Targets are
-DESIGN.md's "Performance targets". Regenerate with `python -m bench controller-scale` (about ten
+naive polling controller it replaces measured on the same cluster right after it. Targets:
+docs/benchmarks.md, "Targets". Regenerate with `python -m bench controller-scale` (about ten
 minutes; `--quick` runs 200 nodes and prints)."""
 
 NOTES = (

@@ -43,7 +43,7 @@ class TaskTrouble:
 
 
 class Supervisor:
-    """Runs long-lived tasks and restarts each one that dies, with backoff (STYLE habit 12).
+    """Runs long-lived tasks and restarts each one that dies, with backoff (docs/decisions.md, "Habits").
 
     A task that raises, or returns (a long-lived task returning has stopped doing its job), is
     logged with its traceback, reported through ``on_restart`` (a metric) and started again after

@@ -54,7 +54,7 @@ from gpumon.controller.shell.autoscaler_loop import AutoscaleMetrics, Autoscaler
 from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.leader import LeaderElector, LeaderSettings
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
-from gpumon.controller.shell.remediation_loop import Reconciler, Settings
+from gpumon.controller.shell.remediation_loop import Reconciler, ReconcilerSettings
 from gpumon.controller.shell.signal_sources.direct import DirectSettings, DirectSource
 from gpumon.controller.shell.signal_sources.endpoints import DiscoveredEndpoints, StaticEndpoints
 from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource
@@ -66,9 +66,9 @@ from gpumon.tasks import Supervisor, TaskTrouble
 log = logging.getLogger(__name__)
 
 
-def build_settings(config: ControllerConfig, policy: Policy) -> Settings:
+def build_settings(config: ControllerConfig, policy: Policy) -> ReconcilerSettings:
     d, b, r = config.drain, config.breaker, config.rate_limit
-    return Settings(
+    return ReconcilerSettings(
         policy=policy,
         quarantine=QuarantinePolicy(cordon=config.quarantine.cordon),
         drain=DrainPolicy(

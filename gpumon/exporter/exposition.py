@@ -1,6 +1,6 @@
 """Snapshot -> pre-rendered exposition bytes, once per sampling tick and never per scrape.
 
-Two profiles describe the same snapshot. ``native`` is DESIGN.md's metric contract (base units,
+Two profiles describe the same snapshot. ``native`` is gpumon's metric contract (base units,
 ``gpumon_`` names); ``dcgm`` uses dcgm-exporter's names, units and labels so dashboards and
 alerts written for it work unchanged; ``both`` emits the two side by side (their names never
 overlap). Every series, unit and deviation from dcgm-exporter is listed in docs/metrics.md.
@@ -571,7 +571,7 @@ def _migs(g: GpuSample) -> tuple[MigInstance, ...]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Native profile (DESIGN.md "Metric contract").
+# Native profile (docs/metrics.md, "Native profile").
 
 _NATIVE_MEMORY: tuple[tuple[str, str, MemoryGetter], ...] = (
     ("gpumon_gpu_memory_total_bytes", "Framebuffer memory in total.", lambda m: m.total_bytes),

@@ -110,7 +110,7 @@ class _Share:
 
 
 @dataclass(frozen=True, slots=True)
-class _Use:
+class _PodCardUse:
     memory_bytes: int | None
     utilization: float | None
 
@@ -293,13 +293,13 @@ def node_allocation(
                 requested[resource] = requested.get(resource, 0) + s.gpus
 
     # What the exporter saw: per (pod, card index) use, and whole-GPU / MIG holders by card.
-    uses: dict[tuple[str, int], _Use] = {}
+    uses: dict[tuple[str, int], _PodCardUse] = {}
     exporter_placed: dict[tuple[str, int, str | None], int] = {}
     if snapshot is not None:
         for p in snapshot.pods:
             key = (f"{p.ref.namespace}/{p.ref.pod}", p.gpu_index)
             prev = uses.get(key)
-            uses[key] = _Use(
+            uses[key] = _PodCardUse(
                 _sum(prev.memory_bytes if prev else None, p.used_memory_bytes),
                 _sum(prev.utilization if prev else None, p.utilization_ratio),
             )
@@ -382,7 +382,7 @@ def _sum(a: Any, b: Any) -> Any:
     return b if a is None else a if b is None else a + b
 
 
-def _holder(s: _Share, use: _Use | None) -> Holder:
+def _holder(s: _Share, use: _PodCardUse | None) -> Holder:
     flags: list[str] = []
     used = use.memory_bytes if use is not None else None
     util = use.utilization if use is not None else None

@@ -27,7 +27,7 @@ from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading
 from gpumon.controller.kube import TooManyRequests
 from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
-from gpumon.controller.shell.remediation_loop import Reconciler, Settings
+from gpumon.controller.shell.remediation_loop import Reconciler, ReconcilerSettings
 from gpumon.devices.model import PodRef
 from gpumon.dra import NVIDIA_GPU_DRIVER, ClaimRef, DeviceRef
 
@@ -96,7 +96,7 @@ class World:
             recorder=EventRecorder(self.api, instance="t", wall_clock=self.clock),
             evictor=Evictor(self.api, Backoff(jitter=0)),
             metrics=self.metrics,
-            settings=Settings(
+            settings=ReconcilerSettings(
                 policy=Policy(rules=load_rules(), stale_after_seconds=30),
                 quarantine=QuarantinePolicy(),
                 drain=DrainPolicy(),

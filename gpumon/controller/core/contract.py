@@ -1,6 +1,6 @@
 """The node health contract: every key the controller writes on a Node, in one place.
 
-DESIGN.md's "Node health contract" is the authority; docs/controller.md explains each key.
+docs/architecture.md ("The node-health contract") lists them; docs/controller.md explains each key.
 The taint key is never ``nvidia.com/gpu``: GPU pods tolerate that key through the
 ExtendedResourceToleration admission plugin, so it would not keep them away.
 """
@@ -15,7 +15,7 @@ CONDITION_TYPE = "GpuUnhealthy"
 ANNOTATION_UNHEALTHY_GPUS = "gpumon.io/unhealthy-gpus"
 ANNOTATION_QUARANTINED_AT = "gpumon.io/quarantined-at"
 ANNOTATION_CORDON_PREEXISTING = "gpumon.io/cordon-preexisting"
-# Beyond the table in DESIGN.md (docs/controller.md): a gpumon-keyed taint a person placed before
+# Also written (docs/controller.md): a gpumon-keyed taint a person placed before
 # gpumon acted, and when the current drain began (its deadline counts from here).
 ANNOTATION_TAINT_PREEXISTING = "gpumon.io/taint-preexisting"
 ANNOTATION_DRAIN_STARTED_AT = "gpumon.io/drain-started-at"

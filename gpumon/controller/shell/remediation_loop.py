@@ -87,7 +87,7 @@ _NODES_BETWEEN_YIELDS = 64
 
 
 @dataclass(frozen=True, slots=True)
-class Settings:
+class ReconcilerSettings:
     policy: Policy
     quarantine: QuarantinePolicy
     drain: DrainPolicy
@@ -118,7 +118,7 @@ class Reconciler:
         recorder: EventRecorder,
         evictor: Evictor,
         metrics: ControllerMetrics,
-        settings: Settings,
+        settings: ReconcilerSettings,
         wall_clock: Callable[[], float] = time.time,
         rules: Informer[RuleView] | None = None,
     ) -> None:
