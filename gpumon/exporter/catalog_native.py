@@ -1,7 +1,7 @@
 """The native profile's catalog: gpumon's own metric contract, in base units, ``gpumon_`` names.
 
-Every family gpumon exports in its own names, its type, help, unit and the model field that feeds
-each series; docs/metrics.md lists them for people. The families' form and how they are built
+Each family gpumon exports under its own names: its type, help and unit, and the model field
+that feeds each series; docs/metrics.md lists them for people. The families' form and how they are built
 is :mod:`~gpumon.exporter.catalog`; the writer is :mod:`~gpumon.exporter.exposition`.
 """
 
