@@ -17,7 +17,7 @@ from gpumon.config import ConfigError
 COMMANDS: dict[str, str] = {
     "exporter": "gpumon.exporter.command",
     "controller": "gpumon.controller.command",
-    "simulate": "gpumon.devices.simulate_command",
+    "simulate": "gpumon.exporter.simulate_command",
     "devcluster": "gpumon.devcluster.command",
     "doctor": "gpumon.doctor.command",
     "status": "gpumon.status.command",

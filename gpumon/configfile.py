@@ -5,7 +5,8 @@ A file must be a regular file (a FIFO given as ``--config`` would block forever,
 would never end), at most :data:`MAX_FILE_BYTES`, and text must be UTF-8. YAML is PyYAML's safe
 loader except that a mapping may not repeat a key: PyYAML keeps the last value without a word,
 so a duplicated ``port:`` would silently win over the first. Every failure is a
-:class:`ConfigError` naming the file (and the config field, when the caller gives one).
+:class:`ConfigError` naming the file (and the config field, when the caller gives one), in the
+shape every configuration error takes (:func:`field_error`, :func:`format_validation_error`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import yaml
+    from pydantic import ValidationError
 
 MAX_FILE_BYTES = 4 * 1024 * 1024
 """Far beyond any real config, rules or scenario file (a kubeconfig with embedded certificates
@@ -39,6 +43,29 @@ class ConfigError(Exception):
 def field_error(field: str, message: str) -> ConfigError:
     """The CLI's shape of a problem with one config field."""
     return ConfigError(f"invalid configuration:\n  {field}: {message}", brief=f"{field}: {message}")
+
+
+Loc = tuple[int | str, ...]
+
+
+def format_validation_error(
+    err: ValidationError, prefix: str = "", origin: Callable[[Loc], str | None] | None = None
+) -> str:
+    """The CLI's shape of a validation error (of a config model, a scenario file, a fault request):
+    one line per bad field; ``origin`` says where a field's value came from, when known."""
+    lines = []
+    for e in err.errors(include_url=False):
+        loc = ".".join(str(p) for p in (*([prefix] if prefix else []), *e["loc"]))
+        msg = e["msg"].removeprefix("Value error, ")
+        notes = []
+        if "input" in e and not isinstance(e["input"], dict | list) and e["type"] != "missing":
+            notes.append(f"got {e['input']!r}")
+        source = origin(e["loc"]) if origin is not None else None
+        if source:
+            notes.append(source)
+        shown = f" ({'; '.join(notes)})" if notes else ""
+        lines.append(f"  {loc or '(top level)'}: {msg}{shown}")
+    return "invalid configuration:\n" + "\n".join(lines)
 
 
 def _error(message: str, field: str | None) -> ConfigError:

@@ -37,7 +37,8 @@ from pydantic import (
 
 from gpumon.config.section import Section
 from gpumon.configfile import ConfigError as ConfigError
-from gpumon.configfile import field_error, read_yaml_mapping
+from gpumon.configfile import Loc, field_error, read_yaml_mapping
+from gpumon.configfile import format_validation_error as format_validation_error
 from gpumon.configtypes import Float, Int
 from gpumon.devices.model import HealthState
 from gpumon.dra import NVIDIA_GPU_DRIVER
@@ -320,28 +321,6 @@ def _merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
         old = out.get(key)
         out[key] = _merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
     return out
-
-
-Loc = tuple[int | str, ...]
-
-
-def format_validation_error(
-    err: ValidationError, prefix: str = "", origin: Callable[[Loc], str | None] | None = None
-) -> str:
-    """One line per bad field; ``origin`` says where a field's value came from, when known."""
-    lines = []
-    for e in err.errors(include_url=False):
-        loc = ".".join(str(p) for p in (*([prefix] if prefix else []), *e["loc"]))
-        msg = e["msg"].removeprefix("Value error, ")
-        notes = []
-        if "input" in e and not isinstance(e["input"], dict | list) and e["type"] != "missing":
-            notes.append(f"got {e['input']!r}")
-        source = origin(e["loc"]) if origin is not None else None
-        if source:
-            notes.append(source)
-        shown = f" ({'; '.join(notes)})" if notes else ""
-        lines.append(f"  {loc or '(top level)'}: {msg}{shown}")
-    return "invalid configuration:\n" + "\n".join(lines)
 
 
 def _holds(data: Any, loc: Loc) -> bool:

@@ -44,7 +44,7 @@ from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import node_ready
 from gpumon.devcluster.waiting import eventually
 from gpumon.devices.model import CLOCK_EVENT_REASONS
-from gpumon.devices.nvml import canonical_bus_id
+from gpumon.devices.nvml.convert import canonical_bus_id
 
 NODE = "nvml-node"  # every exporter's --node-name (nvml_mock.Exporter)
 

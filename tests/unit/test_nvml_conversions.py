@@ -1,4 +1,5 @@
-"""The NVML backend's functional core, fed with nvidia-ml-py's own constants and ctypes structs."""
+"""The NVML backend's functional core (convert, errors), fed with nvidia-ml-py's own constants and
+ctypes structs."""
 
 from __future__ import annotations
 
@@ -9,21 +10,17 @@ import pytest
 
 from gpumon.devices.backend import BackendUnavailable, GpuLostError
 from gpumon.devices.model import GpuIdentity, MemoryInfo, MigInstance, ProcessSample, Profiling, XidEvent
-from gpumon.devices.nvml import (
+from gpumon.devices.nvml.convert import (
     GPM_METRICS,
     GPM_MIG_METRICS,
     THROTTLE_REASONS,
-    ErrorClass,
     canonical_bus_id,
-    classify_error,
     cuda_version,
-    error_kind,
     field_value,
     fold_process_utilization,
     gpm_value,
     gpu_instance_profiles,
     hertz,
-    init_failure_message,
     joules,
     memory_info,
     merge_enumeration,
@@ -37,13 +34,19 @@ from gpumon.devices.nvml import (
     process_samples,
     profiling,
     ratio,
-    read_failure,
     seconds,
     text,
     throttle_reasons,
     vgpu_licensed,
     watts,
     xid_event,
+)
+from gpumon.devices.nvml.errors import (
+    ErrorClass,
+    classify_error,
+    error_kind,
+    init_failure_message,
+    read_failure,
 )
 
 GiB = 2**30

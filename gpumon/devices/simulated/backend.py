@@ -1,41 +1,20 @@
-"""Simulated GPUs: realistic specs, deterministic time-varying load, processes, faults at run time.
+"""The simulated node: a :class:`~gpumon.devices.backend.DeviceBackend` of simulated boards.
 
 Every measurement is a function of ``(seed, gpu index, clock())`` (the clock is injected; energy
 is the one integral, accumulated between reads), so a test that controls the clock gets the same
 numbers on every run. Faults are injected at run time from any thread (the exporter's fault
 endpoint, a scenario file's timeline, a test) and take effect on the next read.
-
-A scenario file lists timed faults and, optionally, which processes run on which GPU and which
-GPUs run MIG instances::
-
-    faults:
-      - {at: 5, gpu: 1, fault: xid, code: 79}
-      - {at: 10, gpu: 2, fault: overheat, celsius: 98}
-      - {at: 30, gpu: 2, fault: clear}
-    processes:
-      - {gpu: 0, pid: 4242, name: python, used_memory_mib: 20480, sm_share: 0.6}
-      - {gpu: 3, pid: 4343, used_memory_mib: 8192, sm_share: 0.2, gpu_instance: 2}
-    mig:
-      - {gpu: 3, profiles: [3g.40gb, 3g.40gb]}
 """
 
 from __future__ import annotations
 
-import math
 import random
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass, replace
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
-
-from gpumon.config import ConfigError, format_validation_error
-from gpumon.configfile import read_yaml_mapping
-from gpumon.configtypes import Float, Int
 from gpumon.devices.backend import BackendUnavailable, GpuLostError
 from gpumon.devices.model import (
     DriverInfo,
@@ -43,413 +22,31 @@ from gpumon.devices.model import (
     GpuIdentity,
     MemoryInfo,
     MigInstance,
-    ProcessSample,
     SlowFields,
     XidEvent,
 )
-
-MiB = 1 << 20
-MHz = 1_000_000.0
-
-
-class SimulationError(ValueError):
-    """A request the simulation cannot honour (unknown model, no such GPU, unsupported fault)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# GPU models
-
-
-@dataclass(frozen=True, slots=True)
-class GpuModelSpec:
-    """Public datasheet figures and typical NVML readings of one board."""
-
-    name: str
-    memory_mib: int
-    reserved_mib: int  # driver/firmware reservation shown by memory info v2
-    power_limit_watts: float
-    idle_power_watts: float
-    sm_clock_max_mhz: float
-    sm_clock_idle_mhz: float
-    memory_clock_mhz: float
-    temperature_idle_celsius: float
-    temperature_load_celsius: float
-    # HBM boards report a memory temperature; GDDR boards do not (NVML NOT_SUPPORTED).
-    memory_temperature_offset_celsius: float | None
-    row_remapping: bool  # Ampere and later
-    # MIG profile -> (slices it occupies, memory MiB); empty when the board has no MIG.
-    mig_profiles: Mapping[str, tuple[int, int]] = field(default_factory=dict)
-
-
-_A100_MIG = {
-    "1g.10gb": (1, 9856),
-    "2g.20gb": (2, 19968),
-    "3g.40gb": (3, 40192),
-    "4g.40gb": (4, 40192),
-    "7g.80gb": (7, 80896),
-}
-_H100_MIG = {
-    "1g.10gb": (1, 9984),
-    "1g.20gb": (1, 20096),
-    "2g.20gb": (2, 20096),
-    "3g.40gb": (3, 40320),
-    "4g.40gb": (4, 40320),
-    "7g.80gb": (7, 80640),
-}
-
-MODELS: Mapping[str, GpuModelSpec] = {
-    spec.name: spec
-    for spec in (
-        GpuModelSpec(
-            "A100-SXM4-80GB", 81920, 566, 400.0, 62.0, 1410, 210, 1593, 31.0, 68.0, 6.0, True, _A100_MIG
-        ),
-        GpuModelSpec(
-            "H100-80GB-HBM3", 81559, 590, 700.0, 72.0, 1980, 345, 2619, 30.0, 71.0, 8.0, True, _H100_MIG
-        ),
-        GpuModelSpec("T4", 15360, 258, 70.0, 9.5, 1590, 300, 5001, 34.0, 76.0, None, False),
-        GpuModelSpec("L40S", 46068, 494, 350.0, 36.0, 2520, 210, 9001, 29.0, 72.0, None, True),
-    )
-}
-
-DRIVER = DriverInfo(driver_version="550.127.05", cuda_version="12.4", nvml_version="12.550.127.05")
-
-# Bus numbers of an 8-GPU HGX baseboard, so simulated ids look like the real thing.
-_HGX_BUSES = (0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD)
-
-
-def model_spec(name: str) -> GpuModelSpec:
-    try:
-        return MODELS[name]
-    except KeyError:
-        raise SimulationError(f"unknown GPU model {name!r} (known: {', '.join(MODELS)})") from None
-
-
-# ---------------------------------------------------------------------------------------------
-# Deterministic noise: a 64-bit mix of (seed, stream, integers) -> [0, 1)
-
-
-def _mix(x: int) -> int:
-    # splitmix64 finaliser: cheap, stateless, and stable across Python versions (unlike hash()).
-    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return x ^ (x >> 31)
-
-
-def _bits(*parts: int) -> int:
-    h = 0
-    for p in parts:
-        h = _mix(h ^ (p & 0xFFFFFFFFFFFFFFFF))
-    return h
-
-
-def _unit(*parts: int) -> float:
-    return (_bits(*parts) >> 11) / float(1 << 53)
-
-
-def _smooth_noise(seed: int, stream: int, t: float, step: float) -> float:
-    """Value noise in [0, 1): random at multiples of ``step``, cosine-interpolated between."""
-    k = math.floor(t / step)
-    frac = t / step - k
-    a, b = _unit(seed, stream, k), _unit(seed, stream, k + 1)
-    w = (1 - math.cos(math.pi * frac)) / 2
-    return a + (b - a) * w
-
-
-# Streams keep the random draws of different quantities independent.
-_S_IDENTITY, _S_JOB, _S_PROC, _S_UTIL, _S_TEMP, _S_COUNTERS, _S_STORM = range(1, 8)
-_PROCESS_NAMES = ("python", "python3", "torchrun", "tritonserver", "vllm", "deepspeed")
-
-
-# ---------------------------------------------------------------------------------------------
-# Processes and the load they put on a GPU
-
-
-@dataclass(frozen=True, slots=True)
-class SimProcess:
-    """A process stated to run on a simulated GPU (instead of the generated workload)."""
-
-    pid: int
-    used_memory_bytes: int
-    sm_share: float  # fraction of the SM it keeps busy, 0..1
-    name: str = "python"
-    gpu_instance: int | None = None  # the MIG GPU instance it runs in (compute instance 0)
-
-
-@dataclass(frozen=True, slots=True)
-class _Load:
-    utilization: float
-    memory_activity: float
-    processes: tuple[ProcessSample, ...]
-    used_memory_bytes: int
-
-
-_JOB_EPOCH_SECONDS = 600.0
-
-
-def _generated_load(spec: GpuModelSpec, seed: int, index: int, t: float) -> _Load:
-    """Jobs come and go in epochs of ten minutes; within a job the load drifts and breathes."""
-    offset = _unit(seed, _S_JOB, index, -1) * _JOB_EPOCH_SECONDS  # GPUs change jobs at different times
-    epoch = math.floor((t + offset) / _JOB_EPOCH_SECONDS)
-    if _unit(seed, _S_JOB, index, epoch) < 0.2:  # a fifth of the time a GPU sits idle
-        return _Load(0.0, 0.0, (), 0)
-    intensity = 0.35 + 0.6 * _unit(seed, _S_JOB, index, epoch, 1)
-    period = 20.0 + 40.0 * _unit(seed, _S_JOB, index, epoch, 2)  # training-step rhythm
-    wave = 0.08 * math.sin(2 * math.pi * t / period + index)
-    noise = 0.15 * (_smooth_noise(seed, _S_UTIL * 100 + index, t, 5.0) - 0.5)
-    util = min(1.0, max(0.0, intensity + wave + noise))
-    # Whole MiB, as NVML reports process memory.
-    job_mib = int((spec.memory_mib - spec.reserved_mib) * (0.2 + 0.7 * _unit(seed, _S_JOB, index, epoch, 3)))
-    count = 1 if _unit(seed, _S_PROC, index, epoch) < 0.7 else 2
-    shares = (1.0,) if count == 1 else (0.7, 0.3)
-    procs = tuple(
-        ProcessSample(
-            pid=1000 + _bits(seed, _S_PROC, index, epoch, n) % 4_000_000,
-            used_memory_bytes=int(job_mib * share) * MiB,
-            sm_utilization_ratio=round(util * share, 4),
-            memory_utilization_ratio=round(util * 0.6 * share, 4),
-            name=_PROCESS_NAMES[_bits(seed, _S_PROC, index, epoch, n, 1) % len(_PROCESS_NAMES)],
-        )
-        for n, share in enumerate(shares)
-    )
-    used = sum(p.used_memory_bytes or 0 for p in procs)
-    return _Load(util, util * (0.5 + 0.2 * _smooth_noise(seed, _S_UTIL, t, 7.0)), procs, used)
-
-
-def _stated_load(processes: Sequence[SimProcess]) -> _Load:
-    samples = tuple(
-        ProcessSample(
-            pid=p.pid,
-            used_memory_bytes=p.used_memory_bytes,
-            sm_utilization_ratio=p.sm_share,
-            memory_utilization_ratio=round(p.sm_share * 0.6, 4),
-            name=p.name,
-            gpu_instance=p.gpu_instance,
-            compute_instance=None if p.gpu_instance is None else 0,
-        )
-        for p in processes
-    )
-    util = min(1.0, sum(p.sm_share for p in processes))
-    return _Load(util, util * 0.6, samples, sum(p.used_memory_bytes for p in processes))
-
-
-# ---------------------------------------------------------------------------------------------
-# Faults: the validated shape of a request (scenario file, HTTP body, CLI)
-
-
-class _Fault(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    gpu: Int = Field(ge=0)
-
-
-class XidFault(_Fault):
-    """Deliver one Xid event."""
-
-    fault: Literal["xid"]
-    code: Int = Field(ge=1, le=999)
-
-
-class EccFault(_Fault):
-    """Uncorrectable (double-bit) ECC errors, delivered with Xid 48 as the driver does."""
-
-    fault: Literal["ecc"]
-    count: Int = Field(1, ge=1)
-
-
-class RemapFault(_Fault):
-    """Row remapping failed (no spare rows left), delivered with Xid 64."""
-
-    fault: Literal["remap"]
-
-
-class LostFault(_Fault):
-    """The GPU fell off the bus: every read raises GPU_IS_LOST; Xid 79 is delivered."""
-
-    fault: Literal["lost"]
-
-
-class OverheatFault(_Fault):
-    """Temperature held at ``celsius`` with thermal slowdown active and clocks halved."""
-
-    fault: Literal["overheat"]
-    celsius: Float = Field(97.0, gt=0, lt=200)
-
-
-class SlowFault(_Fault):
-    """Every read of this GPU blocks ``seconds`` (a hung driver call); cleared reads return at once."""
-
-    fault: Literal["slow"]
-    seconds: Float = Field(5.0, gt=0, le=3600)
-
-
-class ClearFault(_Fault):
-    """A GPU reset: faults removed, volatile ECC counters and remap state cleared."""
-
-    fault: Literal["clear"]
-
-
-class UnavailableFault(BaseModel):
-    """The driver goes away for the whole node: every call raises BackendUnavailable until cleared."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    fault: Literal["unavailable"]
-
-
-class XidStormFault(BaseModel):
-    """A driver gone wrong: ``rate`` Xid events a second for ``seconds``, each on a GPU and with a
-    code (``min_code`` to ``max_code``) drawn at random, delivered as they fall due. One entry
-    stands for thousands, so a storm needs neither a scenario line nor a request per Xid."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    fault: Literal["xid_storm"]
-    rate: Float = Field(gt=0, le=100_000)
-    seconds: Float = Field(gt=0, le=3600)
-    min_code: Int = Field(1, ge=0, le=99_999)
-    max_code: Int = Field(999, ge=0, le=99_999)
-
-    @model_validator(mode="after")
-    def _codes_ordered(self) -> XidStormFault:
-        if self.min_code > self.max_code:
-            raise ValueError("min_code must not be above max_code")
-        return self
-
-
-FaultSpec = Annotated[
-    XidFault
-    | EccFault
-    | RemapFault
-    | LostFault
-    | OverheatFault
-    | SlowFault
-    | ClearFault
-    | UnavailableFault
-    | XidStormFault,
-    Field(discriminator="fault"),
-]
-FAULT_KINDS: tuple[str, ...] = (
-    "xid",
-    "ecc",
-    "remap",
-    "lost",
-    "overheat",
-    "slow",
-    "clear",
-    "unavailable",
-    "xid_storm",
+from gpumon.devices.simulated.boards import DRIVER, HGX_BUSES, MiB, SimulationError, model_spec
+from gpumon.devices.simulated.faults import (
+    ClearFault,
+    EccFault,
+    FaultSpec,
+    FaultStatus,
+    GpuFaults,
+    InjectedFault,
+    LostFault,
+    OverheatFault,
+    RemapFault,
+    SlowFault,
+    UnavailableFault,
+    XidFault,
+    XidStormFault,
+    describe,
 )
-fault_adapter: TypeAdapter[FaultSpec] = TypeAdapter(FaultSpec)
+from gpumon.devices.simulated.load import Load, SimProcess, generated_load, stated_load
+from gpumon.devices.simulated.noise import S_COUNTERS, S_IDENTITY, S_STORM, S_TEMP, bits, smooth_noise, unit
+from gpumon.devices.simulated.scenario import FaultScenario
 
-
-def parse_fault(data: Any) -> FaultSpec:
-    """Validate one fault request; :class:`SimulationError` with a readable message otherwise."""
-    try:
-        return fault_adapter.validate_python(data)
-    except ValidationError as e:
-        entries = format_validation_error(e).removeprefix("invalid configuration:\n")
-        raise SimulationError(f"invalid fault:\n{entries}") from None
-
-
-# ---------------------------------------------------------------------------------------------
-# Scenario file
-
-
-class TimedFault(BaseModel):
-    """A scenario entry: a fault and when it happens, written flat (``{at: 5, gpu: 1, fault: lost}``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    at: Float = Field(ge=0, description="seconds after the backend opened")
-    spec: FaultSpec
-
-    @model_validator(mode="before")
-    @classmethod
-    def _flat(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "spec" not in data:
-            rest = {k: v for k, v in data.items() if k != "at"}
-            return {"at": data["at"], "spec": rest} if "at" in data else {"spec": rest}
-        return data
-
-
-class ScenarioProcess(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    gpu: Int = Field(ge=0)
-    pid: Int = Field(gt=0)
-    name: str = "python"
-    used_memory_mib: Int = Field(ge=0)
-    sm_share: Float = Field(ge=0, le=1)
-    # The MIG GPU instance it runs in (its compute instance is 0), on a GPU listed under `mig`.
-    gpu_instance: Int | None = Field(default=None, ge=0)
-
-
-class ScenarioMig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    gpu: Int = Field(ge=0)
-    profiles: tuple[str, ...] = Field(min_length=1)
-
-
-class FaultScenario(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    faults: tuple[TimedFault, ...] = ()
-    processes: tuple[ScenarioProcess, ...] = ()
-    mig: tuple[ScenarioMig, ...] = ()
-
-    def stated_processes(self) -> dict[int, tuple[SimProcess, ...]]:
-        out: dict[int, list[SimProcess]] = {}
-        for p in self.processes:
-            out.setdefault(p.gpu, []).append(
-                SimProcess(p.pid, p.used_memory_mib * MiB, p.sm_share, p.name, p.gpu_instance)
-            )
-        return {gpu: tuple(procs) for gpu, procs in out.items()}
-
-
-def load_scenario(path: Path) -> FaultScenario:
-    """Read and validate a scenario file; :class:`ConfigError` naming the bad entry otherwise."""
-    data = read_yaml_mapping(path, "scenario file", field="simulation.scenario")
-    try:
-        return FaultScenario.model_validate(data)
-    except ValidationError as e:
-        entries = format_validation_error(e).removeprefix("invalid configuration:\n")
-        raise ConfigError(
-            f"invalid configuration:\n  simulation.scenario: {path} is not a valid scenario:\n{entries}"
-        ) from None
-
-
-# ---------------------------------------------------------------------------------------------
-# The backend
-
-
-@dataclass(slots=True)
-class _GpuFaults:
-    lost: bool = False
-    overheat_celsius: float | None = None
-    slow_seconds: float | None = None
-    # Set by clear/close so a read blocked by a slow fault returns at once.
-    release: threading.Event = field(default_factory=threading.Event)
-    ecc_uncorrected: int = 0
-    remap_failures: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class InjectedFault:
-    """One entry of the injection log shown by ``GET /api/v1/faults``."""
-
-    at: float
-    spec: FaultSpec
-
-
-@dataclass(frozen=True, slots=True)
-class FaultStatus:
-    """What is wrong with the simulated node right now."""
-
-    unavailable: bool
-    active: Mapping[int, tuple[str, ...]]  # gpu index -> active fault descriptions
-    injected: tuple[InjectedFault, ...]
+MHz = 1_000_000.0
 
 
 class SimulatedBackend:
@@ -475,7 +72,7 @@ class SimulatedBackend:
         self._identities = tuple(self._identity(i) for i in range(gpus))
         self._scenario = scenario or FaultScenario()
         self._cond = threading.Condition()
-        self._faults = [_GpuFaults() for _ in range(gpus)]
+        self._faults = [GpuFaults() for _ in range(gpus)]
         self._stated: dict[int, tuple[SimProcess, ...]] = {}
         self._mig: dict[int, tuple[MigInstance, ...]] = {}
         self._pending_xids: list[XidEvent] = []
@@ -505,10 +102,10 @@ class SimulatedBackend:
     # -- identity and configuration ----------------------------------------------------------
 
     def _identity(self, index: int) -> GpuIdentity:
-        h = _bits(self._seed, _S_IDENTITY, index)
-        hexs = f"{h:016x}{_bits(self._seed, _S_IDENTITY, index, 1):016x}"
+        h = bits(self._seed, S_IDENTITY, index)
+        hexs = f"{h:016x}{bits(self._seed, S_IDENTITY, index, 1):016x}"
         uuid = f"GPU-{hexs[0:8]}-{hexs[8:12]}-{hexs[12:16]}-{hexs[16:20]}-{hexs[20:32]}"
-        bus = _HGX_BUSES[index] if index < len(_HGX_BUSES) else 0x10 + index
+        bus = HGX_BUSES[index] if index < len(HGX_BUSES) else 0x10 + index
         return GpuIdentity(
             index=index,
             uuid=uuid,
@@ -639,7 +236,7 @@ class SimulatedBackend:
     def status(self) -> FaultStatus:
         with self._cond:
             self._apply_due()
-            active = {i: d for i, f in enumerate(self._faults) if (d := _describe(f))}
+            active = {i: d for i, f in enumerate(self._faults) if (d := describe(f))}
             return FaultStatus(self._unavailable, active, tuple(self._injected))
 
     def _apply(self, spec: FaultSpec) -> None:
@@ -651,7 +248,7 @@ class SimulatedBackend:
             self._cond.notify_all()
             return
         if isinstance(spec, XidStormFault):
-            seed = _bits(self._seed, _S_STORM, len(self._injected))
+            seed = bits(self._seed, S_STORM, len(self._injected))
             self._storm = _Storm(spec, now, random.Random(seed))
             self._injected.append(InjectedFault(now, spec))
             self._cond.notify_all()
@@ -678,7 +275,7 @@ class SimulatedBackend:
                 f.release = threading.Event()
             case ClearFault():
                 f.release.set()
-                self._faults[spec.gpu] = _GpuFaults()
+                self._faults[spec.gpu] = GpuFaults()
         self._injected.append(InjectedFault(now, spec))
 
     def _storm_due(self) -> None:
@@ -734,11 +331,11 @@ class SimulatedBackend:
 
     # -- measurements ------------------------------------------------------------------------
 
-    def _load(self, index: int, t: float) -> _Load:
+    def _load(self, index: int, t: float) -> Load:
         stated = self._stated.get(index)
         if stated is not None:
-            return _stated_load(stated)
-        return _generated_load(self.spec, self._seed, index, t)
+            return stated_load(stated)
+        return generated_load(self.spec, self._seed, index, t)
 
     def _fast_fields(self, index: int, now: float) -> FastFields:
         spec, faults = self.spec, self._faults[index]
@@ -750,7 +347,7 @@ class SimulatedBackend:
             spec.temperature_idle_celsius
             + (spec.temperature_load_celsius - spec.temperature_idle_celsius) * lagged
         )
-        temp += 2.0 * (_smooth_noise(self._seed, _S_TEMP * 100 + index, now, 11.0) - 0.5)
+        temp += 2.0 * (smooth_noise(self._seed, S_TEMP * 100 + index, now, 11.0) - 0.5)
         power = spec.idle_power_watts + (spec.power_limit_watts - spec.idle_power_watts) * util**0.9
         power = min(power, spec.power_limit_watts)
         sm_clock = spec.sm_clock_idle_mhz + (spec.sm_clock_max_mhz - spec.sm_clock_idle_mhz) * min(
@@ -790,7 +387,7 @@ class SimulatedBackend:
         # Energy since driver load: a seeded starting figure (the node has been up a while),
         # then the integral of the power read each time; never decreases.
         if index not in self._energy:
-            self._energy[index] = (self.spec.idle_power_watts * 86400 * (1 + _unit(self._seed, index)), now)
+            self._energy[index] = (self.spec.idle_power_watts * 86400 * (1 + unit(self._seed, index)), now)
         joules, at = self._energy[index]
         joules += power * max(0.0, now - at)
         self._energy[index] = (joules, max(now, at))
@@ -798,10 +395,10 @@ class SimulatedBackend:
 
     def _slow_fields(self, index: int) -> SlowFields:
         spec, faults = self.spec, self._faults[index]
-        corrected = _bits(self._seed, _S_COUNTERS, index) % 4
+        corrected = bits(self._seed, S_COUNTERS, index) % 4
         remap = spec.row_remapping
         return SlowFields(
-            pcie_replays=_bits(self._seed, _S_COUNTERS, index, 1) % 3,
+            pcie_replays=bits(self._seed, S_COUNTERS, index, 1) % 3,
             ecc_corrected=corrected,
             ecc_uncorrected=faults.ecc_uncorrected,
             remapped_rows_correctable=corrected // 2 if remap else None,
@@ -823,18 +420,3 @@ class _Storm:
     started: float
     rng: random.Random
     delivered: int = 0
-
-
-def _describe(f: _GpuFaults) -> tuple[str, ...]:
-    out: list[str] = []
-    if f.lost:
-        out.append("lost")
-    if f.overheat_celsius is not None:
-        out.append(f"overheat {f.overheat_celsius:g} C")
-    if f.slow_seconds is not None:
-        out.append(f"slow {f.slow_seconds:g} s")
-    if f.ecc_uncorrected:
-        out.append(f"ecc {f.ecc_uncorrected} uncorrected")
-    if f.remap_failures:
-        out.append("remap failure")
-    return tuple(out)

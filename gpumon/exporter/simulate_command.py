@@ -1,7 +1,9 @@
 """``gpumon simulate``: break (and repair) simulated GPUs of a running exporter.
 
 Talks to the exporter's ``/api/v1/faults`` endpoint, which exists only when the exporter runs
-with ``--backend simulated``.
+with ``--backend simulated``. A client of the exporter's API, it sits with the exporter and takes
+its default address from the exporter's configuration; the simulator it drives
+(:mod:`gpumon.devices.simulated`) sits below configuration and knows none.
 """
 
 from __future__ import annotations
