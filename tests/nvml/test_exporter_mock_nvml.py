@@ -45,6 +45,7 @@ from gpumon.devcluster.nodemaker import node_ready
 from gpumon.devcluster.waiting import eventually
 from gpumon.devices.model import CLOCK_EVENT_REASONS
 from gpumon.devices.nvml.convert import canonical_bus_id
+from gpumon.wire import v1 as wire
 
 NODE = "nvml-node"  # every exporter's --node-name (nvml_mock.Exporter)
 
@@ -295,6 +296,37 @@ def test_nvlink_field_values_per_link(name: str, mock: MockNvml, gpm_exporters: 
     per_direction_kib = links * nvlink["bandwidth_per_link_mbps"] * 1e6 * NVLINK_DUTY_CYCLE
     dcgm = value(s, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="0")
     assert dcgm == pytest.approx(2 * per_direction_kib / 1000, rel=0.05), (dcgm, per_direction_kib)
+
+
+@pytest.mark.parametrize("name", ["h100", "gb200"])
+def test_the_snapshot_carries_gpm_and_nvlink_as_read(
+    name: str, mock: MockNvml, gpm_exporters: dict[str, Exporter]
+) -> None:
+    """/api/v1/snapshot holds every slow field the scrape shows, as NVML answered it, within the
+    wire schema's strict types and limits (once it carried 8 of SlowFields' 19 fields)."""
+    profile = load_profile(mock, name)
+    gpus, links = len(device_configs(profile)), profile["nvlink"]["links_per_gpu"]
+    exporter = gpm_exporters[name]
+    exporter.until(
+        lambda s: len(select(s, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")) == gpus,
+        f"{name}: NVLink rate on every GPU",
+    )
+    status, body = exporter.get("/api/v1/snapshot")
+    assert status == 200, body
+    doc = wire.parse_snapshot(body.encode())
+    assert len(doc.gpus) == gpus
+    for g in doc.gpus:
+        slow = g.slow
+        assert slow is not None and slow.profiling is not None, g.identity.index
+        busy = g.identity.index == 0
+        assert slow.profiling.sm_active_ratio == pytest.approx(BUSY["gpu"] / 100 if busy else 0)
+        assert slow.profiling.pcie_tx_bytes_per_second == pytest.approx(0.8 * 2048 * MiB if busy else 0)
+        assert {(e.link, e.kind) for e in slow.nvlink_errors} == {
+            (link, kind) for link in range(links) for kind in ("replay", "recovery", "crc")
+        }
+        assert set(slow.nvlink_data_bytes) == {"tx", "rx"} and slow.nvlink_data_bytes["tx"] > 0
+        assert slow.nvlink_data_bytes_per_second is not None and slow.nvlink_data_bytes_per_second > 0
+        assert (slow.encoder_utilization_ratio, slow.decoder_utilization_ratio) == (0, 0)
 
 
 @pytest.mark.parametrize("name", ["t4", "b200"])

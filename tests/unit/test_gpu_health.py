@@ -143,4 +143,6 @@ def test_a_storm_of_distinct_codes_gives_one_reason_per_class_within_the_wire_li
     ]
     assert verdict.reasons[0].detail == "Xid 74, 79"
     assert verdict.reasons[1].detail == "Xid " + ", ".join(map(str, range(200, 262)))
-    assert wire.verdict(verdict).reasons[0].detail == "Xid 74, 79", "within the wire's limits"
+    assert wire.Verdict.model_validate(verdict, from_attributes=True).reasons[0].detail == "Xid 74, 79", (
+        "within the wire's limits"
+    )
