@@ -3,6 +3,7 @@ ctypes structs."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pynvml
@@ -548,6 +549,19 @@ def test_profiling_leaves_unanswered_metrics_out_and_names_them() -> None:
         "fp64_active_ratio": pynvml.NVML_ERROR_NOT_SUPPORTED,
         "fp16_active_ratio": pynvml.NVML_ERROR_UNKNOWN,
     }
+
+
+def test_profiling_leaves_non_finite_answers_out() -> None:
+    """NaN or infinity answered with success is no reading: the snapshot's strict JSON refuses it."""
+    ok = pynvml.NVML_SUCCESS
+    answer = [
+        ("sm_active_ratio", ok, math.nan),
+        ("dram_active_ratio", ok, math.inf),
+        ("tensor_active_ratio", ok, 25.0),
+    ]
+    result, failed = profiling(answer)
+    assert result == Profiling(tensor_active_ratio=0.25)
+    assert failed == {}
 
 
 @pytest.mark.parametrize(

@@ -139,7 +139,10 @@ def profiling(results: Iterable[tuple[str, int, float]]) -> tuple[Profiling, dic
     failed: dict[str, int] = {}
     for name, code, value in results:
         if code == pynvml.NVML_SUCCESS:
-            values[name] = gpm_value(name, value)
+            # A GPM answer is a double computed from two samples; NaN or infinity is no reading
+            # (and strict JSON cannot carry it, so the snapshot would fail whole).
+            if math.isfinite(value):
+                values[name] = gpm_value(name, value)
         else:
             failed[name] = code
     return Profiling(**values), failed
