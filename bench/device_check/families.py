@@ -156,16 +156,25 @@ def _explains(error: str, sources: Iterable[str]) -> bool:
     return any(error.startswith(s) if s.endswith(".") else error == s for s in sources)
 
 
-def classify(present: set[str], not_supported: set[str]) -> dict[str, tuple[str, str]]:
+# The pod's own families, when no process of the check's runs on the GPU (no torch or cupy).
+WITH_A_POD: Mapping[str, str] = dict.fromkeys(
+    ("gpumon_pod_gpu_memory_used_bytes", "gpumon_pod_gpu_utilization_ratio", "gpumon_pod_gpu_allocated"),
+    "a pod's process runs on the GPU (the load loop did not run)",
+)
+
+
+def classify(present: set[str], not_supported: set[str], *, pod: bool = True) -> dict[str, tuple[str, str]]:
     """family -> (state, why): ``present``, ``not_supported`` (naming the NVML sources),
     ``not_applicable`` (naming the situation) or ``missing``. ``not_supported``: the NVML
-    sources (``fan_speed``, ``gpm.fp64_active_ratio``, without ``nvml.``) counted so."""
+    sources (``fan_speed``, ``gpm.fp64_active_ratio``, without ``nvml.``) counted so; ``pod``:
+    whether the node has a pod whose process runs on the GPU."""
+    only_when = {**ONLY_WHEN, **({} if pod else WITH_A_POD)}
     out = {}
     for name in family_names("both"):
         if name in present:
             out[name] = ("present", "")
-        elif name in ONLY_WHEN:
-            out[name] = ("not_applicable", f"only when {ONLY_WHEN[name]}")
+        elif name in only_when:
+            out[name] = ("not_applicable", f"only when {only_when[name]}")
         elif because := sorted(e for e in not_supported if _explains(e, SOURCES[name])):
             out[name] = ("not_supported", ", ".join(because))
         else:

@@ -342,7 +342,9 @@ async def families_step(opts: Options, state: State, exporter: Server, step: Ste
 
     text, series = await until(exporter, "three slow ticks and the loop's pod", settled, 60)
     (opts.work / "scrape-settled.txt").write_text(text)
-    found = families.classify(scrape.families(text), scrape.not_supported(series))
+    found = families.classify(
+        scrape.families(text), scrape.not_supported(series), pod=state.found is not None
+    )
     by_state: dict[str, dict[str, str]] = {}
     for name, (where, why) in found.items():
         by_state.setdefault(where, {})[name] = why

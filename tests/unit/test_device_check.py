@@ -42,6 +42,13 @@ def test_families_are_present_not_supported_not_applicable_or_missing() -> None:
         "gpumon_gpu_clock_violation_seconds": ("not_supported", "violation.power"),
     }
     assert all(state == "present" for name, (state, _) in found.items() if name not in absent)
+    # Without the load loop no pod's process runs on the GPU: its pod's families cannot be there.
+    no_pod = families.classify(everything - set(families.WITH_A_POD), set(), pod=False)
+    assert {no_pod[name][0] for name in families.WITH_A_POD} == {"not_applicable"}
+    assert families.classify(everything - set(families.WITH_A_POD), set())["gpumon_pod_gpu_allocated"] == (
+        "missing",
+        "",
+    )
 
 
 def _xml(gpu: str, driver: str = "580.95.05") -> str:
