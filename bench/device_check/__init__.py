@@ -11,6 +11,8 @@ import argparse
 import asyncio
 import json
 import platform
+import shutil
+import tempfile
 import time
 from importlib.metadata import version
 from pathlib import Path
@@ -41,8 +43,10 @@ def main(argv: list[str]) -> int:
         parser.error(f"--out {args.out} is not a new or empty directory")
     if args.peer is not None and not args.peer.is_file():
         parser.error(f"--peer {args.peer}: no such file")
-    work = args.out / "report"
-    work.mkdir(parents=True)
+    # Kept apart and packed into report.tar.gz: a lent machine sends back at most 8 files.
+    work = Path(tempfile.mkdtemp(prefix="gpumon-device-check-")) / "report"
+    work.mkdir()
+    args.out.mkdir(parents=True, exist_ok=True)
     opts = Options(
         mock=args.mock,
         work=work,
@@ -68,5 +72,6 @@ def main(argv: list[str]) -> int:
         facts["interrupted"] = "past the check's deadline"
     doc = report.summary("mock" if args.mock else "device", time.monotonic() - started, steps, facts)
     report.write(args.out, work, doc)
+    shutil.rmtree(work.parent)
     print(report.markdown(doc))
     return 0 if doc["passed"] else 1

@@ -30,6 +30,7 @@ class Step:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
     error: str = ""
+    seconds: float = 0.0
 
     def check(self, name: str, ok: bool, detail: str = "") -> bool:
         self.checks.append(Check(name, bool(ok), detail))
@@ -66,7 +67,7 @@ def markdown(doc: Mapping[str, Any]) -> str:
         "",
     ]
     for s in doc["steps"]:
-        lines += [f"## {s['title']}: {s['status']}", ""]
+        lines += [f"## {s['title']}: {s['status']} ({s['seconds']:.0f} s)", ""]
         if s["error"]:
             lines += [f"error: {s['error']}", ""]
         for c in s["checks"]:

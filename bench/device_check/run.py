@@ -90,11 +90,15 @@ def base_env() -> dict[str, str]:
 
 async def guarded(step: Step, body: Coroutine[Any, Any, None]) -> None:
     step.error = "did not finish (interrupted, or past the check's deadline)"
+    started = time.monotonic()
     try:
         await body
         step.error = ""
     except Exception as e:
         step.error = f"{type(e).__name__}: {e}"
+    finally:
+        # Where a lent machine's minutes go, for the next plan of them.
+        step.seconds = round(step.seconds + time.monotonic() - started, 1)
 
 
 async def check(opts: Options, steps: list[Step]) -> dict[str, Any]:
@@ -107,7 +111,7 @@ async def check(opts: Options, steps: list[Step]) -> dict[str, Any]:
         await guarded(by["record"], record(opts, state, by["record"]))
         if loop is not None:
             await guarded(by["attribution"], find_loop(state, loop.pid, by["attribution"]))
-        root = Path(tempfile.mkdtemp(prefix="gpumon-device-check-"))
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpumon-device-pods-")))
         placements = [] if state.found is None else [(state.found.pid, state.found.uuid)]
         services = stack.enter_context(serve_pods(root, placements))
         state.env |= services.env()

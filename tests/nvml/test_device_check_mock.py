@@ -89,7 +89,8 @@ def test_the_device_check_runs_whole_on_the_mock(bundle: Path, mock: MockNvml, t
     )
     print(f"hack/device-check.sh --bundle --mock: {time.monotonic() - started:.0f} s")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert sorted(p.name for p in out.iterdir()) == ["report", "report.tar.gz", "summary.json", "summary.md"]
+    # A lent machine sends back at most 8 files: three, the evidence packed.
+    assert sorted(p.name for p in out.iterdir()) == ["report.tar.gz", "summary.json", "summary.md"]
     doc = json.loads((out / "summary.json").read_text())
     assert doc["passed"] and doc["mode"] == "mock"
     assert {s["key"]: s["status"] for s in doc["steps"]} == {
