@@ -32,6 +32,7 @@ if [ -n "$bundle" ]; then
     exit 2
   fi
   site=$(mktemp -d "${TMPDIR:-/tmp}/gpumon-site.XXXXXX")
+  trap 'rm -rf "$site"' EXIT
   "$py" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
     --no-index --find-links "$bundle/wheels" --target "$site" gpumon
   path=$site:$repo
@@ -44,4 +45,7 @@ fi
 # PYTHONSAFEPATH: no Python of the check puts its working directory first on its path, where
 # this checkout's gpumon/ would hide the bundle's. SIGINT at 8 minutes lets the check write what
 # it found; 30 s later it is killed.
-PYTHONSAFEPATH=1 PYTHONPATH=$path exec timeout --signal=INT --kill-after=30 480 "$py" -m bench device-check "${args[@]}"
+status=0
+PYTHONSAFEPATH=1 PYTHONPATH=$path timeout --signal=INT --kill-after=30 480 \
+  "$py" -m bench device-check "${args[@]}" || status=$?
+exit "$status"

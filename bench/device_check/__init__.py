@@ -50,7 +50,8 @@ def main(argv: list[str]) -> int:
     opts = Options(
         mock=args.mock,
         work=work,
-        peer=args.peer,
+        # The servers run in the work directory: a path relative to here would not name it there.
+        peer=None if args.peer is None else args.peer.resolve(),
         idle_seconds=args.idle_seconds,
         load_seconds=args.load_seconds,
         footprint_seconds=args.footprint_seconds or (MOCK_FOOTPRINT_SECONDS if args.mock else 60.0),
