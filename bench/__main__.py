@@ -1,7 +1,8 @@
 """``python -m bench [--quick] [--output FILE]``: run every benchmark, write bench/RESULTS.md.
 
 ``python -m bench controller-scale [...]`` runs the controller at 2,000 nodes instead (about
-ten minutes; see bench/controller_scale.py) and writes its own section of the same file."""
+ten minutes; see bench/controller_scale.py) and writes its own section of the same file.
+``python -m bench device-check`` and ``device-bundle``: gpumon on a real GPU (docs/nvml.md)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         from bench import memory
 
         return memory.main(argv[1:])
+    if argv[:1] == ["device-check"]:
+        from bench import device_check
+
+        return device_check.main(argv[1:])
+    if argv[:1] == ["device-bundle"]:
+        from bench.device_check import bundle
+
+        return bundle.main(argv[1:])
     if argv[:1] == ["footprint"]:
         from bench import footprint
 

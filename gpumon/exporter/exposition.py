@@ -164,6 +164,16 @@ def snapshot_families(
         yield from _non_empty(dcgm_families(snapshot, slow))
 
 
+def family_names(profile: Profile) -> tuple[str, ...]:
+    """Every family a snapshot can fill in ``profile``, empty or not, by its samples' base name (a
+    counter's family drops the ``_total`` its samples keep). The device check lists against it
+    which of them a real GPU left empty (bench/device_check)."""
+    nothing = Snapshot("", None, (), (), 0.0, backend_up=True, complete=True)
+    native = _native(nothing, SlowSamples()) if profile in ("native", "both") else []
+    dcgm = _dcgm(nothing, SlowSamples()) if profile in ("dcgm", "both") else []
+    return tuple(f.name for f in (*native, *dcgm))
+
+
 # Sample lines are identical in both formats for the families written here: legacy-charset
 # names, no timestamps, exemplars or native histograms, label values escaped the same way. The
 # text format moves a family's OpenMetrics-only samples (``_created``, ``_gsum``, ``_gcount``)
