@@ -169,8 +169,8 @@ def family_names(profile: Profile) -> tuple[str, ...]:
     counter's family drops the ``_total`` its samples keep). The device check lists against it
     which of them a real GPU left empty (bench/device_check)."""
     nothing = Snapshot("", None, (), (), 0.0, backend_up=True, complete=True)
-    native = _native(nothing, SlowSamples()) if profile in ("native", "both") else []
-    dcgm = _dcgm(nothing, SlowSamples()) if profile in ("dcgm", "both") else []
+    native = native_families(nothing, SlowSamples()) if profile in ("native", "both") else []
+    dcgm = dcgm_families(nothing, SlowSamples()) if profile in ("dcgm", "both") else []
     return tuple(f.name for f in (*native, *dcgm))
 
 
