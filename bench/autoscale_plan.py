@@ -34,17 +34,12 @@ from gpumon.controller.act.evict import Evictor
 from gpumon.controller.act.retry import RetryPolicy
 from gpumon.controller.configure import pool_from_config
 from gpumon.controller.core.backoff import Backoff
+from gpumon.controller.core.contract import RECORD_ANNOTATION
+from gpumon.controller.core.contract.autoscaler import Record, record_to_annotation
 from gpumon.controller.core.demand import PodDemand
 from gpumon.controller.core.device_claims import ClaimDemand, DeviceRequest, Selector
 from gpumon.controller.core.objects import GpuResources, PdbView, PodView
-from gpumon.controller.core.pools import (
-    RECORD_ANNOTATION,
-    Pool,
-    PoolNode,
-    Record,
-    ScaleState,
-    record_to_annotation,
-)
+from gpumon.controller.core.pools import Pool, PoolNode, ScaleState
 from gpumon.controller.core.scale_plan import Action, plan_pools
 from gpumon.controller.shell.autoscaler_loop import AutoscaleMetrics, Autoscaler, gpu_resources
 from gpumon.controller.shell.informer import Informer

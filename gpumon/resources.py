@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from decimal import Decimal, InvalidOperation
+from decimal import MAX_EMAX, MIN_EMIN, ROUND_UP, Context, Decimal, localcontext
 
 NVIDIA_GPU_RESOURCE = "nvidia.com/gpu"
 NVIDIA_MIG_PREFIX = "nvidia.com/mig-"
@@ -62,10 +62,22 @@ def gpu_only(resources: Iterable[str]) -> frozenset[str]:
     return frozenset(r for r in resources if r not in NODE_BASICS and not r.startswith("hugepages-"))
 
 
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
+# Kubernetes' quantity (k8s.io/apimachinery resource.ParseQuantity, which the API server decodes
+# every quantity with): a sign, a number with an optional decimal point, then a binary SI suffix,
+# a decimal SI one (n, u, m, none, k ... E) or an integral exponent. Deliberate differences, all
+# refusals: a number without a digit ("+", ".", "Gi", "e3"), which ParseQuantity reads as 0 but
+# the API server never serves (it writes "0") and a config file holds only as a typo; an
+# exponent beyond an int32, which ParseQuantity wraps into another number; and a magnitude
+# beyond 2^63 - 1, which no int64 reader of the API holds (ParseQuantity caps binary SI there).
+_QUANTITY = re.compile(
+    r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(?:(?P<suffix>[KMGTPE]i|[numkMGTPE])|[eE](?P<exponent>[+-]?[0-9]+))?"
+)
 _SCALE: Mapping[str, Decimal] = {
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
     "": Decimal(1),
-    "m": Decimal("0.001"),
     "k": Decimal(10) ** 3,
     "M": Decimal(10) ** 6,
     "G": Decimal(10) ** 9,
@@ -79,18 +91,41 @@ _SCALE: Mapping[str, Decimal] = {
     "Pi": Decimal(2) ** 50,
     "Ei": Decimal(2) ** 60,
 }
+_NANO = Decimal("1e-9")
+_LARGEST = Decimal(2**63 - 1)
+_INT32_DIGITS = 10
 
 
 def quantity(value: object) -> Decimal | None:
-    """A Kubernetes quantity (``"500m"``, ``"16Gi"``, ``2``) as its exact value; None when it is
-    not one."""
-    m = _QUANTITY.match(str(value).strip())
-    if m is None or m.group(2) not in _SCALE:
+    """A Kubernetes quantity (``"500m"``, ``"16Gi"``, ``"1e3"``, ``2``) as its exact value, kept
+    to the nano as the API server keeps it (a finer non-zero value rounds away from zero); None
+    when it is not one. Surrounding whitespace is ignored, as the API server's JSON decoder does."""
+    m = _QUANTITY.fullmatch(str(value).strip())
+    if m is None:
         return None
-    try:
-        return Decimal(m.group(1)) * _SCALE[m.group(2)]
-    except InvalidOperation:
+    written = m["exponent"] or "0"
+    digits = written.lstrip("+-").lstrip("0") or "0"
+    if len(digits) > _INT32_DIGITS:
         return None
+    exponent = -int(digits) if written.startswith("-") else int(digits)
+    if not -(2**31) <= exponent < 2**31:
+        return None
+    # Exact: enough digits for the whole text, and room for any int32 exponent.
+    with localcontext(Context(prec=len(m.string) + 40, Emax=MAX_EMAX, Emin=MIN_EMIN)):
+        exact = Decimal(m["number"]).scaleb(exponent) * _SCALE[m["suffix"] or ""]
+        if abs(exact) > _LARGEST:
+            return None
+        return exact.quantize(_NANO, rounding=ROUND_UP) if exact % _NANO else exact
+
+
+def whole_quantity(value: object) -> int | None:
+    """A quantity whose value is a whole number, as an int (an extended resource's, such as
+    gpushare's ``aliyun.com/gpu-mem``: the API server refuses a fraction of one); None when it
+    is not one."""
+    exact = quantity(value)
+    if exact is None or exact != exact.to_integral_value():
+        return None
+    return int(exact)
 
 
 def milli(value: object) -> int | None:

@@ -21,12 +21,11 @@ series, the controller for which card a pod holds when it drains a bad one (:fun
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpumon.resources import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
+from gpumon.resources import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE, whole_quantity
 
 GPUSHARE_INDEX = "ALIYUN_COM_GPU_MEM_IDX"
 GPUSHARE_POD_MEMORY = "ALIYUN_COM_GPU_MEM_POD"
@@ -213,28 +212,11 @@ def _limit(container: ContainerSpec, resource: str, problems: list[str]) -> int 
     text = container.limits.get(resource)
     if text is None:
         return None
-    value = parse_quantity(text)
+    value = whole_quantity(text)
     if value is None or value < 0:
         problems.append("invalid_quantity")
         return None
     return value
-
-
-_QUANTITY = re.compile(r"^(?P<number>\d+)(?P<suffix>[KMGTPE]i|[kMGTPE])?$")
-_SUFFIXES: dict[str, int] = {
-    **{s: 1000 ** (i + 1) for i, s in enumerate("kMGTPE")},
-    **{s + "i": 1024 ** (i + 1) for i, s in enumerate("KMGTPE")},
-}
-
-
-def parse_quantity(text: str) -> int | None:
-    """A whole-number Kubernetes quantity (extended resources allow no fractions), or None."""
-    m = _QUANTITY.match(text.strip())
-    if m is None:
-        return None
-    number: str = m["number"]
-    suffix: str = m["suffix"] or ""
-    return int(number) * _SUFFIXES.get(suffix, 1)
 
 
 def _int(text: str) -> int | None:

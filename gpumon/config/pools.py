@@ -20,7 +20,7 @@ from gpumon.resources import (
     GPUSHARE_MEMORY_RESOURCE,
     gpu_only,
     milli,
-    quantity,
+    whole_quantity,
 )
 from gpumon.selectors import parse_selector
 
@@ -82,7 +82,7 @@ class DraDeviceConfig(Section):
     @classmethod
     def _capacities(cls, v: dict[str, str | int]) -> dict[str, str | int]:
         _names_ok(list(v))
-        bad = [k for k, q in v.items() if (x := quantity(q)) is None or x < 0 or x != int(x)]
+        bad = [k for k, q in v.items() if (x := whole_quantity(q)) is None or x < 0]
         if bad:
             raise ValueError("not a whole quantity: " + ", ".join(f"{k}={v[k]!r}" for k in sorted(bad)))
         return v
@@ -108,7 +108,7 @@ class DraConfig(Section):
         for d in self.devices:
             names = [d.name] if d.count == 1 else [f"{d.name}-{i}" for i in range(d.count)]
             attributes = {qualified(k, self.driver): v for k, v in d.attributes.items()}
-            capacity = {qualified(k, self.driver): int(quantity(q) or 0) for k, q in d.capacity.items()}
+            capacity = {qualified(k, self.driver): whole_quantity(q) or 0 for k, q in d.capacity.items()}
             out += [SliceDevice(DeviceRef(self.driver, pool, n), attributes, capacity) for n in names]
         return tuple(out)
 

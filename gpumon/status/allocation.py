@@ -30,6 +30,7 @@ from gpumon.resources import (
     GPUSHARE_MEMORY_RESOURCE,
     NVIDIA_GPU_RESOURCE,
     NVIDIA_MIG_PREFIX,
+    whole_quantity,
 )
 from gpumon.wire.v1 import SnapshotDoc
 
@@ -194,8 +195,8 @@ def _shares(pod: _Pod, hami_node: bool) -> tuple[list[_Share], list[_Share]]:
         if a.core_ratio is not None:
             share.core_percent = (share.core_percent or 0) + round(a.core_ratio * 100)
     unplaced: list[_Share] = []
-    memory = sum(sharing.parse_quantity(c.limits.get(GPUSHARE_MEMORY_RESOURCE, "0")) or 0 for c in main)
-    core = sum(sharing.parse_quantity(c.limits.get(CGPU_CORE_RESOURCE, "0")) or 0 for c in main)
+    memory = sum(whole_quantity(c.limits.get(GPUSHARE_MEMORY_RESOURCE, "0")) or 0 for c in main)
+    core = sum(whole_quantity(c.limits.get(CGPU_CORE_RESOURCE, "0")) or 0 for c in main)
     if not placed and (memory or core):
         # Bound by the scheduler, not yet given a card by the extender (or the kubelet).
         unplaced.append(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpumon.controller.core import contract as c
-from gpumon.controller.core.node_plan import is_quarantined
+from gpumon.controller.core.contract.node import is_quarantined
 from gpumon.controller.core.objects import to_rfc3339
 from gpumon.controller.core.policy import Policy
 from gpumon.gpu_health import Signal, recommended_action

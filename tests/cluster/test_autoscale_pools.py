@@ -30,7 +30,7 @@ from controller_harness import (  # noqa: F401 - fixtures
 )
 from kubernetes_asyncio import client, watch
 
-from gpumon.controller.core.pools import RECORD_ANNOTATION, REMOVING_ANNOTATION
+from gpumon.controller.core.contract import RECORD_ANNOTATION, REMOVING_ANNOTATION
 from gpumon.devcluster import capi, nodes
 from gpumon.devcluster.poolplan import POOL_LABEL, Timing
 from gpumon.devcluster.poolsim import PoolSimulator, SimulatedPool

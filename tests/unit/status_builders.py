@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpumon.controller.core.node_plan import records_to_json
+from gpumon.controller.core.contract.node import GpuRecord, records_to_json
 from gpumon.controller.core.objects import GpuResources, to_rfc3339
-from gpumon.controller.core.verdicts import GpuRecord
 from gpumon.devices.model import (
     FastFields,
     GpuIdentity,

@@ -21,20 +21,21 @@ from gpumon.controller.act.evict import Evictor
 from gpumon.controller.act.retry import RetryPolicy
 from gpumon.controller.configure import pool_from_config
 from gpumon.controller.core.backoff import Backoff
-from gpumon.controller.core.demand import PodDemand
-from gpumon.controller.core.objects import GpuResources, PdbView, PodView, from_rfc3339
-from gpumon.controller.core.pools import (
+from gpumon.controller.core.contract import (
     CA_MAX_ANNOTATION,
     DELETE_MACHINE_ANNOTATION,
     RECORD_ANNOTATION,
     REMOVING_ANNOTATION,
-    Pool,
-    PoolNode,
+)
+from gpumon.controller.core.contract.autoscaler import (
     Record,
     Removal,
     record_from_annotation,
     record_to_annotation,
 )
+from gpumon.controller.core.demand import PodDemand
+from gpumon.controller.core.objects import GpuResources, PdbView, PodView, from_rfc3339
+from gpumon.controller.core.pools import Pool, PoolNode
 from gpumon.controller.kube import Conflict, TooManyRequests
 from gpumon.controller.shell.autoscaler_loop import (
     AutoscaleMetrics,

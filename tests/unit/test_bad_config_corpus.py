@@ -502,6 +502,13 @@ CASES: list[Case] = [
         "policy.rules[0]",
         "threshold: Input should be a number, not a boolean",
     ),
+    controller_config(
+        "controller-config-builtin-thermal-threshold",
+        y("policy:\n  rules:\n    - {name: thermal-degraded, threshold: 85}\n"),
+        "'thermal-degraded'",
+        "policy.rules[0]",
+        "threshold: a built-in rule judges a GPU as the exporters do, from policy.health",
+    ),
     controller(
         "controller-config-token-fifo",
         ("--config", C),

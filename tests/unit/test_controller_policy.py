@@ -7,6 +7,7 @@ from types import MappingProxyType
 import pytest
 from controller_fakes import load_rules
 
+from gpumon.controller.core.contract.node import GpuRecord
 from gpumon.controller.core.policy import (
     EMPTY_NODE_STATE,
     NODE_TARGET,
@@ -18,7 +19,7 @@ from gpumon.controller.core.policy import (
     signal_status,
 )
 from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading, XidSeen
-from gpumon.controller.core.verdicts import GpuRecord, SignalStatus
+from gpumon.controller.core.verdicts import SignalStatus
 from gpumon.devices.model import HealthReason, HealthState, HealthVerdict
 from gpumon.gpu_health import HealthPolicy, Severity
 

@@ -9,7 +9,7 @@ from status_builders import at, event, node, pod, record, snapshot_doc, state
 
 from gpumon.config.controller import ControllerConfig
 from gpumon.controller.configure import build_policy
-from gpumon.controller.core.breaker import BreakerTrip, breaker_to_annotation
+from gpumon.controller.core.contract.breakers import BreakerTrip, breaker_to_annotation
 from gpumon.controller.core.objects import pdb_from_json
 from gpumon.gpu_health import Severity
 from gpumon.status.explain import build_explanation

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpumon.controller.core.breaker import BreakerTrip, breaker_to_annotation
+from gpumon.controller.core.contract.breakers import BreakerTrip, breaker_to_annotation
 from gpumon.controller.kube import KubeApi, NotFound
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 
-from gpumon.controller.core.pools import DELETE_MACHINE_ANNOTATION, PoolNode, ScaleTarget
+from gpumon.controller.core.contract import DELETE_MACHINE_ANNOTATION
+from gpumon.controller.core.pools import PoolNode, ScaleTarget
 from gpumon.controller.kube import KubeApi, NotFound
 
 

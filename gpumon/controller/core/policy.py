@@ -24,8 +24,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from gpumon.controller.core.contract import LABEL_POOL
+from gpumon.controller.core.contract.node import GpuRecord
 from gpumon.controller.core.signals import GpuReading, NodeReading
-from gpumon.controller.core.verdicts import Finding, GpuRecord, GpuVerdict, NodeVerdict, SignalStatus
+from gpumon.controller.core.verdicts import Finding, GpuVerdict, NodeVerdict, SignalStatus
 from gpumon.gpu_health import (
     HealthPolicy,
     Op,
@@ -87,7 +89,7 @@ class Policy:
     stale_after_seconds: float = 60.0
     flap_window_seconds: float = 3600.0
     flap_max_onsets: int = 3
-    pool_label: str = "gpumon.io/pool"
+    pool_label: str = LABEL_POOL
     # Recovery hysteresis for rules restored from a node's annotation whose rule is gone.
     default_recover_after_seconds: float = 900.0
     # How soon to look again at a pending rule whose `for` is due but not yet proven by data.

@@ -29,9 +29,9 @@ from gpumon.controller.act.evict import EvictionResult, Evictor
 from gpumon.controller.act.machine_mark import mark_for_deletion
 from gpumon.controller.act.node_write import cordon_for_removal, uncordon
 from gpumon.controller.act.retry import DEFAULT_RETRY, Outcome, RetryPolicy, outcome
-from gpumon.controller.act.scale import read_scale, set_replicas, write_record
+from gpumon.controller.act.scale import set_replicas, write_record
 from gpumon.controller.core.claims import SliceView
-from gpumon.controller.core.contract import DRY_RUN_PREFIX
+from gpumon.controller.core.contract import DELETE_MACHINE_ANNOTATION, DRY_RUN_PREFIX
 from gpumon.controller.core.demand import REFUSAL_KINDS, PodDemand, pending_gpu_pod, refusal, with_claims
 from gpumon.controller.core.device_claims import (
     ClaimRequests,
@@ -48,15 +48,10 @@ from gpumon.controller.core.objects import (
     pod_from_json,
 )
 from gpumon.controller.core.plans import DrainTarget, Event, ObjectRef
-from gpumon.controller.core.pools import (
-    DELETE_MACHINE_ANNOTATION,
-    Pool,
-    PoolNode,
-    ScaleState,
-    pool_node_from_json,
-)
+from gpumon.controller.core.pools import Pool, PoolNode, ScaleState, pool_node_from_json
 from gpumon.controller.core.scale_plan import Action, PoolInput, PoolPlan, plan_pools, removal_record
 from gpumon.controller.kube import KubeApi, KubeError, NotFound
+from gpumon.controller.read import read_scale
 from gpumon.controller.shell.informer import Informer
 from gpumon.dra import DEVICE_CLASSES_PATH, resource_claims_path
 from gpumon.dra_cel import compile_selector

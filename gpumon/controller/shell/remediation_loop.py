@@ -34,30 +34,18 @@ from gpumon.controller.act.evict import EvictionResult, Evictor
 from gpumon.controller.act.node_write import apply_node_write, node_path
 from gpumon.controller.act.retry import DEFAULT_RETRY, RetryPolicy
 from gpumon.controller.core import contract as c
-from gpumon.controller.core.breaker import (
-    Admission,
+from gpumon.controller.core.breaker import Admission, Candidate, PoolView, SafetyPolicy, admit
+from gpumon.controller.core.claims import ClaimView, SliceView, holds_by_pod
+from gpumon.controller.core.contract import DRY_RUN_PREFIX
+from gpumon.controller.core.contract.breakers import (
     BreakerTrip,
-    Candidate,
-    PoolView,
-    SafetyPolicy,
-    admit,
     breaker_to_annotation,
     breakers_from_annotations,
 )
-from gpumon.controller.core.claims import ClaimView, SliceView, holds_by_pod
-from gpumon.controller.core.contract import DRY_RUN_PREFIX
+from gpumon.controller.core.contract.node import is_excluded, is_quarantined, node_records, quarantined_at
 from gpumon.controller.core.device_taints import EFFECT, RulesPlan, RuleView, plan_rules, wanted_rules
 from gpumon.controller.core.drain_plan import DrainPolicy, Escalation, needs_drain, plan_drain
-from gpumon.controller.core.node_plan import (
-    QuarantinePolicy,
-    drain_started_at,
-    is_excluded,
-    is_quarantined,
-    node_ref,
-    plan_node,
-    quarantined_at,
-    records_from_json,
-)
+from gpumon.controller.core.node_plan import QuarantinePolicy, drain_started_at, node_ref, plan_node
 from gpumon.controller.core.objects import NodeView, PdbView, PodView
 from gpumon.controller.core.plans import DrainPlan, Event, NodePlan, NodeWrite, ObjectRef, PlanKind
 from gpumon.controller.core.policy import (
@@ -287,7 +275,7 @@ class Reconciler:
         for view in self._nodes.items().values():
             if not is_quarantined(view):
                 continue
-            records = records_from_json(view.annotations.get(c.ANNOTATION_UNHEALTHY_GPUS))
+            records = node_records(view)
             severity = (
                 max((r.severity for r in records), key=lambda s: s.rank).value if records else "unknown"
             )
@@ -385,7 +373,7 @@ class Reconciler:
                 self._status.pop(name, None)
                 gone.append(name)
                 continue
-            records = records_from_json(view.annotations.get(c.ANNOTATION_UNHEALTHY_GPUS))
+            records = node_records(view)
             prev = with_records(self._states.get(name, EMPTY_NODE_STATE), records, policy)
             reading = fleet.nodes.get(name)
             ev = evaluate_node(name, view.labels, reading, prev, now, policy)
