@@ -49,7 +49,6 @@ from gpumon.controller.core.objects import (
 )
 from gpumon.controller.core.policy import Policy
 from gpumon.controller.core.signals import SignalSource
-from gpumon.controller.kube import KubeApi, KubeError
 from gpumon.controller.shell.autoscaler_loop import AutoscaleMetrics, Autoscaler, gpu_resources
 from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.leader import LeaderElector, LeaderSettings
@@ -61,6 +60,7 @@ from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings
 from gpumon.dra import RESOURCE_SLICES_PATH, resource_claims_path
 from gpumon.httpauth.guard import guard
 from gpumon.httpauth.tls import client_context
+from gpumon.kube.client import KubeApi, KubeError
 from gpumon.tasks import Supervisor, TaskTrouble
 
 log = logging.getLogger(__name__)

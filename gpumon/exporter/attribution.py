@@ -31,7 +31,6 @@ from gpumon.dra import MIG_TYPE, ClaimDevice, DeviceRef, SliceDevice
 from gpumon.exporter.attribution_metrics import AttributionMetrics, SourceState
 from gpumon.exporter.cgroups import ContainerKey
 from gpumon.exporter.dra_slices import ResourceSliceWatch
-from gpumon.exporter.list_watch import KubeGet
 from gpumon.exporter.pod_metadata import PodMeta, PodMetadataWatch
 from gpumon.exporter.podresources_client import (
     Assignment,
@@ -41,7 +40,8 @@ from gpumon.exporter.podresources_client import (
     PodResourcesView,
 )
 from gpumon.exporter.process_pods import ProcessPods
-from gpumon.kubeclient import CredentialsError, KubeClient, load_credentials
+from gpumon.kube.client import KubeApi, KubeClient
+from gpumon.kube.credentials import CredentialsError, load_credentials
 from gpumon.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -395,7 +395,7 @@ class PodAttribution:
         processes: ProcessPods | None,
         call_timeout_seconds: float,
         initial_states: Mapping[str, SourceState],
-        pods_api: KubeGet | None = None,
+        pods_api: KubeApi | None = None,
         slices: ResourceSliceWatch | None = None,
     ) -> None:
         self._config = config
@@ -405,7 +405,7 @@ class PodAttribution:
         self._slices = slices
         # Where and with what the slice watch starts, once a DRA claim shows up; None outside
         # lifespan, or without an API client.
-        self._slices_launch: tuple[contextlib.AsyncExitStack, KubeGet] | None = None
+        self._slices_launch: tuple[contextlib.AsyncExitStack, KubeApi] | None = None
         self._slices_needed = False
         self._reported_unresolved: frozenset[tuple[PodRef, ClaimDevice]] = frozenset()
         self._processes = processes
@@ -582,11 +582,11 @@ def build_attribution(
     node: str,
     *,
     call_timeout_seconds: float,
-    pods_api: KubeGet | None = None,
+    pods_api: KubeApi | None = None,
 ) -> PodAttribution:
     """The attributor and its sources, not started: run :meth:`PodAttribution.lifespan` (an
     aiohttp ``cleanup_ctx``) around its use. Without ``pods_api`` (a client the caller owns),
-    a :class:`~gpumon.kubeclient.KubeClient` is made from the pod's service account, else the
+    a :class:`~gpumon.kube.client.KubeClient` is made from the pod's service account, else the
     kubeconfig."""
     metrics = AttributionMetrics()
     processes, proc_state = _process_source(config, metrics)
@@ -618,14 +618,14 @@ def build_attribution(
     )
 
 
-async def _api_client(stack: contextlib.AsyncExitStack, metrics: AttributionMetrics) -> KubeGet | None:
+async def _api_client(stack: contextlib.AsyncExitStack, metrics: AttributionMetrics) -> KubeApi | None:
     try:
         credentials = load_credentials()
     except CredentialsError as e:
         log.warning("no Kubernetes credentials; pod names come from pod-resources only: %s", e)
         metrics.error("api", "no_credentials")
         return None
-    return await stack.enter_async_context(KubeClient(credentials))
+    return await stack.enter_async_context(KubeClient(credentials, connections=4))
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

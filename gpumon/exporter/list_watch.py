@@ -1,6 +1,6 @@
 """One collection of API objects kept current by list+watch, the exporter's only informer: its
 node's pods (:mod:`pod_metadata`) and its node's ResourceSlices (:mod:`dra_slices`) each run one.
-The requests go through gpumon.kubeclient (plain aiohttp), not the generated client.
+The requests go through gpumon.kube.client (plain aiohttp), not the generated client.
 
 Only a projection of each object is kept, made by a function the caller passes in; objects are
 read as raw JSON, never deserialised into the client's model classes, which would cost far more
@@ -21,43 +21,19 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import AbstractAsyncContextManager
-from typing import Any, Generic, Protocol, TypeVar
-
-import aiohttp
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Generic, TypeVar
 
 from gpumon.devices.backend import ErrorSink
-from gpumon.kubeclient import ApiStatusError
+from gpumon.kube.client import Gone, KubeApi, KubeError, error_kind
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 
-class KubeGet(Protocol):
-    """GET on the API server, the raw response streamed (:class:`gpumon.kubeclient.KubeClient`)."""
-
-    def get(
-        self, path: str, params: Mapping[str, str], timeout: aiohttp.ClientTimeout
-    ) -> AbstractAsyncContextManager[aiohttp.ClientResponse]: ...
-
-
 class _Expired(Exception):
     """The watch's resourceVersion is gone (410): relist."""
-
-
-def error_kind(exc: BaseException) -> str:
-    """A short error-metric kind for a failed list or watch."""
-    if isinstance(exc, ApiStatusError):
-        return {401: "unauthorized", 403: "forbidden", 404: "not_found"}.get(exc.status, f"http_{exc.status}")
-    if isinstance(exc, TimeoutError):
-        return "timeout"
-    if isinstance(exc, aiohttp.ClientError | OSError):
-        return "unreachable"
-    if isinstance(exc, ValueError | KeyError | TypeError | AttributeError):
-        return "malformed_response"
-    return "error"
 
 
 def watch_wait(last_start: float | None, now: float, min_interval: float) -> float:
@@ -83,7 +59,6 @@ class ListWatch(Generic[T]):
         source: str,
         what: str,
         watch_timeout_seconds: int = 300,
-        request_timeout_seconds: float = 30.0,
         max_backoff_seconds: float = 30.0,
         min_watch_interval_seconds: float = 1.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -96,7 +71,6 @@ class ListWatch(Generic[T]):
         self._source = source
         self._what = what
         self._watch_timeout = watch_timeout_seconds
-        self._request_timeout = request_timeout_seconds
         self._max_backoff = max_backoff_seconds
         self._min_watch_interval = min_watch_interval_seconds
         self._sleep = sleep
@@ -109,7 +83,7 @@ class ListWatch(Generic[T]):
         # The error kind of the failure that ended the last list or watch; None once one succeeds.
         self.failure: str | None = None
 
-    async def run(self, api: KubeGet) -> None:
+    async def run(self, api: KubeApi) -> None:
         """List, then watch from the list's resourceVersion, forever."""
         backoff = 1.0
         while True:
@@ -135,11 +109,8 @@ class ListWatch(Generic[T]):
                 await self._sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
 
-    async def _list(self, api: KubeGet) -> str:
-        params = {"fieldSelector": self._selector}
-        async with api.get(self._path, params, aiohttp.ClientTimeout(total=self._request_timeout)) as resp:
-            _check(resp)
-            body = await resp.json(content_type=None)
+    async def _list(self, api: KubeApi) -> str:
+        body = await api.get(self._path, {"fieldSelector": self._selector})
         items: dict[str, T] = {}
         for obj in body.get("items") or ():
             item = self._project(obj)
@@ -152,7 +123,7 @@ class ListWatch(Generic[T]):
         self.failure = None
         return str(body["metadata"]["resourceVersion"])
 
-    async def _watch(self, api: KubeGet, version: str) -> str:
+    async def _watch(self, api: KubeApi, version: str) -> str:
         params = {
             "fieldSelector": self._selector,
             "watch": "true",
@@ -164,16 +135,12 @@ class ListWatch(Generic[T]):
         if wait > 0:
             await self._sleep(wait)
         self._last_watch = self._clock()
-        timeout = aiohttp.ClientTimeout(
-            sock_connect=self._request_timeout, sock_read=self._watch_timeout + 30
-        )
-        async with api.get(self._path, params, timeout) as resp:
-            if resp.status == 410:
-                raise _Expired
-            _check(resp)
-            self.up = True
-            async for line in _lines(resp.content):
+        self.up = True
+        try:
+            async for line in api.lines(self._path, params):
                 version = self._apply(json.loads(line)) or version
+        except Gone:
+            raise _Expired from None
         return version
 
     def _apply(self, event: Mapping[str, Any]) -> str | None:
@@ -183,7 +150,7 @@ class ListWatch(Generic[T]):
         if kind == "ERROR":
             if obj.get("code") == 410:
                 raise _Expired
-            raise ApiStatusError(int(obj.get("code") or 0))
+            raise KubeError(int(obj.get("code") or 0), str(obj.get("reason", "")))
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if kind in ("ADDED", "MODIFIED"):
             item = self._project(obj)
@@ -208,21 +175,3 @@ class ListWatch(Generic[T]):
     def _remove(self, uid: str) -> None:
         if self.items.pop(uid, None) is not None:
             self.generation += 1
-
-
-def _check(resp: aiohttp.ClientResponse) -> None:
-    if not 200 <= resp.status < 300:
-        raise ApiStatusError(resp.status)
-
-
-async def _lines(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """Newline-delimited JSON of any line length (``readline`` caps lines at 128 KiB)."""
-    pending = b""
-    async for chunk in stream.iter_any():
-        pending += chunk
-        *complete, pending = pending.split(b"\n")
-        for line in complete:
-            if line.strip():
-                yield line
-    if pending.strip():
-        yield pending

@@ -1,4 +1,4 @@
-"""The exporter's pod list+watch on its own API client (gpumon.kubeclient) against the real API
+"""The exporter's pod list+watch on its own API client (gpumon.kube.client) against the real API
 server: this node's pods only, their sharing annotations, container IDs as the kubelet reports
 them, deletion, and an RBAC refusal that heals once the exporter's role is granted; credentials
 from a kubeconfig (client certificate; service account token) and as a pod finds them (the
@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
 import pytest
 import yaml
 from kubernetes_asyncio import client
@@ -23,7 +22,8 @@ from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
 from gpumon.exporter.pod_metadata import PodMetadataWatch
-from gpumon.kubeclient import Credentials, KubeClient, from_kubeconfig, in_cluster
+from gpumon.kube.client import KubeClient, KubeError
+from gpumon.kube.credentials import Credentials, from_kubeconfig, in_cluster
 
 CONTAINER_ID = "4d" * 32
 
@@ -228,12 +228,11 @@ async def test_in_a_pod_the_service_account_and_the_service_address(
     env = {"KUBERNETES_SERVICE_HOST": str(server.hostname), "KUBERNETES_SERVICE_PORT": str(server.port)}
     credentials = in_cluster(env, account)
     assert credentials is not None
-    async with (
-        KubeClient(credentials) as kube,
-        kube.get("/api/v1/namespaces/" + namespace + "/pods", {}, aiohttp.ClientTimeout(total=10)) as r,
-    ):
-        assert r.status == 403
-        assert f"system:serviceaccount:{namespace}:exporter" in (await r.json())["message"]
+    async with KubeClient(credentials, request_timeout=10) as kube:
+        with pytest.raises(KubeError) as refused:
+            await kube.get("/api/v1/namespaces/" + namespace + "/pods")
+    assert refused.value.status == 403
+    assert f"system:serviceaccount:{namespace}:exporter" in refused.value.message
     # And the watch with those credentials counts the refusal, as the exporter's would.
     watches.start(node, credentials)
     await eventually(

@@ -49,7 +49,8 @@ from gpumon.devices.simulated import SimProcess, SimulatedBackend
 from gpumon.exporter.attribution import build_attribution
 from gpumon.exporter.self_metrics import SelfMetrics
 from gpumon.exporter.server import make_app
-from gpumon.kubeclient import Credentials, KubeClient
+from gpumon.kube.client import KubeClient
+from gpumon.kube.credentials import Credentials
 
 GIB = 1 << 30
 POD_GPU_MEMORY = 16 * GIB

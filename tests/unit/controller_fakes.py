@@ -17,8 +17,8 @@ from gpumon.config.controller import ControllerConfig, PolicyConfig
 from gpumon.controller.configure import build_policy
 from gpumon.controller.core.policy import Rule
 from gpumon.controller.core.verdicts import Finding, GpuVerdict, NodeVerdict, SignalStatus
-from gpumon.controller.kube import Conflict, KubeError, NotFound
 from gpumon.gpu_health import Severity
+from gpumon.kube.client import Conflict, KubeError, NotFound
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

@@ -37,7 +37,7 @@ from gpumon.exporter.dra_slices import PoolSlice, ResourceSliceWatch, device_ind
 from gpumon.exporter.pod_metadata import PodMeta
 from gpumon.exporter.podresources import api_pb2
 from gpumon.exporter.podresources_client import Assignment, DeviceAssignment, PodKey, PodResourcesClient
-from gpumon.kubeclient import KubeClient
+from gpumon.kube.client import KubeClient
 
 NODE = "node-a"
 DRIVERS = frozenset({NVIDIA_GPU_DRIVER})

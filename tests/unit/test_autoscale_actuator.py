@@ -35,7 +35,6 @@ from gpumon.controller.core.pools import (
     record_from_annotation,
     record_to_annotation,
 )
-from gpumon.controller.kube import Conflict, TooManyRequests
 from gpumon.controller.shell.autoscaler_loop import (
     AutoscaleMetrics,
     Autoscaler,
@@ -44,6 +43,7 @@ from gpumon.controller.shell.autoscaler_loop import (
     set_replicas,
 )
 from gpumon.controller.shell.informer import Informer
+from gpumon.kube.client import Conflict, TooManyRequests
 
 GPU = "nvidia.com/gpu"
 NOW = 1_800_000_000.0

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from gpumon.controller.core.backoff import Backoff
-from gpumon.controller.kube import KubeError, Unreachable
 from gpumon.controller.shell.informer import Informer, object_key
+from gpumon.kube.client import KubeError, Unreachable
 
 
 def obj(name: str, rv: int, ns: str | None = None, **labels: str) -> dict[str, Any]:

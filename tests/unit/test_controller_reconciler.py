@@ -24,12 +24,12 @@ from gpumon.controller.core.node_plan import QuarantinePolicy
 from gpumon.controller.core.objects import PodView, node_from_json, to_rfc3339
 from gpumon.controller.core.policy import Policy
 from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading, XidSeen
-from gpumon.controller.kube import TooManyRequests
 from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
 from gpumon.controller.shell.remediation_loop import Reconciler, Settings
 from gpumon.devices.model import PodRef
 from gpumon.dra import NVIDIA_GPU_DRIVER, ClaimRef, DeviceRef
+from gpumon.kube.client import TooManyRequests
 
 NS = "gpumon"
 CM = f"/api/v1/namespaces/{NS}/configmaps/gpumon-controller"

@@ -15,7 +15,8 @@ from api_stand_in import until
 from gpumon import sharing
 from gpumon.exporter.list_watch import watch_wait
 from gpumon.exporter.pod_metadata import PodMetadataWatch, project_pod
-from gpumon.kubeclient import Credentials, KubeClient
+from gpumon.kube.client import KubeClient
+from gpumon.kube.credentials import Credentials
 
 NODE = "gpu-node-1"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 
 from gpumon.controller.core.pools import DELETE_MACHINE_ANNOTATION, PoolNode, ScaleTarget
-from gpumon.controller.kube import KubeApi, NotFound
+from gpumon.kube.client import KubeApi, NotFound
 
 
 async def mark_for_deletion(api: KubeApi, node: PoolNode, target: ScaleTarget) -> None:

@@ -15,7 +15,7 @@ from gpumon.controller.core.pools import (
     record_to_annotation,
     scale_state,
 )
-from gpumon.controller.kube import KubeApi
+from gpumon.kube.client import KubeApi
 
 
 async def read_scale(api: KubeApi, target: ScaleTarget) -> ScaleState:

@@ -56,10 +56,10 @@ from gpumon.controller.core.pools import (
     pool_node_from_json,
 )
 from gpumon.controller.core.scale_plan import Action, PoolInput, PoolPlan, plan_pools, removal_record
-from gpumon.controller.kube import KubeApi, KubeError, NotFound
 from gpumon.controller.shell.informer import Informer
 from gpumon.dra import DEVICE_CLASSES_PATH, resource_claims_path
 from gpumon.dra_cel import compile_selector
+from gpumon.kube.client import KubeApi, KubeError, NotFound
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from gpumon.controller.core.backoff import Backoff
-from gpumon.controller.kube import Gone, KubeApi, KubeError
 from gpumon.gcpause import gc_paused
+from gpumon.kube.client import Gone, KubeApi, KubeError
 
 log = logging.getLogger(__name__)
 

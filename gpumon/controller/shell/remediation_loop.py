@@ -71,9 +71,9 @@ from gpumon.controller.core.policy import (
 from gpumon.controller.core.pools import pool_of
 from gpumon.controller.core.signals import NodeReading, SignalSource
 from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
-from gpumon.controller.kube import KubeApi, KubeError, NotFound
 from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.metrics import ControllerMetrics
+from gpumon.kube.client import KubeApi, KubeError, NotFound
 from gpumon.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from gpumon.controller.kube import KubeApi
 from gpumon.controller.shell.informer import Informer
+from gpumon.kube.client import KubeApi
 
 
 class Endpoints(Protocol):
