@@ -1,7 +1,7 @@
 """``python -m bench.kube_client``: what gpumon's API client costs beside the generated one.
 
-- **Memory**: a fresh interpreter imports aiohttp, then either gpumon.kube.client (with its
-  credential reader) or kubernetes_asyncio's client and config loader (what
+- **Memory**: a fresh interpreter imports aiohttp, then either gpumon.kube (the client, its
+  credential reader, the informer) or kubernetes_asyncio's client and config loader (what
   the controller imported until gpumon.kube replaced it), and prints VmRSS.
 - **CPU per request**: a local aiohttp server (another process) answers GET with a 2 KiB JSON
   object; each client asks it ``--requests`` times, one request after the other, and the
@@ -39,7 +39,7 @@ IMPORTS = {
     "aiohttp alone": ("aiohttp",),
     # Both programs load pydantic for their configuration anyway.
     "aiohttp + pydantic": ("aiohttp", "pydantic"),
-    "aiohttp + gpumon.kube": ("aiohttp", "gpumon.kube.client"),
+    "aiohttp + gpumon.kube (client, informer)": ("aiohttp", "gpumon.kube.client", "gpumon.kube.informer"),
     "aiohttp + kubernetes_asyncio": ("aiohttp", "kubernetes_asyncio.client", "kubernetes_asyncio.config"),
 }
 

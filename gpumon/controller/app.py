@@ -50,7 +50,6 @@ from gpumon.controller.core.objects import (
 from gpumon.controller.core.policy import Policy
 from gpumon.controller.core.signals import SignalSource
 from gpumon.controller.shell.autoscaler_loop import AutoscaleMetrics, Autoscaler, gpu_resources
-from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.leader import LeaderElector, LeaderSettings
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
 from gpumon.controller.shell.remediation_loop import Reconciler, Settings
@@ -61,6 +60,8 @@ from gpumon.dra import RESOURCE_SLICES_PATH, resource_claims_path
 from gpumon.httpauth.guard import guard
 from gpumon.httpauth.tls import client_context
 from gpumon.kube.client import KubeApi, KubeError
+from gpumon.kube.informer import Selection, View
+from gpumon.kube.registry import Informers
 from gpumon.tasks import Supervisor, TaskTrouble
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,8 @@ def _read_token(path: Path | None, field: str) -> str | None:
 
 # A background task that died starts again after 1 s, then 2, 4... up to 30 s.
 TASK_BACKOFF = Backoff(initial_seconds=1.0, max_seconds=30.0)
+# A failed list or watch is tried again after 0.5 s, then 1, 2... up to 30 s, spread by informer.
+WATCH_BACKOFF = Backoff(initial_seconds=0.5, max_seconds=30.0)
 
 
 @dataclass
@@ -108,12 +111,14 @@ class Controller:
     config: ControllerConfig
     api: KubeApi
     metrics: ControllerMetrics
-    nodes: Informer[NodeView]
-    pods: Informer[PodView]
-    pdbs: Informer[PdbView]
-    state: Informer[Mapping[str, str]]
-    claims: Informer[ClaimView]
-    slices: Informer[SliceView]
+    # Every list and watch of the process, one per selection; the views below read them.
+    informers: Informers
+    nodes: View[NodeView]
+    pods: View[PodView]
+    pdbs: View[PdbView]
+    state: View[Mapping[str, str]]
+    claims: View[ClaimView]
+    slices: View[SliceView]
     reconciler: Reconciler
     elector: LeaderElector | None
     source: SignalSource
@@ -121,8 +126,8 @@ class Controller:
     endpoints: DiscoveredEndpoints | None = None
     autoscaler: Autoscaler | None = None
     # gpumon's DeviceTaintRules; None when quarantine.device_taints is off. Not among the
-    # informers that readiness waits for: it runs only if discovery finds the API.
-    rules: Informer[RuleView] | None = None
+    # views that readiness waits for: its informer runs only if discovery finds the API.
+    rules: View[RuleView] | None = None
     supervisor: Supervisor = field(default_factory=lambda: Supervisor(delay=TASK_BACKOFF.delay))
 
     @property
@@ -133,9 +138,10 @@ class Controller:
         return self.elector is None or self.elector.is_leader()
 
     @property
-    def informers(self) -> list[Informer[Any]]:
-        extra = [self.endpoints.informer] if self.endpoints is not None else []
-        extra += self.autoscaler.informers if self.autoscaler is not None else []
+    def views(self) -> list[View[Any]]:
+        """The caches readiness waits for."""
+        extra = [self.endpoints.view] if self.endpoints is not None else []
+        extra += self.autoscaler.views if self.autoscaler is not None else []
         return [self.nodes, self.pods, self.pdbs, self.state, self.claims, self.slices, *extra]
 
 
@@ -171,61 +177,48 @@ def make_app(
     def ignoring_version(a: NodeView, b: NodeView) -> bool:
         return replace(a, resource_version="") == replace(b, resource_version="")
 
-    node_params = {"labelSelector": config.node_selector} if config.node_selector else None
-    nodes: Informer[NodeView] = Informer(
-        api,
-        "/api/v1/nodes",
+    informers = Informers(
+        backoff=lambda attempt, name: WATCH_BACKOFF.delay(attempt, salt=sum(map(ord, name))),
+        on_error=lambda name, e: on_error(name)(type(e).__name__),
+    )
+    nodes: View[NodeView] = informers.informer(
+        Selection("/api/v1/nodes", label_selector=config.node_selector or "")
+    ).view(
         node_from_json,
         name="nodes",
-        params=node_params,
         same=ignoring_version,
-        on_error=on_error("nodes"),
     )
-    pods: Informer[PodView] = Informer(
-        api,
-        "/api/v1/pods",
+    pods: View[PodView] = informers.informer(Selection("/api/v1/pods")).view(
         functools.partial(gpu_pod_from_json, resources=resources),
         name="pods",
         index=lambda p: p.node_name,
-        on_error=on_error("pods"),
     )
-    pdbs: Informer[PdbView] = Informer(
-        api, "/apis/policy/v1/poddisruptionbudgets", pdb_from_json, name="pdbs", on_error=on_error("pdbs")
+    pdbs: View[PdbView] = informers.informer(Selection("/apis/policy/v1/poddisruptionbudgets")).view(
+        pdb_from_json, name="pdbs"
     )
-    state: Informer[Mapping[str, str]] = Informer(
-        api,
-        f"/api/v1/namespaces/{config.namespace}/configmaps",
+    state: View[Mapping[str, str]] = informers.informer(
+        Selection(
+            f"/api/v1/namespaces/{config.namespace}/configmaps",
+            field_selector=f"metadata.name={config.state_configmap}",
+        )
+    ).view(
         lambda obj: dict((obj.get("metadata") or {}).get("annotations") or {}),
         name="state",
-        params={"fieldSelector": f"metadata.name={config.state_configmap}"},
-        on_error=on_error("state"),
     )
     # DRA: the claims allocated GPU devices and the slices saying which GPU each device is.
     drivers = resources.drivers
-    claims: Informer[ClaimView] = Informer(
-        api,
-        resource_claims_path(),
-        lambda obj: claim_from_json(obj, drivers),
-        name="resourceclaims",
-        on_error=on_error("resourceclaims"),
+    claims: View[ClaimView] = informers.informer(Selection(resource_claims_path())).view(
+        lambda obj: claim_from_json(obj, drivers), name="resourceclaims"
     )
-    slices: Informer[SliceView] = Informer(
-        api,
-        RESOURCE_SLICES_PATH,
+    slices: View[SliceView] = informers.informer(Selection(RESOURCE_SLICES_PATH)).view(
         lambda obj: slice_from_json(obj, drivers),
         name="resourceslices",
         index=lambda s: s.node,
-        on_error=on_error("resourceslices"),
     )
-    rules: Informer[RuleView] | None = None
+    rules: View[RuleView] | None = None
     if config.quarantine.device_taints:
-        rules = Informer(
-            api,
-            RULES_PATH,
-            rule_from_json,
-            name="devicetaintrules",
-            params={"labelSelector": SELECTOR},
-            on_error=on_error("devicetaintrules"),
+        rules = informers.informer(Selection(RULES_PATH, label_selector=SELECTOR)).view(
+            rule_from_json, name="devicetaintrules"
         )
         metrics.device_taints_state("unknown")
     else:
@@ -257,7 +250,7 @@ def make_app(
     endpoints = None
     if config.signals.source == "direct" and not config.signals.direct.endpoints:
         d = config.signals.direct
-        endpoints = DiscoveredEndpoints(api, d.namespace, d.label_selector, d.port, d.scheme)
+        endpoints = DiscoveredEndpoints(informers, d.namespace, d.label_selector, d.port, d.scheme)
     s = config.signals
     # Read before the session opens: a bad token file must not leave it unclosed.
     bearer_token = (
@@ -307,6 +300,7 @@ def make_app(
         autoscaler = Autoscaler(
             api,
             pools,
+            informers=informers,
             pods=pods,
             pdbs=pdbs,
             slices=slices,
@@ -317,13 +311,13 @@ def make_app(
             dry_run=config.dry_run,
             resources=resources,
             wall_clock=wall_clock,
-            on_error=on_error("autoscaler"),
             retry=settings.retry,
         )
     controller = Controller(
         config=config,
         api=api,
         metrics=metrics,
+        informers=informers,
         nodes=nodes,
         pods=pods,
         pdbs=pdbs,
@@ -345,7 +339,7 @@ def make_app(
             breakers=lambda: reconciler.open_breakers(),
             pools=lambda: reconciler.pools(),
             signal_status=reconciler.signal_counts,
-            synced=lambda: {i.name: i.synced.is_set() for i in controller.informers},
+            synced=lambda: {v.name: v.synced.is_set() for v in controller.views},
             paused=reconciler.paused,
             overdue_drains=reconciler.overdue_drains,
         )
@@ -419,8 +413,10 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
     source = controller.source
     start = controller.supervisor.start
 
-    for informer in controller.informers:
-        start(f"informer {informer.name}", informer.run)
+    deferred = controller.rules.informer if controller.rules is not None else None
+    for informer in controller.informers.informers:
+        if informer is not deferred:
+            start(f"informer {informer.name}", functools.partial(informer.run, controller.api))
     start(f"signals {source.name}", functools.partial(source.run, controller.reconciler.mark))
     if controller.elector is not None:
         elector = controller.elector
@@ -448,7 +444,7 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
 DISCOVERY_BACKOFF = Backoff(initial_seconds=1.0, max_seconds=60.0)
 
 
-async def _device_taints(controller: Controller, rules: Informer[RuleView]) -> None:
+async def _device_taints(controller: Controller, rules: View[RuleView]) -> None:
     """Ask once whether the API server serves DeviceTaintRules (retrying only while it cannot
     be reached); if it does, keep gpumon's rules cached and let the reconciler write them,
     otherwise say so once and stay idle: an absent API is a cluster's choice, not an error."""
@@ -470,7 +466,7 @@ async def _device_taints(controller: Controller, rules: Informer[RuleView]) -> N
         )
         await asyncio.Event().wait()
     controller.metrics.device_taints_state("active")
-    run = asyncio.ensure_future(rules.run())
+    run = asyncio.ensure_future(rules.informer.run(controller.api))
     try:
         await rules.synced.wait()
         controller.reconciler.rules_served()
@@ -498,7 +494,7 @@ async def _healthz(request: web.Request) -> web.Response:
 
 async def _readyz(request: web.Request) -> web.Response:
     controller = request.app[CONTROLLER]
-    waiting = [i.name for i in controller.informers if not i.synced.is_set()]
+    waiting = [v.name for v in controller.views if not v.synced.is_set()]
     if waiting:
         return web.Response(status=503, text="caches not synced: " + ", ".join(waiting) + "\n")
     restarting = controller.supervisor.restarting()

@@ -1,4 +1,4 @@
-"""The exporter's pod list+watch on its own API client (gpumon.kube.client) against the real API
+"""The exporter's pod list+watch (gpumon.kube.informer) on gpumon's API client against the real API
 server: this node's pods only, their sharing annotations, container IDs as the kubelet reports
 them, deletion, and an RBAC refusal that heals once the exporter's role is granted; credentials
 from a kubeconfig (client certificate; service account token) and as a pod finds them (the
@@ -21,9 +21,10 @@ from gpumon import sharing
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
-from gpumon.exporter.pod_metadata import PodMetadataWatch
+from gpumon.exporter.pod_metadata import PodMeta, pod_watch
 from gpumon.kube.client import KubeClient, KubeError
 from gpumon.kube.credentials import Credentials, from_kubeconfig, in_cluster
+from gpumon.kube.informer import View
 
 CONTAINER_ID = "4d" * 32
 
@@ -54,10 +55,10 @@ class Watches:
         self.tasks: list[asyncio.Task[None]] = []
         self.clients: list[KubeClient] = []
 
-    def start(self, node: str, credentials: Credentials) -> PodMetadataWatch:
+    def start(self, node: str, credentials: Credentials) -> View[PodMeta]:
         self.clients.append(KubeClient(credentials))
-        watch = PodMetadataWatch(node, lambda source, kind: self.errors.append((source, kind)), sleep=quick)
-        self.tasks.append(asyncio.create_task(watch.run(self.clients[-1])))
+        watch = pod_watch(node, lambda source, kind: self.errors.append((source, kind)), sleep=quick)
+        self.tasks.append(asyncio.create_task(watch.informer.run(self.clients[-1])))
         return watch
 
 
@@ -111,7 +112,7 @@ async def test_this_nodes_pods_with_annotations_ids_and_deletion(
     await core.create_namespaced_pod(namespace, gpu_pod("elsewhere", other, gpushare, {}))
 
     def by_name() -> dict[str, Any] | None:
-        pods = {p.name: p for p in watch.pods.values() if p.namespace == namespace}
+        pods = {p.name: p for p in watch.items().values() if p.namespace == namespace}
         return pods if set(pods) == {"share", "hami"} else None
 
     pods = await eventually(_async(by_name), what="both pods seen")
@@ -141,17 +142,17 @@ async def test_this_nodes_pods_with_annotations_ids_and_deletion(
     )
 
     def container_ids() -> dict[str, str] | None:
-        share = next((p for p in watch.pods.values() if p.name == "share"), None)
+        share = next((p for p in watch.items().values() if p.name == "share"), None)
         return dict(share.container_ids) if share is not None and share.container_ids else None
 
     assert await eventually(_async(container_ids), what="container ID seen") == {CONTAINER_ID: "main"}
 
     await core.delete_namespaced_pod("hami", namespace, grace_period_seconds=0)
     await eventually(
-        _async(lambda: True if all(p.name != "hami" for p in watch.pods.values()) else None),
+        _async(lambda: True if all(p.name != "hami" for p in watch.items().values()) else None),
         what="deleted pod gone from the view",
     )
-    assert watch.up and watch.synced
+    assert watch.informer.up and watch.synced.is_set()
 
 
 async def test_rbac_refusal_is_counted_and_heals_when_granted(
@@ -188,7 +189,7 @@ async def test_rbac_refusal_is_counted_and_heals_when_granted(
     await eventually(
         _async(lambda: True if ("api", "forbidden") in watches.errors else None), what="403 counted"
     )
-    assert not watch.synced
+    assert not watch.synced.is_set()
 
     rbac = client.RbacAuthorizationV1Api(api)
     role = f"{namespace}-pod-reader"
@@ -208,10 +209,10 @@ async def test_rbac_refusal_is_counted_and_heals_when_granted(
         )
         await core.create_namespaced_pod(namespace, gpu_pod("late", node, {}, {}))
         await eventually(
-            _async(lambda: True if any(p.name == "late" for p in watch.pods.values()) else None),
+            _async(lambda: True if any(p.name == "late" for p in watch.items().values()) else None),
             what="pods listed once the role is granted",
         )
-        assert watch.up
+        assert watch.informer.up
     finally:
         await rbac.delete_cluster_role_binding(role)
         await rbac.delete_cluster_role(role)
