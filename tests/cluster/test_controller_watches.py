@@ -78,8 +78,8 @@ async def test_each_resource_and_selection_is_watched_once_per_process(
     async with running(cfg) as ctl:
         controller = ctl.controller
         informers = {v.informer for v in controller.views}
-        if controller.rules is not None:
-            informers.add(controller.rules.informer)
+        if controller.caches.rules is not None:
+            informers.add(controller.caches.rules.informer)
 
         async def all_watching() -> Counter[Key] | None:
             # Every informer of the process has started its watch, and the API server has
