@@ -18,7 +18,7 @@ independent of this one.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -103,8 +103,11 @@ class KubeApi(Protocol):
 
     async def delete(self, path: str, body: Mapping[str, Any] | None = None) -> Json: ...
 
-    def lines(self, path: str, params: Mapping[str, str]) -> AsyncIterator[bytes]:
-        """A streaming GET (``watch=1``), one line per item, until the server closes it."""
+    def lines(
+        self, path: str, params: Mapping[str, str], *, opened: Callable[[], None] | None = None
+    ) -> AsyncIterator[bytes]:
+        """A streaming GET (``watch=1``), one line per item (its newline kept), until the server
+        closes it; ``opened()`` is called once the server has answered 2xx."""
 
 
 @contextmanager
@@ -220,7 +223,9 @@ class KubeClient:
     async def delete(self, path: str, body: Mapping[str, Any] | None = None) -> Json:
         return await self._json("DELETE", path, body=body)
 
-    async def lines(self, path: str, params: Mapping[str, str]) -> AsyncIterator[bytes]:
+    async def lines(
+        self, path: str, params: Mapping[str, str], *, opened: Callable[[], None] | None = None
+    ) -> AsyncIterator[bytes]:
         # Connecting is bounded by the request timeout; a watch asked to end after
         # timeoutSeconds has that long and the request timeout again (one timer, not one per
         # read): past it the connection is taken for dead.
@@ -228,16 +233,20 @@ class KubeClient:
         total = int(lasts) + self._timeout if lasts.isdigit() else None
         bounds = aiohttp.ClientTimeout(total=total, sock_connect=self._timeout)
         resp = await self._call("GET", path, params=params, bounds=bounds)
+        if opened is not None:
+            opened()
         pending = b""
         try:
             with _unreachable(f"watch {path}"):
                 # Lines of any length, split from the chunks as they come.
                 async for chunk in resp.content.iter_any():
                     pending += chunk
-                    *complete, pending = pending.split(b"\n")
-                    for line in complete:
+                    start = 0
+                    while (end := pending.find(b"\n", start)) != -1:
+                        line, start = pending[start : end + 1], end + 1
                         if line.strip():
                             yield line
+                    pending = pending[start:]
         finally:
             resp.release()
         if pending.strip():

@@ -351,8 +351,7 @@ class Informer:
             await self._sleep(wait)
         self._last_watch = self._clock()
         self.watches += 1
-        async for line in api.lines(self.selection.path, params):
-            self.up = True
+        async for line in api.lines(self.selection.path, params, opened=self._opened):
             try:
                 event = json.loads(line)
             except ValueError as e:
@@ -362,6 +361,10 @@ class Informer:
                 return version
             version = self._apply(event) or version
         return version
+
+    def _opened(self) -> None:
+        self.up = True
+        self.failure = None
 
     def _apply(self, event: Mapping[str, Any]) -> str | None:
         """Apply one watch event to every view; returns the resourceVersion it carries."""

@@ -132,7 +132,9 @@ class FakeKube:
             raise NotFound(404, "NotFound", path)
         return {"kind": "Status", "status": "Success"}
 
-    async def lines(self, path: str, params: Mapping[str, str]) -> AsyncIterator[bytes]:
+    async def lines(
+        self, path: str, params: Mapping[str, str], *, opened: Callable[[], None] | None = None
+    ) -> AsyncIterator[bytes]:
         raise KubeError(501, "NotImplemented", "FakeKube does not stream")
         yield b""  # pragma: no cover
 

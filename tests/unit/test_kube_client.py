@@ -136,10 +136,13 @@ async def test_an_answer_that_is_no_object_is_malformed(api: tuple[KubeClient, S
     assert error_kind(raised.value) == "malformed_response"
 
 
-async def test_watch_lines_of_any_length(api: tuple[KubeClient, Seen, Path]) -> None:
+async def test_watch_lines_of_any_length_newlines_kept(api: tuple[KubeClient, Seen, Path]) -> None:
     client, _, _ = api
-    lines = [json.loads(line) async for line in client.lines("/w", {"watch": "1"})]
-    assert [e["object"]["name"] for e in lines] == ["a", BIG]
+    opened: list[bool] = []
+    raw = [line async for line in client.lines("/w", {"watch": "1"}, opened=lambda: opened.append(True))]
+    assert [json.loads(line)["object"]["name"] for line in raw] == ["a", BIG]
+    # The stream joins back as it came (gpumon status reads /metrics through the proxy so).
+    assert all(line.endswith(b"\n") for line in raw) and opened == [True]
 
 
 async def test_refused_and_slow_servers_are_unreachable(api: tuple[KubeClient, Seen, Path]) -> None:

@@ -307,3 +307,22 @@ async def test_a_watch_that_ends_at_once_is_not_rewatched_in_a_tight_loop(api_st
     assert [r.get("watch", "") for r in api.requests] == ["", "true", "true", "true"]
     assert delays == [2.0, 2.0, 2.0]
     assert errors == []
+
+
+async def test_a_watch_answered_again_is_up_before_any_event(api_stand_in: Any) -> None:
+    # Refused, then answered but quiet: the pod source is up again without waiting for an event
+    # (a quiet node's watch may carry none for minutes).
+    api = FakeApi([listing("10", pod("a", "u1")), status(403), events()])
+    core = await api_stand_in(api)
+    errors = Errors()
+    watch = pod_watch(NODE, errors, sleep=Delays().sleep)
+    task = asyncio.create_task(watch.informer.run(core))
+    try:
+        await until(lambda: len(api.requests) == 4)  # the one after the quiet watch hangs
+    finally:
+        api.release.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert errors == [("api", "forbidden")]
+    assert [r.get("resourceVersion") for r in api.requests] == [None, "10", "10", "10"]
+    assert watch.informer.up and watch.informer.failure is None
