@@ -25,7 +25,8 @@ from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
 from gpumon.kube.client import KubeClient
-from gpumon.kube.credentials import Credentials, from_kubeconfig
+from gpumon.kube.credentials import Credentials
+from gpumon.kube.kubeconfig import from_kubeconfig
 
 
 def _slug(text: str, limit: int = 30) -> str:

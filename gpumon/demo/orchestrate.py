@@ -44,7 +44,7 @@ from gpumon.devcluster.poolplan import Timing
 from gpumon.devcluster.poolsim import PoolSimulator, SimulatedPool
 from gpumon.devcluster.state import alive
 from gpumon.kube.client import KubeClient, KubeError
-from gpumon.kube.credentials import from_kubeconfig
+from gpumon.kube.kubeconfig import from_kubeconfig
 
 log = logging.getLogger(__name__)
 OBSERVE_INTERVAL_SECONDS = 0.5

@@ -44,7 +44,7 @@ from gpumon.devices.simulated import FaultScenario, SimulatedBackend, parse_faul
 from gpumon.exporter.attribution import build_attribution
 from gpumon.exporter.server import make_app as make_exporter_app
 from gpumon.kube.client import KubeClient, connect
-from gpumon.kube.credentials import from_kubeconfig
+from gpumon.kube.kubeconfig import from_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC = REPO / "deploy" / "rbac" / "controller.yaml"

@@ -44,7 +44,7 @@ from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
 from gpumon.devcluster.workloads import gpu_deployment
 from gpumon.kube.client import KubeClient
-from gpumon.kube.credentials import from_kubeconfig
+from gpumon.kube.kubeconfig import from_kubeconfig
 from gpumon.resources import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
 from gpumon.sharing import GPUSHARE_ASSIGNED, GPUSHARE_INDEX, GPUSHARE_POD_MEMORY
 

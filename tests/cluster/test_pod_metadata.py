@@ -23,8 +23,9 @@ from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
 from gpumon.exporter.pod_metadata import PodMeta, pod_watch
 from gpumon.kube.client import KubeClient, KubeError
-from gpumon.kube.credentials import Credentials, from_kubeconfig, in_cluster
+from gpumon.kube.credentials import Credentials, in_cluster
 from gpumon.kube.informer import View
+from gpumon.kube.kubeconfig import from_kubeconfig
 
 CONTAINER_ID = "4d" * 32
 

@@ -46,7 +46,7 @@ from gpumon.devcluster.waiting import eventually
 from gpumon.devices.model import CLOCK_EVENT_REASONS
 from gpumon.devices.nvml import canonical_bus_id
 from gpumon.kube.client import KubeClient
-from gpumon.kube.credentials import from_kubeconfig
+from gpumon.kube.kubeconfig import from_kubeconfig
 
 NODE = "nvml-node"  # every exporter's --node-name (nvml_mock.Exporter)
 

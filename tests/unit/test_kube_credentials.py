@@ -12,13 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpumon.kube.credentials import (
-    CredentialsError,
-    from_kubeconfig,
-    in_cluster,
-    kubeconfig_paths,
-    load_credentials,
-)
+from gpumon.kube.credentials import CredentialsError, in_cluster, load_credentials
+from gpumon.kube.kubeconfig import from_kubeconfig, kubeconfig_paths
 
 
 def kubeconfig(tmp_path: Path, user: dict[str, Any], server: str = "http://127.0.0.1:6443") -> Path:
