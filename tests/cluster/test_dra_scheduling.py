@@ -267,9 +267,17 @@ async def test_a_plain_nvidia_gpu_request_is_allocated_from_a_dra_node_and_serve
         pods = await _json(
             api, (await core.list_namespaced_pod(namespace, label_selector="app=legacy")).items
         )
-        return next((p for p in pods if (p.get("status") or {}).get("extendedResourceClaimStatus")), None)
+        # The scheduler writes the claim status before it binds the pod: wait for both.
+        return next(
+            (
+                p
+                for p in pods
+                if (p.get("status") or {}).get("extendedResourceClaimStatus") and p["spec"].get("nodeName")
+            ),
+            None,
+        )
 
-    pod = await eventually(claimed, what="the scheduler's claim for the pod's nvidia.com/gpu")
+    pod = await eventually(claimed, what="the scheduler's claim for the pod's nvidia.com/gpu, and its node")
     assert pod["spec"]["nodeName"] == name
     [ref] = dra.pod_claims(pod)
 
