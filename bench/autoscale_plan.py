@@ -42,8 +42,9 @@ from gpumon.controller.core.objects import GpuResources, PdbView, PodView
 from gpumon.controller.core.pools import Pool, PoolNode, ScaleState
 from gpumon.controller.core.scale_plan import Action, plan_pools
 from gpumon.controller.shell.autoscaler_loop import AutoscaleMetrics, Autoscaler, gpu_resources
-from gpumon.controller.shell.informer import Informer
 from gpumon.dra_cel import compile_selector
+from gpumon.kube.informer import Selection, View
+from gpumon.kube.registry import Informers
 
 NODES = 2_000
 PODS = 20_000
@@ -140,15 +141,17 @@ def _autoscaler(
     pools: list[Pool], rng: random.Random, dra: bool = False
 ) -> tuple[Autoscaler, dict[str, ScaleState]]:
     api: Any = _NoApi()
-    pods: Informer[PodView] = Informer(
-        api, "/api/v1/pods", lambda o: None, name="pods", index=lambda p: p.node_name
+    informers = Informers()
+    pods: View[PodView] = informers.informer(Selection("/api/v1/pods")).view(
+        lambda o: None, name="pods", index=lambda p: p.node_name
     )
-    pdbs: Informer[PdbView] = Informer(
-        api, "/apis/policy/v1/poddisruptionbudgets", lambda o: None, name="pdbs"
+    pdbs: View[PdbView] = informers.informer(Selection("/apis/policy/v1/poddisruptionbudgets")).view(
+        lambda o: None, name="pdbs"
     )
     a = Autoscaler(
         api,
         pools,
+        informers=informers,
         pods=pods,
         pdbs=pdbs,
         recorder=EventRecorder(api, instance="bench"),

@@ -53,7 +53,7 @@ GPUMON_STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gpumon.config (the exporter's config models)", ("gpumon.config",)),
     ("prometheus_client", ("prometheus_client",)),
     (
-        "gpumon.exporter.server (sampler, exposition, devices.model, kubeclient, httpauth)",
+        "gpumon.exporter.server (sampler, exposition, devices.model, kube.client, httpauth)",
         ("gpumon.exporter.server",),
     ),
     (

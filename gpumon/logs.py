@@ -50,5 +50,5 @@ def configure(fmt: Literal["text", "json"] = "text", level: str = "info") -> Non
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     # Client libraries log every request at INFO; keep them to warnings.
-    for noisy in ("aiohttp.access", "kubernetes_asyncio", "urllib3"):
+    for noisy in ("aiohttp.access", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

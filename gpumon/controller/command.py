@@ -81,11 +81,11 @@ async def _serve(config: ControllerConfig, ssl_context: ssl.SSLContext | None) -
     import logging
 
     from gpumon.controller.app import make_app
-    from gpumon.controller.kube import connect
+    from gpumon.kube.client import connect
     from gpumon.serving import serve_until_signalled
 
     log = logging.getLogger(__name__)
-    api = await connect(config.kubeconfig)
+    api = connect(config.kubeconfig)
     try:
         return await serve_until_signalled(
             lambda: make_app(config, api),

@@ -8,7 +8,7 @@ a reader of the contract imports no write.
 from __future__ import annotations
 
 from gpumon.controller.core.pools import ScaleState, ScaleTarget, scale_state
-from gpumon.controller.kube import KubeApi
+from gpumon.kube.client import KubeApi
 
 
 async def read_scale(api: KubeApi, target: ScaleTarget) -> ScaleState:

@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
-    for noisy in ("aiohttp.access", "kubernetes_asyncio", "urllib3"):
+    for noisy in ("aiohttp.access", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     console = Console()

@@ -45,6 +45,8 @@ from gpumon.devcluster.nodemaker import node_ready
 from gpumon.devcluster.waiting import eventually
 from gpumon.devices.model import CLOCK_EVENT_REASONS
 from gpumon.devices.nvml.convert import canonical_bus_id
+from gpumon.kube.client import KubeClient
+from gpumon.kube.kubeconfig import from_kubeconfig
 from gpumon.wire import v1 as wire
 
 NODE = "nvml-node"  # every exporter's --node-name (nvml_mock.Exporter)
@@ -424,11 +426,11 @@ async def pods(devcluster: DevCluster) -> AsyncIterator[dict[str, RunningPod]]:
     ``--node-name``, and PODS running on it with their containers' IDs in status."""
     cfg = client.Configuration()
     await config.load_kube_config(config_file=str(devcluster.kubeconfig), client_configuration=cfg)
-    async with client.ApiClient(cfg) as api:
+    async with client.ApiClient(cfg) as api, KubeClient(from_kubeconfig(devcluster.kubeconfig)) as kube:
         core = client.CoreV1Api(api)
         await core.create_node(nodes.manifest(NODE, nodes.NodeTemplate(gpus=8)))
         try:
-            await eventually(lambda: node_ready(core, NODE), what=f"node {NODE} Ready")
+            await eventually(lambda: node_ready(kube, NODE), what=f"node {NODE} Ready")
             await create_namespace(core, NAMESPACE)
             try:
                 yield await run_pods(

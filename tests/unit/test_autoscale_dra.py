@@ -507,7 +507,7 @@ def test_without_dra_templates_claims_are_not_watched() -> None:
     from test_autoscale_actuator import ScaleKube, autoscaler
 
     a = autoscaler(ScaleKube(make_pool()), make_pool())
-    assert a.claims is None and a.device_classes is None and len(a.informers) == 2
+    assert a.claims is None and a.device_classes is None and len(a.views) == 2
 
 
 async def test_a_dra_node_has_its_gpus_once_its_slice_is_published() -> None:
@@ -518,14 +518,14 @@ async def test_a_dra_node_has_its_gpus_once_its_slice_is_published() -> None:
 
     from gpumon.controller.core.claims import PlacedDevice, SliceView
     from gpumon.controller.shell.autoscaler_loop import gpu_resources
-    from gpumon.controller.shell.informer import Informer
+    from gpumon.kube.informer import Informer, Selection, View
 
     pool = dra_pool(driver="example.com")
     assert "example.com" in gpu_resources(RESOURCES, [pool]).drivers
     kube = ScaleKube(pool, replicas=1)
     a = autoscaler(kube, pool)
-    slices: Informer[SliceView] = Informer(
-        kube, "/slices", lambda o: None, name="slices", index=lambda s: s.node
+    slices: View[SliceView] = Informer(Selection("/slices")).view(
+        lambda o: None, name="slices", index=lambda s: s.node
     )
     a._slices = slices
     node(a, "n0", created_at=actuator_now - 5)

@@ -722,14 +722,7 @@ def test_bad_input_in_process(
         if name.startswith(("GPUMON_", "KUBERNETES_")) or name == "KUBECONFIG":
             monkeypatch.delenv(name)
     for name, value in case.env.items():
-        if name == "KUBECONFIG":
-            # The library reads $KUBECONFIG once, at import: set what it read.
-            monkeypatch.setattr(
-                "kubernetes_asyncio.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION",
-                _fill(value, tmp_path, 0),
-            )
-        else:
-            monkeypatch.setenv(name, _fill(value, tmp_path, busy_port))
+        monkeypatch.setenv(name, _fill(value, tmp_path, busy_port))
     monkeypatch.setattr("aiohttp.web.AppRunner", _tripwire)
     _materialise(case, tmp_path, busy_port, pem)
     argv = [_fill(a, tmp_path, busy_port) for a in case.full_argv()]

@@ -11,9 +11,9 @@ from gpumon.controller.core.drain_plan import DrainPolicy, needs_drain, plan_dra
 from gpumon.controller.core.objects import GpuResources, PdbView, PodView, pdb_from_json, pod_from_json
 from gpumon.controller.core.plans import DrainTarget
 from gpumon.controller.core.signals import GpuReading, NodeReading
-from gpumon.controller.kube import KubeError, TooManyRequests
 from gpumon.devices.model import PodRef
 from gpumon.gpu_health import Severity
+from gpumon.kube.client import KubeError, TooManyRequests
 from gpumon.selectors import LabelSelector
 from gpumon.sharing import CardRef
 

@@ -30,7 +30,7 @@ $Build = Join-Path $BuildDir "build.json"
 & .build-windows\Scripts\pyinstaller --noconfirm --clean --console --name gpumon `
   --distpath dist --workpath build\pyinstaller `
   --collect-submodules gpumon --collect-data gpumon `
-  --collect-submodules kubernetes_asyncio --collect-submodules pynvml `
+  --collect-submodules pynvml `
   --add-data "$Build;gpumon" `
   deploy\image\windows\entry.py
 if ($LASTEXITCODE -ne 0) { throw "pyinstaller failed" }

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpumon.controller.core.contract.breakers import BreakerTrip, breaker_to_annotation
-from gpumon.controller.kube import KubeApi, NotFound
+from gpumon.kube.client import KubeApi, NotFound
 
 
 async def record_breaker(api: KubeApi, namespace: str, name: str, trip: BreakerTrip) -> Mapping[str, Any]:

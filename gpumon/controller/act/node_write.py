@@ -8,7 +8,7 @@ from gpumon.controller.act.retry import DEFAULT_RETRY, RetryPolicy, write_replan
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.objects import NodeView, node_from_json, to_rfc3339
 from gpumon.controller.core.plans import NodeWrite
-from gpumon.controller.kube import KubeApi
+from gpumon.kube.client import KubeApi
 
 
 def node_path(name: str) -> str:

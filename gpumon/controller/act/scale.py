@@ -11,7 +11,7 @@ from __future__ import annotations
 from gpumon.controller.core.contract import RECORD_ANNOTATION
 from gpumon.controller.core.contract.autoscaler import Record, record_to_annotation
 from gpumon.controller.core.pools import ScaleTarget
-from gpumon.controller.kube import KubeApi
+from gpumon.kube.client import KubeApi
 
 
 async def set_replicas(api: KubeApi, target: ScaleTarget, replicas: int, resource_version: str) -> str:

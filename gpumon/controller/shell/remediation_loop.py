@@ -59,9 +59,9 @@ from gpumon.controller.core.policy import (
 from gpumon.controller.core.pools import pool_of
 from gpumon.controller.core.signals import NodeReading, SignalSource
 from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
-from gpumon.controller.kube import KubeApi, KubeError, NotFound
-from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.metrics import ControllerMetrics
+from gpumon.kube.client import KubeApi, KubeError, NotFound
+from gpumon.kube.informer import View
 from gpumon.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -95,12 +95,12 @@ class Reconciler:
         self,
         *,
         api: KubeApi,
-        nodes: Informer[NodeView],
-        pods: Informer[PodView],
-        pdbs: Informer[PdbView],
-        state: Informer[Mapping[str, str]],
-        claims: Informer[ClaimView],
-        slices: Informer[SliceView],
+        nodes: View[NodeView],
+        pods: View[PodView],
+        pdbs: View[PdbView],
+        state: View[Mapping[str, str]],
+        claims: View[ClaimView],
+        slices: View[SliceView],
         source: SignalSource,
         is_leader: Callable[[], bool],
         recorder: EventRecorder,
@@ -108,7 +108,7 @@ class Reconciler:
         metrics: ControllerMetrics,
         settings: ReconcilerSettings,
         wall_clock: Callable[[], float] = time.time,
-        rules: Informer[RuleView] | None = None,
+        rules: View[RuleView] | None = None,
     ) -> None:
         self._api = api
         self._nodes = nodes
@@ -302,7 +302,7 @@ class Reconciler:
     # -- the loop -----------------------------------------------------------------------------
 
     @property
-    def _drain_caches(self) -> tuple[Informer[Any], ...]:
+    def _drain_caches(self) -> tuple[View[Any], ...]:
         """What a drain reads besides the Node: which pods are where, their PDBs, and which GPU
         each DRA claim holds (the slices also say which devices gpumon's rules taint)."""
         return (self._pods, self._pdbs, self._claims, self._slices)
