@@ -76,10 +76,29 @@ def _wheel_key(path: Path) -> tuple[str, str]:
     return _canonical(name), version
 
 
+def _checkout_copy(into: Path) -> Path:
+    """This checkout's files as git sees them (tracked, and new ones not ignored). setuptools
+    builds in the source tree's build/ and never deletes what an earlier build left there, so a
+    wheel built in place carries modules removed or moved since (a package and its old module
+    side by side after a split)."""
+    listed = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = REPO / name
+        if source.is_file():  # a tracked file deleted in the working tree is listed too
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, into / name)
+    return into
+
+
 def build(out: Path) -> dict[str, Any]:
     wheels = out / "wheels"
     wheels.mkdir(parents=True)
-    _pip("wheel", "--no-deps", "--wheel-dir", str(wheels), str(REPO))
+    with tempfile.TemporaryDirectory(prefix="gpumon-wheel-") as source:
+        _pip("wheel", "--no-deps", "--wheel-dir", str(wheels), str(_checkout_copy(Path(source))))
     pinned = pins()
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as constraints:
         constraints.write("".join(f"{n}=={v}\n" for n, v in sorted(pinned.items())))

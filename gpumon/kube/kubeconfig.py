@@ -48,7 +48,7 @@ class _Exec(_Shape):
     env: tuple[_EnvVar, ...] | None = None
 
 
-class _User(_Shape):
+class _KubeconfigUser(_Shape):
     token: str | None = None
     token_file: str | None = Field(None, alias="tokenFile")
     client_certificate: str | None = Field(None, alias="client-certificate")
@@ -72,7 +72,7 @@ class _NamedCluster(_Shape):
 
 class _NamedUser(_Shape):
     name: str
-    user: _User = _User()
+    user: _KubeconfigUser = _KubeconfigUser()
 
 
 class _NamedContext(_Shape):
@@ -197,7 +197,7 @@ def _tls(cluster: _Cluster, ca_file: Path | None) -> ssl.SSLContext:
 
 
 def _client_certificate(
-    context: ssl.SSLContext, user: _User, cert_file: Path | None, key_file: Path | None
+    context: ssl.SSLContext, user: _KubeconfigUser, cert_file: Path | None, key_file: Path | None
 ) -> None:
     if user.client_certificate_data is not None or user.client_key_data is not None:
         # ssl loads a certificate chain from files only: a private file, removed once read.

@@ -10,6 +10,8 @@ import os
 import subprocess
 import tarfile
 import time
+import zipfile
+from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
@@ -22,17 +24,40 @@ REPO = Path(__file__).resolve().parents[2]
 MiB = 2**20
 
 
+# What an earlier in-place wheel build could have left in the checkout's (ignored) build/.
+STALE = REPO / "build" / "lib" / "gpumon" / "removed_since_the_last_build.py"
+
+
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     out = tmp_path_factory.mktemp("bundle") / "device-bundle"
     env = {k: v for k, v in os.environ.items() if k != "GPUMON_PEER_SRC"}  # no peer: as in CI
+    STALE.parent.mkdir(parents=True, exist_ok=True)
+    STALE.write_text("")
     started = time.monotonic()
-    done = subprocess.run(
-        ["make", "-s", "device-bundle", f"BUNDLE={out}"], cwd=REPO, env=env, capture_output=True, text=True
-    )
+    try:
+        done = subprocess.run(
+            ["make", "-s", "device-bundle", f"BUNDLE={out}"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        STALE.unlink()
     assert done.returncode == 0, done.stderr[-3000:]
     print(f"make device-bundle: {time.monotonic() - started:.0f} s; {done.stdout.strip()}")
-    return out
+    yield out
+
+
+def test_gpumon_s_wheel_holds_the_checkout_s_modules_and_no_others(bundle: Path) -> None:
+    """Built in place, the wheel would also carry what build/ kept from earlier builds."""
+    (wheel,) = (bundle / "wheels").glob("gpumon-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        shipped = {n for n in z.namelist() if n.endswith(".py")}
+    listed = ["git", "ls-files", "--cached", "--others", "--exclude-standard", "gpumon/**.py"]
+    checkout = subprocess.run(listed, cwd=REPO, capture_output=True, text=True, check=True)
+    assert shipped == set(checkout.stdout.split())
 
 
 def test_the_bundle_installs_offline_into_a_fresh_python_312(bundle: Path, tmp_path: Path) -> None:
