@@ -42,7 +42,7 @@ from gpumon.controller.core.objects import GpuResources, PdbView, PodView
 from gpumon.controller.core.pools import Pool, PoolNode, ScaleState
 from gpumon.controller.core.scale_plan import Action, plan_pools
 from gpumon.controller.shell.autoscaler_loop import AutoscaleMetrics, Autoscaler, gpu_resources
-from gpumon.dra_cel import compile_selector
+from gpumon.k8s.dra_cel import compile_selector
 from gpumon.kube.informer import Selection, View
 from gpumon.kube.registry import Informers
 

@@ -11,8 +11,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from gpumon import build
 from gpumon.config import ConfigError
+from gpumon.runtime import build
 
 COMMANDS: dict[str, str] = {
     "exporter": "gpumon.exporter.command",

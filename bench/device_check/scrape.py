@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpumon.devices.model import CLOCK_EVENT_REASONS
+from gpumon.gpu.model import CLOCK_EVENT_REASONS
 
 Labels = frozenset[tuple[str, str]]
 Series = dict[tuple[str, Labels], float]

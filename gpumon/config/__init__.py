@@ -9,7 +9,7 @@ library cost the exporter's process about 1 MiB and some 30 modules for a few do
 (docs/exporter.md, "What the exporter imports"). Invalid input
 raises :class:`ConfigError`, whose message names every bad field (and the file or variable a
 bad value came from); the CLI prints it and exits with code 2. Files are read by
-:mod:`gpumon.configfile`; numbers are :mod:`gpumon.configtypes`' ``Int``/``Float``.
+:mod:`gpumon.config.files`; numbers are :mod:`gpumon.config.numbers`' ``Int``/``Float``.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ from pydantic import (
     model_validator,
 )
 
+from gpumon.config.files import ConfigError as ConfigError
+from gpumon.config.files import Loc, field_error, read_yaml_mapping
+from gpumon.config.files import format_validation_error as format_validation_error
+from gpumon.config.numbers import Float, Int
 from gpumon.config.section import Section
-from gpumon.configfile import ConfigError as ConfigError
-from gpumon.configfile import Loc, field_error, read_yaml_mapping
-from gpumon.configfile import format_validation_error as format_validation_error
-from gpumon.configtypes import Float, Int
-from gpumon.devices.model import HealthState
-from gpumon.dra import NVIDIA_GPU_DRIVER
-from gpumon.gpu_health import HealthPolicy
+from gpumon.gpu.health import HealthPolicy
+from gpumon.gpu.model import HealthState
+from gpumon.k8s.dra import NVIDIA_GPU_DRIVER
 
 DEFAULT_EXPORTER_PORT = 9842
 """Neither nvidia_gpu_exporter's 9835 nor dcgm-exporter's 9400 (docs/configuration.md)."""
@@ -66,7 +66,7 @@ class SamplingConfig(Section):
 
 
 class HealthConfig(Section):
-    """How a GPU is judged (gpumon.gpu_health): the same section in the exporter's config and
+    """How a GPU is judged (gpumon.gpu.health): the same section in the exporter's config and
     under the controller's ``policy:``, turned into the frozen policy by :meth:`policy` alone."""
 
     xid_overrides: dict[Int, HealthState] = Field(default_factory=dict)

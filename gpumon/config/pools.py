@@ -11,10 +11,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
+from gpumon.config.numbers import Float, Int, NoBool
 from gpumon.config.section import Section
-from gpumon.configtypes import Float, Int, NoBool
-from gpumon.dra import NVIDIA_GPU_DRIVER, DeviceRef, SliceDevice, qualified
-from gpumon.resources import (
+from gpumon.k8s.dra import NVIDIA_GPU_DRIVER, DeviceRef, SliceDevice, qualified
+from gpumon.k8s.resources import (
     CGPU_CORE_RESOURCE,
     GPUSHARE_COUNT_RESOURCE,
     GPUSHARE_MEMORY_RESOURCE,
@@ -22,7 +22,7 @@ from gpumon.resources import (
     milli,
     whole_quantity,
 )
-from gpumon.selectors import parse_selector
+from gpumon.k8s.selectors import parse_selector
 
 
 class TargetConfig(Section):
@@ -103,7 +103,7 @@ class DraConfig(Section):
         return self
 
     def slice_devices(self, pool: str) -> tuple[SliceDevice, ...]:
-        """The devices, as :func:`gpumon.dra.slice_devices` reads them off a published slice."""
+        """The devices, as :func:`gpumon.k8s.dra.slice_devices` reads them off a published slice."""
         out = []
         for d in self.devices:
             names = [d.name] if d.count == 1 else [f"{d.name}-{i}" for i in range(d.count)]

@@ -33,10 +33,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from gpumon.configfile import ConfigError, read_yaml_mapping
-from gpumon.configtypes import Float, Int, NoBool
-from gpumon.devices.model import HealthState
-from gpumon.gpu_health import HealthPolicy, Op, Scope, Severity, Signal
+from gpumon.config.files import ConfigError, read_yaml_mapping
+from gpumon.config.numbers import Float, Int, NoBool
+from gpumon.gpu.health import HealthPolicy, Op, Scope, Severity, Signal
+from gpumon.gpu.model import HealthState
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -126,7 +126,7 @@ JUDGEMENT_KEYS = ("signal", "op", "threshold", "severity", "scope", "xids")
 
 
 def builtin_rules(health: HealthPolicy) -> list[dict[str, Any]]:
-    """Defaults mirroring NVIDIA's Xid catalog (classes in gpumon.gpu_health) and the
+    """Defaults mirroring NVIDIA's Xid catalog (classes in gpumon.gpu.health) and the
     exporter's thermal limits; each one can be changed or disabled by name."""
     return [
         {"name": "xid-unhealthy", "signal": "xid", "severity": "unhealthy"},

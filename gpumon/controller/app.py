@@ -4,7 +4,7 @@ The app serves ``/metrics``, ``/healthz`` (the event loop answers and no backgro
 dying) and ``/readyz`` (the caches are filled and no background task died within the last
 minute), with the exporter's TLS and auth options (:mod:`gpumon.httpauth`; the probes stay
 open). Its ``cleanup_ctx`` starts the informers, the signal source, the leader election, the
-reconciler and the autoscaler under one :class:`~gpumon.tasks.Supervisor` (each restarted with
+reconciler and the autoscaler under one :class:`~gpumon.runtime.tasks.Supervisor` (each restarted with
 backoff when it dies, counted in ``gpumon_controller_task_restarts_total{task}``), and stops
 them in reverse order; a clean stop hands the lease over at once. Informers and metrics run on
 every replica; only the leader writes.
@@ -26,7 +26,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from gpumon.config.controller import ControllerConfig
-from gpumon.configfile import read_config_text
+from gpumon.config.files import read_config_text
 from gpumon.controller.act.device_taint import served
 from gpumon.controller.act.events import EventRecorder
 from gpumon.controller.act.evict import Evictor
@@ -56,13 +56,13 @@ from gpumon.controller.shell.remediation_loop import Reconciler, ReconcilerSetti
 from gpumon.controller.shell.signal_sources.direct import DirectSettings, DirectSource
 from gpumon.controller.shell.signal_sources.endpoints import DiscoveredEndpoints, StaticEndpoints
 from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource
-from gpumon.dra import RESOURCE_SLICES_PATH, resource_claims_path
 from gpumon.httpauth.guard import Guard, guard
 from gpumon.httpauth.tls import client_context
+from gpumon.k8s.dra import RESOURCE_SLICES_PATH, resource_claims_path
 from gpumon.kube.client import KubeApi, KubeError
 from gpumon.kube.informer import Informer, Selection, View
 from gpumon.kube.registry import Informers
-from gpumon.tasks import Supervisor, TaskTrouble
+from gpumon.runtime.tasks import Supervisor, TaskTrouble
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from gpumon.controller.core.device_claims import TemplateDevices
 from gpumon.controller.core.objects import Taint
 from gpumon.controller.core.policy import Policy, Rule
 from gpumon.controller.core.pools import Pool, ScaleTarget
-from gpumon.selectors import parse_selector
+from gpumon.k8s.selectors import parse_selector
 
 _KNOWN_PLURALS = {
     "MachineDeployment": "machinedeployments",
@@ -46,7 +46,7 @@ def rule_from_config(r: RuleConfig, default_recover_after: float) -> Rule:
 
 def build_policy(config: ControllerConfig) -> Policy:
     """The rules in force and how they are judged: the health section's policy is the one the
-    exporter's sampler gets from the same section (gpumon.gpu_health)."""
+    exporter's sampler gets from the same section (gpumon.gpu.health)."""
     p = config.policy
     return Policy(
         rules=tuple(rule_from_config(r, p.recover_after_seconds) for r in p.effective_rules),

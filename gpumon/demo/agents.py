@@ -20,8 +20,8 @@ from gpumon.demo.views import ClusterView, PodRow
 from gpumon.devcluster import nodes, podresources_server
 from gpumon.devcluster.podresources_server import PodResourcesFixture
 from gpumon.exporter.podresources import api_pb2
+from gpumon.k8s.sharing import GPUSHARE_ASSIGNED, GPUSHARE_INDEX, GPUSHARE_POD_MEMORY
 from gpumon.kube.client import KubeApi, KubeError, NotFound
-from gpumon.sharing import GPUSHARE_ASSIGNED, GPUSHARE_INDEX, GPUSHARE_POD_MEMORY
 
 log = logging.getLogger(__name__)
 

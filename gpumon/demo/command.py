@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gpumon.config import ConfigError
     from gpumon.demo import orchestrate, scenario
-    from gpumon.logs import TextFormatter
+    from gpumon.runtime.logs import TextFormatter
 
     plan = scenario.load(args.scenario)
     if args.nodes is not None:

@@ -17,9 +17,9 @@ from typing import Any
 
 import grpc
 
-from gpumon import dra
 from gpumon.devcluster import resourceslices
 from gpumon.exporter.podresources import api_pb2, api_pb2_grpc
+from gpumon.k8s import dra
 from gpumon.kube.client import KubeApi
 
 Devices = Mapping[str, Sequence[str]]

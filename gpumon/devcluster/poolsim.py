@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from gpumon import dra
 from gpumon.devcluster import capi, nodes, resourceslices
 from gpumon.devcluster.poolplan import (
     BOOTING_ANNOTATION,
@@ -29,8 +28,9 @@ from gpumon.devcluster.poolplan import (
     encode_boots,
     plan,
 )
+from gpumon.k8s import dra
 from gpumon.kube.client import Conflict, KubeApi, KubeError, NotFound
-from gpumon.tasks import cancel_and_wait
+from gpumon.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 NODES = "/api/v1/nodes"

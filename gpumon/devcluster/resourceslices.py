@@ -32,10 +32,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon import dra
 from gpumon.devcluster.nodes import GPU, NodeTemplate
-from gpumon.devices.model import MigInstance
 from gpumon.devices.simulated import FaultScenario, ScenarioMig, SimulatedBackend
+from gpumon.gpu.model import MigInstance
+from gpumon.k8s import dra
 from gpumon.kube.client import Conflict, KubeApi
 
 MIG_DEVICE_CLASS = "mig.nvidia.com"

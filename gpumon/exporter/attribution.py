@@ -24,10 +24,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from gpumon import sharing
 from gpumon.config import PodsConfig
-from gpumon.devices.model import GpuIdentity, GpuSample, MigInstance, PodGpuUsage, PodRef, ProcessSample
-from gpumon.dra import MIG_TYPE, ClaimDevice, DeviceRef, SliceDevice
 from gpumon.exporter.attribution_metrics import AttributionMetrics, SourceState
 from gpumon.exporter.cgroups import ContainerKey
 from gpumon.exporter.dra_slices import ResourceSliceWatch
@@ -40,10 +37,13 @@ from gpumon.exporter.podresources_client import (
     PodResourcesView,
 )
 from gpumon.exporter.process_pods import ProcessPods
+from gpumon.gpu.model import GpuIdentity, GpuSample, MigInstance, PodGpuUsage, PodRef, ProcessSample
+from gpumon.k8s import sharing
+from gpumon.k8s.dra import MIG_TYPE, ClaimDevice, DeviceRef, SliceDevice
 from gpumon.kube.client import KubeApi, KubeClient
 from gpumon.kube.credentials import CredentialsError, load_credentials
 from gpumon.kube.informer import View
-from gpumon.tasks import cancel_and_wait
+from gpumon.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Literal
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
 
-from gpumon.devices.model import (
+from gpumon.gpu.model import (
     FastFields,
     GpuSample,
     MemoryInfo,

@@ -15,15 +15,6 @@ from collections.abc import Mapping
 
 from prometheus_client.metrics_core import Metric
 
-from gpumon.devices.model import (
-    CLOCK_EVENT_REASONS,
-    FastFields,
-    GpuSample,
-    MigInstance,
-    PodGpuUsage,
-    Profiling,
-    Snapshot,
-)
 from gpumon.exporter.catalog import (
     Field,
     GpmField,
@@ -43,6 +34,15 @@ from gpumon.exporter.catalog import (
     one,
     per_gpu,
     violation,
+)
+from gpumon.gpu.model import (
+    CLOCK_EVENT_REASONS,
+    FastFields,
+    GpuSample,
+    MigInstance,
+    PodGpuUsage,
+    Profiling,
+    Snapshot,
 )
 
 _MIB = 1024 * 1024

@@ -10,15 +10,6 @@ from __future__ import annotations
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
 
-from gpumon.devices.model import (
-    CLOCK_EVENT_REASONS,
-    VIOLATION_POLICIES,
-    XID_OTHER,
-    GpuSample,
-    HealthState,
-    MigInstance,
-    Snapshot,
-)
 from gpumon.exporter.catalog import (
     Chunks,
     Field,
@@ -42,6 +33,15 @@ from gpumon.exporter.catalog import (
     one,
     per_gpu,
     violation,
+)
+from gpumon.gpu.model import (
+    CLOCK_EVENT_REASONS,
+    VIOLATION_POLICIES,
+    XID_OTHER,
+    GpuSample,
+    HealthState,
+    MigInstance,
+    Snapshot,
 )
 
 

@@ -2,10 +2,10 @@
 
 One list+watch (:mod:`node_watch`) with ``fieldSelector=spec.nodeName=<node>`` (a selectable
 field of resource.k8s.io/v1 ResourceSlices, indexed by the API server), keeping the devices of
-the GPU drivers only (:func:`gpumon.dra.slice_devices`). Failures are counted as ``dra``; an API
+the GPU drivers only (:func:`gpumon.k8s.dra.slice_devices`). Failures are counted as ``dra``; an API
 server that does not serve resource.k8s.io/v1 answers 404 (``dra/not_found``).
 
-:func:`device_index` is pure: the devices by :class:`~gpumon.dra.DeviceRef`, from the newest
+:func:`device_index` is pure: the devices by :class:`~gpumon.k8s.dra.DeviceRef`, from the newest
 generation of each pool only. A driver that republishes a pool raises its generation and
 replaces its slices one by one, so for a moment both generations are listed; the older one
 describes devices that may be gone (the scheduler reads pools the same way).
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumon.devices.backend import ErrorSink
-from gpumon.dra import RESOURCE_SLICES_PATH, DeviceRef, SliceDevice, newest_generation, slice_devices
 from gpumon.exporter.node_watch import node_view
+from gpumon.k8s.dra import RESOURCE_SLICES_PATH, DeviceRef, SliceDevice, newest_generation, slice_devices
 
 SOURCE = "dra"
 

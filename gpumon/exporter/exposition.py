@@ -44,10 +44,10 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from gpumon.devices.model import Snapshot
 from gpumon.exporter.catalog import SlowSamples
 from gpumon.exporter.catalog_dcgm import dcgm_families
 from gpumon.exporter.catalog_native import native_families
+from gpumon.gpu.model import Snapshot
 
 CONTENT_TYPE_TEXT = CONTENT_TYPE_PLAIN_0_0_4
 CONTENT_TYPE_OPENMETRICS = _OPENMETRICS

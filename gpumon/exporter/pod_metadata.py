@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon import sharing
 from gpumon.devices.backend import ErrorSink
 from gpumon.exporter.node_watch import node_view
+from gpumon.k8s import sharing
 from gpumon.kube.informer import View
 
 SOURCE = "api"

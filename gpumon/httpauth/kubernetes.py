@@ -30,10 +30,10 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpumon.config import KubernetesAuthConfig
-from gpumon.configfile import ConfigError
+from gpumon.config.files import ConfigError
 from gpumon.kube.client import KubeClient
 from gpumon.kube.credentials import CredentialsError, load_credentials
-from gpumon.tasks import cancel_and_wait
+from gpumon.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 

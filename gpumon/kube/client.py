@@ -25,9 +25,9 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from gpumon.configfile import field_error
-from gpumon.gcpause import gc_paused
+from gpumon.config.files import field_error
 from gpumon.kube.credentials import Credentials, CredentialsError, load_credentials
+from gpumon.runtime.gcpause import gc_paused
 
 Json = dict[str, Any]
 
@@ -257,7 +257,7 @@ def connect(kubeconfig: Path | None = None, context: str | None = None, **option
     """A client from ``kubeconfig`` if given, else the pod's service account, else $KUBECONFIG
     or ~/.kube/config; ``options`` go to :class:`KubeClient`.
 
-    Credentials that cannot be used are a :class:`~gpumon.configfile.ConfigError` naming the
+    Credentials that cannot be used are a :class:`~gpumon.config.files.ConfigError` naming the
     field ``kubeconfig``. Nothing here talks to the API server: an unreachable one is found (and
     survived) later."""
     try:

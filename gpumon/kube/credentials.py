@@ -13,7 +13,7 @@ token is cached until its expiry, then the plugin runs again). Legacy ``auth-pro
 
 A token file is read again for every request: the kubelet rotates bound service account
 tokens in place. Kubeconfigs are read by :mod:`gpumon.kube.kubeconfig` (imported only when one
-is); every failure is a :class:`CredentialsError` (a :class:`~gpumon.configfile.ConfigError`)
+is); every failure is a :class:`CredentialsError` (a :class:`~gpumon.config.files.ConfigError`)
 saying which file and what in it.
 """
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from gpumon.configfile import ConfigError
+from gpumon.config.files import ConfigError
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # A plugin's token is asked for again this long before the expiry it gave.

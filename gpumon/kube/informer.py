@@ -31,8 +31,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from gpumon.gcpause import gc_paused
 from gpumon.kube.client import Gone, KubeApi, KubeError, error_kind
+from gpumon.runtime.gcpause import gc_paused
 
 log = logging.getLogger(__name__)
 

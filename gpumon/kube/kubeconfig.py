@@ -1,6 +1,6 @@
 """Credentials from kubeconfigs (:mod:`gpumon.kube.credentials` says which, and when).
 
-A kubeconfig is read through :mod:`gpumon.configfile`, so a FIFO, a directory, a huge file,
+A kubeconfig is read through :mod:`gpumon.config.files`, so a FIFO, a directory, a huge file,
 non-UTF-8 text or a repeated key are refused like any config file, then checked against the
 shape below; a process in a pod never imports this module (its service account serves), so the
 exporter on a node builds none of these models.
@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gpumon.configfile import ConfigError, read_yaml_mapping
+from gpumon.config.files import ConfigError, read_yaml_mapping
 from gpumon.kube.credentials import Credentials, CredentialsError, ExecPlugin
 
 # -- the kubeconfig's shape ------------------------------------------------------------------------

@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon import sharing
-from gpumon.resources import (
+from gpumon.k8s import sharing
+from gpumon.k8s.resources import (
     CGPU_CORE_RESOURCE,
     GPUSHARE_COUNT_RESOURCE,
     GPUSHARE_MEMORY_RESOURCE,

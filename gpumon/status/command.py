@@ -211,7 +211,7 @@ async def _main(args: argparse.Namespace, config: ControllerConfig, node: str | 
 
     from gpumon.config import ConfigError
     from gpumon.kube.client import connect
-    from gpumon.serving import stop_on_signals
+    from gpumon.runtime.serving import stop_on_signals
     from gpumon.status.explain import build_explanation
     from gpumon.status.fleet import build_fleet
     from gpumon.status.read import read_cluster

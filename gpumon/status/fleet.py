@@ -12,7 +12,7 @@ from gpumon.controller.core.contract.breakers import breakers_from_annotations
 from gpumon.controller.core.contract.node import is_excluded, is_quarantined, node_records
 from gpumon.controller.core.objects import pdbs_covering, to_rfc3339
 from gpumon.controller.core.pools import pool_of
-from gpumon.gpu_health import Severity
+from gpumon.gpu.health import Severity
 from gpumon.status.metrics import controller_status
 from gpumon.status.model import (
     Blocker,

@@ -21,7 +21,7 @@ from gpumon.controller.core.objects import (
     pod_from_json,
 )
 from gpumon.controller.core.pools import Pool, ScaleState
-from gpumon.resources import GPU_COUNT_RESOURCES
+from gpumon.k8s.resources import GPU_COUNT_RESOURCES
 from gpumon.wire.v1 import SnapshotDoc
 
 

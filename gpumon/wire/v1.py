@@ -17,7 +17,7 @@ Choices, and why:
   can legitimately grow (pods, processes, MIG instances, NVLink counters, DRA claims, Xid codes)
   so they never send what a reader refuses.
 - **Checked against the device model.** Each wire model mirrors a frozen value of
-  :mod:`gpumon.devices.model` field by field, under the same names, and the writer copies the
+  :mod:`gpumon.gpu.model` field by field, under the same names, and the writer copies the
   shared fields by name (:func:`_derived`); only fields whose wire form differs (bounded, sorted,
   reshaped for JSON) are written out by hand. Every field of the device model's GPU shapes is on
   the wire or in :data:`NOT_ON_THE_WIRE` with its reason: ``tests/unit/test_wire_coverage.py``
@@ -32,7 +32,7 @@ from typing import Annotated, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from gpumon.devices.model import (
+from gpumon.gpu.model import (
     FastFields,
     GpuSample,
     HealthReason,
@@ -64,8 +64,8 @@ MAX_NVLINK_COUNTERS: Final = 256
 MAX_TEXT: Final = 4096
 
 NOT_ON_THE_WIRE: Final[Mapping[str, str]] = {}
-"""Fields of the device model's GPU shapes (``Class.field`` of :mod:`gpumon.devices.model` and
-the :mod:`gpumon.dra` values it holds) that the snapshot leaves out, each with why. Today every
+"""Fields of the device model's GPU shapes (``Class.field`` of :mod:`gpumon.gpu.model` and
+the :mod:`gpumon.k8s.dra` values it holds) that the snapshot leaves out, each with why. Today every
 field travels (``GpuSample.xid_counts`` as the count of each code with an event; the XID_OTHER
 count is the exposition's alone). A field added to the model goes on the wire (an optional field
 of the same name on its wire model below, so older readers keep working) or here, with its
@@ -247,7 +247,7 @@ class Mig(_WireModel):
 
 
 class Gpm(_WireModel):
-    """NVML GPM over the interval between two slow reads (devices.model.Profiling)."""
+    """NVML GPM over the interval between two slow reads (gpu.model.Profiling)."""
 
     graphics_active_ratio: Number | None = None
     sm_active_ratio: Number | None = None
@@ -329,7 +329,7 @@ class DeviceName(_WireModel):
 
 
 class Claim(_WireModel):
-    """One device of one DRA claim that gives the container this GPU (gpumon.dra.ClaimDevice)."""
+    """One device of one DRA claim that gives the container this GPU (gpumon.k8s.dra.ClaimDevice)."""
 
     claim: ClaimName
     device: DeviceName
@@ -412,7 +412,7 @@ class LineSplitter:
 
 
 # ---------------------------------------------------------------------------------------------
-# Writing (the exporter): from the frozen values of gpumon.devices.model
+# Writing (the exporter): from the frozen values of gpumon.gpu.model
 
 
 def encode(model: BaseModel) -> bytes:

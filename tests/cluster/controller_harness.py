@@ -39,10 +39,10 @@ from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.podresources_server import PodResourcesFixture, serve
 from gpumon.devcluster.waiting import eventually
-from gpumon.devices.model import GpuSample, PodGpuUsage, PodRef
 from gpumon.devices.simulated import FaultScenario, SimulatedBackend, parse_fault
 from gpumon.exporter.attribution import build_attribution
 from gpumon.exporter.server import make_app as make_exporter_app
+from gpumon.gpu.model import GpuSample, PodGpuUsage, PodRef
 from gpumon.kube.client import KubeClient, connect
 from gpumon.kube.kubeconfig import from_kubeconfig
 

@@ -18,13 +18,13 @@ from controller_harness import TEST_LABEL, exporters
 from kubernetes_asyncio import client
 from test_status import flat, gpumon
 
-from gpumon import sharing
 from gpumon.demo.agents import assign_gpus, assign_shared
 from gpumon.demo.views import pod_view
 from gpumon.devcluster import nodes
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker, node_ready
 from gpumon.devcluster.waiting import eventually
+from gpumon.k8s import sharing
 from gpumon.kube.client import KubeClient
 from gpumon.status.allocation import HAMI_REGISTER
 

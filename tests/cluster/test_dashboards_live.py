@@ -43,10 +43,10 @@ from gpumon.devcluster.localservers import ControllerProcess, ExporterProcess, P
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
 from gpumon.devcluster.workloads import gpu_deployment
+from gpumon.k8s.resources import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
+from gpumon.k8s.sharing import GPUSHARE_ASSIGNED, GPUSHARE_INDEX, GPUSHARE_POD_MEMORY
 from gpumon.kube.client import KubeClient
 from gpumon.kube.kubeconfig import from_kubeconfig
-from gpumon.resources import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
-from gpumon.sharing import GPUSHARE_ASSIGNED, GPUSHARE_INDEX, GPUSHARE_POD_MEMORY
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = {

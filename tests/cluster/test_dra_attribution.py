@@ -26,11 +26,11 @@ from kubernetes_asyncio import client
 from metrics_text import Series, free_port, parse, select
 from podresources_server import FakeKubelet, serve, short_socket_dir
 
-from gpumon import dra
 from gpumon.devcluster import nodes, podresources_server, resourceslices, workloads
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
+from gpumon.k8s import dra
 from gpumon.kube.client import KubeClient
 
 TEST_LABEL = "test.gpumon.io/id"

@@ -24,7 +24,7 @@ from gpumon.controller.core.contract import MANAGED_BY_LABEL
 from gpumon.controller.core.device_taints import RESOURCE
 from gpumon.devcluster import nodes, resourceslices, workloads
 from gpumon.devcluster.waiting import eventually
-from gpumon.dra import ClaimRef, claim_devices, pod_claims
+from gpumon.k8s.dra import ClaimRef, claim_devices, pod_claims
 
 APP = "dra-train"
 TEMPLATE = "one-gpu"

@@ -13,13 +13,13 @@ import grpc
 from kubernetes_asyncio import client
 from test_pool_simulator import _patch_scale
 
-from gpumon import dra
 from gpumon.devcluster import capi, nodes, podresources_server, resourceslices, workloads
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.poolplan import POOL_LABEL, Timing
 from gpumon.devcluster.poolsim import PoolSimulator, SimulatedPool
 from gpumon.devcluster.waiting import eventually
 from gpumon.exporter.podresources import api_pb2, api_pb2_grpc
+from gpumon.k8s import dra
 from gpumon.kube.client import KubeClient
 
 TEST_LABEL = "test.gpumon.io/id"

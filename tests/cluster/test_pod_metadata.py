@@ -17,11 +17,11 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 
-from gpumon import sharing
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
 from gpumon.exporter.pod_metadata import PodMeta, pod_watch
+from gpumon.k8s import sharing
 from gpumon.kube.client import KubeClient, KubeError
 from gpumon.kube.credentials import Credentials, in_cluster
 from gpumon.kube.informer import View

@@ -1,4 +1,4 @@
-"""The one quantity grammar (gpumon/resources.py) on a trust boundary: pod limits, sharing
+"""The one quantity grammar (gpumon/k8s/resources.py) on a trust boundary: pod limits, sharing
 annotations' resources, config and CEL selectors all reach it. Any text is a value or None,
 at once; a text written in the grammar is its value; the whole-number and thousandths readings
 agree with the exact one. (tests/pins/test_quantity_grammar.py holds it to Kubernetes' parser.)"""
@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import FUZZ
 
-from gpumon.resources import milli, quantity, whole_quantity
+from gpumon.k8s.resources import milli, quantity, whole_quantity
 
 _SUFFIXES = {
     **{s: Decimal(10) ** e for s, e in (("n", -9), ("u", -6), ("m", -3), ("", 0), ("k", 3), ("M", 6))},

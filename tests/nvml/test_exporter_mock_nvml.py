@@ -43,8 +43,8 @@ from gpumon.devcluster.binaries import MockNvml
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import node_ready
 from gpumon.devcluster.waiting import eventually
-from gpumon.devices.model import CLOCK_EVENT_REASONS
 from gpumon.devices.nvml.convert import canonical_bus_id
+from gpumon.gpu.model import CLOCK_EVENT_REASONS
 from gpumon.kube.client import KubeClient
 from gpumon.kube.kubeconfig import from_kubeconfig
 from gpumon.wire import v1 as wire

@@ -1,4 +1,4 @@
-"""gpumon's one quantity grammar (gpumon/resources.py) against Kubernetes' own parser.
+"""gpumon's one quantity grammar (gpumon/k8s/resources.py) against Kubernetes' own parser.
 
 A small Go program runs k8s.io/apimachinery's ``Quantity.UnmarshalJSON`` (the API server's
 decoder), at the version the local control plane is built from (hack/tools/kubernetes), from the
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kubernetes_quantities import KUBERNETES, REFUSED_ON_PURPOSE
 
-from gpumon.resources import quantity
+from gpumon.k8s.resources import quantity
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES_TOOLS = ROOT / "hack" / "tools" / "kubernetes"

@@ -30,7 +30,7 @@ from gpumon.controller.core.policy import EMPTY_NODE_STATE, NodeRuleState, Polic
 from gpumon.controller.core.signals import FleetSignals
 from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
 from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource
-from gpumon.gpu_health import Severity
+from gpumon.gpu.health import Severity
 from gpumon.wire import v1 as wire
 
 JOB = "gpumon-exporter"

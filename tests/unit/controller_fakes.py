@@ -17,7 +17,7 @@ from gpumon.config.controller import ControllerConfig, PolicyConfig
 from gpumon.controller.configure import build_policy
 from gpumon.controller.core.policy import Rule
 from gpumon.controller.core.verdicts import Finding, GpuVerdict, NodeVerdict, SignalStatus
-from gpumon.gpu_health import Severity
+from gpumon.gpu.health import Severity
 from gpumon.kube.client import Conflict, KubeError, NotFound
 
 

@@ -12,20 +12,7 @@ from fake_host_proc import cgroup_file, container_path, write_process
 from podresources_server import FakeKubelet, pod_resources, serve, short_socket_dir
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpumon import sharing
 from gpumon.config import PodsConfig
-from gpumon.devices.model import (
-    HEALTHY,
-    FastFields,
-    GpuIdentity,
-    GpuSample,
-    MigInstance,
-    PodGpuUsage,
-    PodRef,
-    ProcessSample,
-    SlowFields,
-    Snapshot,
-)
 from gpumon.devices.simulated import FaultScenario, SimulatedBackend, SimulationError
 from gpumon.exporter import exposition
 from gpumon.exporter.attribution import (
@@ -43,8 +30,21 @@ from gpumon.exporter.cgroups import ContainerKey
 from gpumon.exporter.pod_metadata import PodMeta, pod_watch
 from gpumon.exporter.podresources_client import DeviceAssignment, PodResourcesClient
 from gpumon.exporter.process_pods import ProcessPods
+from gpumon.gpu.model import (
+    HEALTHY,
+    FastFields,
+    GpuIdentity,
+    GpuSample,
+    MigInstance,
+    PodGpuUsage,
+    PodRef,
+    ProcessSample,
+    SlowFields,
+    Snapshot,
+)
+from gpumon.k8s import sharing
+from gpumon.k8s.sharing import ContainerLimits
 from gpumon.kube.informer import View
-from gpumon.sharing import ContainerLimits
 
 GIB = 1 << 30
 MIB = 1 << 20

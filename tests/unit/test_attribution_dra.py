@@ -20,15 +20,6 @@ from podresources_server import FakeKubelet, short_socket_dir
 from test_attribution import MIB, UUIDS, gpu, meta, pod_source, proc, render, shares
 
 from gpumon.config import PodsConfig
-from gpumon.devices.model import GpuSample, MemoryInfo, MigInstance, PodGpuUsage, PodRef, SlowFields, Snapshot
-from gpumon.dra import (
-    NVIDIA_GPU_DRIVER,
-    RESOURCE_SLICES_PATH,
-    ClaimDevice,
-    ClaimRef,
-    DeviceRef,
-    slice_devices,
-)
 from gpumon.exporter import exposition
 from gpumon.exporter.attribution import PodAttribution, build_view, resolve_grants, usages, watched_resource
 from gpumon.exporter.attribution_metrics import AttributionMetrics, SourceState
@@ -37,6 +28,15 @@ from gpumon.exporter.dra_slices import PoolSlice, ResourceSliceWatch, device_ind
 from gpumon.exporter.pod_metadata import PodMeta
 from gpumon.exporter.podresources import api_pb2
 from gpumon.exporter.podresources_client import Assignment, DeviceAssignment, PodKey, PodResourcesClient
+from gpumon.gpu.model import GpuSample, MemoryInfo, MigInstance, PodGpuUsage, PodRef, SlowFields, Snapshot
+from gpumon.k8s.dra import (
+    NVIDIA_GPU_DRIVER,
+    RESOURCE_SLICES_PATH,
+    ClaimDevice,
+    ClaimRef,
+    DeviceRef,
+    slice_devices,
+)
 from gpumon.kube.client import KubeClient
 
 NODE = "node-a"

@@ -1,6 +1,6 @@
 """DRA demand: pending pods' ResourceClaims allocated on the devices a pool's template publishes
 (gpumon.controller.core.device_claims, gpumon.controller.core.demand), CEL selectors through
-gpumon.dra_cel, and what the planner makes of them. API objects are shaped as resource.k8s.io/v1
+gpumon.k8s.dra_cel, and what the planner makes of them. API objects are shaped as resource.k8s.io/v1
 answers them (defaults filled in by the API server: allocationMode, count)."""
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from gpumon.controller.core.device_claims import (
 )
 from gpumon.controller.core.objects import GpuResources
 from gpumon.controller.core.scale_plan import Action
-from gpumon.dra import DeviceRef, SliceDevice
-from gpumon.dra_cel import SelectorError, compile_selector
-from gpumon.resources import GPU_RESOURCE_NAMES, GPU_RESOURCE_PREFIXES
+from gpumon.k8s.dra import DeviceRef, SliceDevice
+from gpumon.k8s.dra_cel import SelectorError, compile_selector
+from gpumon.k8s.resources import GPU_RESOURCE_NAMES, GPU_RESOURCE_PREFIXES
 
 NS = "ml"
 GIB = 2**30
@@ -547,7 +547,7 @@ def test_the_local_drivers_slice_as_a_pool_template(mig: dict[str, int]) -> None
     declares the devices a node of it publishes, with their attributes and capacities but not
     their UUIDs nor versions."""
     from gpumon.devcluster import nodes, resourceslices
-    from gpumon.dra import slice_devices
+    from gpumon.k8s.dra import slice_devices
 
     template = nodes.NodeTemplate(gpus=2, dra=True, mig=mig)
     pool = make_pool(template={"dra": resourceslices.pool_dra(template)})

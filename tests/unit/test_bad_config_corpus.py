@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from gpumon.cli import main
-from gpumon.configfile import MAX_FILE_BYTES
+from gpumon.config.files import MAX_FILE_BYTES
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,7 +8,7 @@ from controller_fakes import load_rules
 from gpumon.config import ConfigError, HealthConfig, load
 from gpumon.config.controller import ControllerConfig
 from gpumon.config.rules import builtin_rules, parse_duration
-from gpumon.gpu_health import HealthPolicy, Op, Scope, Severity, Signal
+from gpumon.gpu.health import HealthPolicy, Op, Scope, Severity, Signal
 
 
 def by_name(rules):

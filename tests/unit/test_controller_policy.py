@@ -20,8 +20,8 @@ from gpumon.controller.core.policy import (
 )
 from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading, XidSeen
 from gpumon.controller.core.verdicts import SignalStatus
-from gpumon.devices.model import HealthReason, HealthState, HealthVerdict
-from gpumon.gpu_health import HealthPolicy, Severity
+from gpumon.gpu.health import HealthPolicy, Severity
+from gpumon.gpu.model import HealthReason, HealthState, HealthVerdict
 
 
 def gpu(index: int = 0, at: float = 0.0, **kw) -> GpuReading:

@@ -13,7 +13,7 @@ from gpumon.controller.core.node_plan import QuarantinePolicy, drain_started_at,
 from gpumon.controller.core.objects import NodeView, node_from_json, to_rfc3339
 from gpumon.controller.core.plans import PlanKind
 from gpumon.controller.core.verdicts import SignalStatus
-from gpumon.gpu_health import Severity
+from gpumon.gpu.health import Severity
 from gpumon.kube.client import Conflict
 
 PATH = "/api/v1/nodes/n1"

@@ -26,8 +26,8 @@ from gpumon.controller.core.policy import Policy
 from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading, XidSeen
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
 from gpumon.controller.shell.remediation_loop import Reconciler, ReconcilerSettings
-from gpumon.devices.model import PodRef
-from gpumon.dra import NVIDIA_GPU_DRIVER, ClaimRef, DeviceRef
+from gpumon.gpu.model import PodRef
+from gpumon.k8s.dra import NVIDIA_GPU_DRIVER, ClaimRef, DeviceRef
 from gpumon.kube.client import TooManyRequests
 from gpumon.kube.informer import Selection, View
 from gpumon.kube.registry import Informers

@@ -1,4 +1,4 @@
-"""The one judgement of a GPU (gpumon/gpu_health.py): its tables, its one converter from config,
+"""The one judgement of a GPU (gpumon/gpu/health.py): its tables, its one converter from config,
 and that the exporter's verdict and the controller's rules agree on every Xid of the catalog and
 on a temperature under the same configuration."""
 
@@ -12,8 +12,7 @@ from gpumon.config import ExporterConfig, HealthConfig
 from gpumon.config.controller import ControllerConfig, PolicyConfig
 from gpumon.controller.configure import build_policy
 from gpumon.controller.core.policy import EMPTY_NODE_STATE, evaluate_node
-from gpumon.devices.model import FastFields, HealthState, XidEvent
-from gpumon.gpu_health import (
+from gpumon.gpu.health import (
     ACTION_XIDS,
     INFORMATIONAL_XIDS,
     REASONS,
@@ -26,6 +25,7 @@ from gpumon.gpu_health import (
     judge,
     recommended_action,
 )
+from gpumon.gpu.model import FastFields, HealthState, XidEvent
 from gpumon.wire import v1 as wire
 
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -24,7 +24,7 @@ from gpumon.controller.shell.signal_sources.direct import (
     on_snapshot,
     reading_of,
 )
-from gpumon.devices.model import GpuSample, HealthState, PodGpuUsage, Snapshot
+from gpumon.gpu.model import GpuSample, HealthState, PodGpuUsage, Snapshot
 from gpumon.wire import v1 as wire
 
 NOW = 2_000_000_000.0

@@ -10,7 +10,6 @@ import pynvml
 import pytest
 
 from gpumon.devices.backend import BackendUnavailable, GpuLostError
-from gpumon.devices.model import GpuIdentity, MemoryInfo, MigInstance, ProcessSample, Profiling, XidEvent
 from gpumon.devices.nvml.convert import (
     GPM_METRICS,
     GPM_MIG_METRICS,
@@ -49,6 +48,7 @@ from gpumon.devices.nvml.errors import (
     init_failure_message,
     read_failure,
 )
+from gpumon.gpu.model import GpuIdentity, MemoryInfo, MigInstance, ProcessSample, Profiling, XidEvent
 
 GiB = 2**30
 MiB = 2**20

@@ -12,8 +12,8 @@ from typing import Any
 from aiohttp import web
 from api_stand_in import until
 
-from gpumon import sharing
 from gpumon.exporter.pod_metadata import pod_watch, project_pod
+from gpumon.k8s import sharing
 from gpumon.kube.client import KubeClient
 from gpumon.kube.credentials import Credentials
 from gpumon.kube.informer import watch_wait

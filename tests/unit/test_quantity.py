@@ -1,4 +1,4 @@
-"""One quantity grammar for both programs (gpumon/resources.py): Kubernetes' own, as recorded
+"""One quantity grammar for both programs (gpumon/k8s/resources.py): Kubernetes' own, as recorded
 in tests/kubernetes_quantities.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 from kubernetes_quantities import KUBERNETES, REFUSED_ON_PURPOSE
 
-from gpumon.resources import milli, quantity, whole_quantity
+from gpumon.k8s.resources import milli, quantity, whole_quantity
 
 
 @pytest.mark.parametrize(("text", "value"), KUBERNETES)

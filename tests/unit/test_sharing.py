@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gpumon.resources import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
-from gpumon.sharing import (
+from gpumon.k8s.resources import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
+from gpumon.k8s.sharing import (
     GPUSHARE_ASSIGNED,
     GPUSHARE_INDEX,
     GPUSHARE_POD_MEMORY,

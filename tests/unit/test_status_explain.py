@@ -11,7 +11,7 @@ from gpumon.config.controller import ControllerConfig
 from gpumon.controller.configure import build_policy
 from gpumon.controller.core.contract.breakers import BreakerTrip, breaker_to_annotation
 from gpumon.controller.core.objects import pdb_from_json
-from gpumon.gpu_health import Severity
+from gpumon.gpu.health import Severity
 from gpumon.status.explain import build_explanation
 from gpumon.status.model import Explanation
 

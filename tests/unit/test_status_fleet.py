@@ -15,7 +15,7 @@ from gpumon.controller.core.contract.breakers import BreakerTrip, breaker_to_ann
 from gpumon.controller.core.objects import pdb_from_json
 from gpumon.controller.core.pools import ScaleState
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
-from gpumon.gpu_health import Severity
+from gpumon.gpu.health import Severity
 from gpumon.status.fleet import build_fleet, gpu_counts, problems_of
 from gpumon.status.metrics import controller_status
 from gpumon.status.model import GpuCounts

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpumon.devices.model import (
+from gpumon.gpu.model import (
     DriverInfo,
     FastFields,
     GpuIdentity,
@@ -26,7 +26,7 @@ from gpumon.devices.model import (
     Snapshot,
     XidEvent,
 )
-from gpumon.dra import ClaimDevice, ClaimRef, DeviceRef
+from gpumon.k8s.dra import ClaimDevice, ClaimRef, DeviceRef
 from gpumon.wire import v1 as wire
 
 BAD = HealthVerdict(

@@ -16,7 +16,7 @@ from typing import Any
 from every_field import every_field
 from pydantic import BaseModel
 
-from gpumon.devices.model import GpuSample, Snapshot, XidEvent
+from gpumon.gpu.model import GpuSample, Snapshot, XidEvent
 from gpumon.wire import v1 as wire
 
 

@@ -29,8 +29,8 @@ from gpumon.controller.core.device_claims import (
     resolve,
 )
 from gpumon.controller.core.objects import GpuResources, Taint
-from gpumon.dra import ClaimRef, pod_claims
-from gpumon.resources import (
+from gpumon.k8s.dra import ClaimRef, pod_claims
+from gpumon.k8s.resources import (
     CGPU_CORE_RESOURCE,
     CGPU_CORE_STEP,
     GPUSHARE_MEMORY_RESOURCE,
@@ -40,7 +40,7 @@ from gpumon.resources import (
     milli,
     units,
 )
-from gpumon.selectors import Requirement
+from gpumon.k8s.selectors import Requirement
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 

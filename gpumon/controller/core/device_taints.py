@@ -25,8 +25,8 @@ from gpumon.controller.core import contract as c
 from gpumon.controller.core.claims import SliceView
 from gpumon.controller.core.contract.node import node_records
 from gpumon.controller.core.objects import NodeView
-from gpumon.dra import DeviceRef, newest_generation
-from gpumon.gpu_health import Severity
+from gpumon.gpu.health import Severity
+from gpumon.k8s.dra import DeviceRef, newest_generation
 
 API_VERSION = "resource.k8s.io/v1beta2"
 GROUP_VERSION_PATH = "/apis/resource.k8s.io/v1beta2"

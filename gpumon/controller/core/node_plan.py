@@ -33,7 +33,7 @@ from gpumon.controller.core.objects import (
 )
 from gpumon.controller.core.plans import NO_PLAN, Event, NodePlan, NodeWrite, ObjectRef, PlanKind
 from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus, records_of
-from gpumon.gpu_health import Severity
+from gpumon.gpu.health import Severity
 
 _OUR_ANNOTATIONS = (
     c.ANNOTATION_UNHEALTHY_GPUS,

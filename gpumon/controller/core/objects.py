@@ -19,10 +19,10 @@ from gpumon.controller.core.contract import (
     KEY_PREFIX,
     MIRROR_POD_ANNOTATION,
 )
-from gpumon.dra import NVIDIA_GPU_DRIVER, ClaimRef, pod_claims
-from gpumon.resources import GPU_RESOURCE_NAMES, GPU_RESOURCE_PREFIXES
-from gpumon.selectors import LabelSelector
-from gpumon.sharing import CardRef, pod_cards
+from gpumon.k8s.dra import NVIDIA_GPU_DRIVER, ClaimRef, pod_claims
+from gpumon.k8s.resources import GPU_RESOURCE_NAMES, GPU_RESOURCE_PREFIXES
+from gpumon.k8s.selectors import LabelSelector
+from gpumon.k8s.sharing import CardRef, pod_cards
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 _KEPT_ANNOTATION_PREFIXES = (KEY_PREFIX, BREAKER_ANNOTATION_PREFIX)

@@ -28,7 +28,7 @@ from gpumon.controller.core.contract import LABEL_POOL
 from gpumon.controller.core.contract.node import GpuRecord
 from gpumon.controller.core.signals import GpuReading, NodeReading
 from gpumon.controller.core.verdicts import Finding, GpuVerdict, NodeVerdict, SignalStatus
-from gpumon.gpu_health import (
+from gpumon.gpu.health import (
     HealthPolicy,
     Op,
     Scope,
@@ -68,7 +68,7 @@ class Rule:
     scope: Scope = Scope.GPU
     reason: str | None = None  # None: from the signal (or the Xid's class)
     action: str | None = None  # None: from the reason
-    # xid rules: these codes; None: every code whose class (gpu_health.classify_xid) is this severity.
+    # xid rules: these codes; None: every code whose class (gpu.health.classify_xid) is this severity.
     xids: frozenset[int] | None = None
     query: str | None = None  # promql rules
     node_selector: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
@@ -83,7 +83,7 @@ class Rule:
 @dataclass(frozen=True, slots=True)
 class Policy:
     rules: tuple[Rule, ...]
-    # The one judgement shared with the exporter (gpu_health): Xid classes with their per-code
+    # The one judgement shared with the exporter (gpumon.gpu.health): Xid classes with their per-code
     # overrides, and how long an Xid counts after it was seen (its xid_window_seconds).
     health: HealthPolicy = field(default_factory=HealthPolicy)
     stale_after_seconds: float = 60.0
@@ -190,7 +190,7 @@ def _xid_matches(rule: Rule, code: int, classes: HealthPolicy) -> bool:
 
 
 def _xid_reason(codes: list[int], classes: HealthPolicy) -> str:
-    # The reason the exporter's verdict names first for these codes (gpu_health's one order).
+    # The reason the exporter's verdict names first for these codes (gpu.health's one order).
     ranked = actionable_xids(codes, classes)
     return ranked[0][1].reason if ranked else default_reason(Signal.XID)
 

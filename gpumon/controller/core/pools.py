@@ -20,7 +20,7 @@ from typing import Any
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.demand import Template
 from gpumon.controller.core.objects import from_rfc3339
-from gpumon.resources import milli
+from gpumon.k8s.resources import milli
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 

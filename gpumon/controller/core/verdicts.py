@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 
 from gpumon.controller.core.contract.node import GpuRecord
-from gpumon.gpu_health import Severity
+from gpumon.gpu.health import Severity
 
 
 def worst(severities: tuple[Severity | None, ...] | list[Severity | None]) -> Severity | None:

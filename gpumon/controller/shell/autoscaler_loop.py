@@ -53,8 +53,8 @@ from gpumon.controller.core.plans import DrainTarget, Event, ObjectRef
 from gpumon.controller.core.pools import Pool, PoolNode, ScaleState, pool_node_from_json
 from gpumon.controller.core.scale_plan import Action, PoolInput, PoolPlan, plan_pools, removal_record
 from gpumon.controller.read import read_scale
-from gpumon.dra import DEVICE_CLASSES_PATH, resource_claims_path
-from gpumon.dra_cel import compile_selector
+from gpumon.k8s.dra import DEVICE_CLASSES_PATH, resource_claims_path
+from gpumon.k8s.dra_cel import compile_selector
 from gpumon.kube.client import KubeApi, KubeError, NotFound
 from gpumon.kube.informer import Selection, View
 from gpumon.kube.registry import Informers

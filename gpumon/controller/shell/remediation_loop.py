@@ -62,7 +62,7 @@ from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
 from gpumon.controller.shell.metrics import ControllerMetrics
 from gpumon.kube.client import KubeApi, KubeError, NotFound
 from gpumon.kube.informer import View
-from gpumon.tasks import cancel_and_wait
+from gpumon.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 

@@ -21,14 +21,6 @@ from typing import Any, TypeVar
 import pynvml
 
 from gpumon.devices.backend import BackendUnavailable, DeviceCallError, ErrorSink, GpuLostError
-from gpumon.devices.model import (
-    VIOLATION_POLICIES,
-    DriverInfo,
-    FastFields,
-    GpuIdentity,
-    SlowFields,
-    XidEvent,
-)
 from gpumon.devices.nvml.convert import (
     NVLINK_DATA_FIELDS,
     canonical_bus_id,
@@ -55,6 +47,14 @@ from gpumon.devices.nvml.gpu import Gpu
 from gpumon.devices.nvml.processes import read_mig_instances, read_processes
 from gpumon.devices.nvml.reads import FieldReader
 from gpumon.devices.nvml.xid import XidEvents
+from gpumon.gpu.model import (
+    VIOLATION_POLICIES,
+    DriverInfo,
+    FastFields,
+    GpuIdentity,
+    SlowFields,
+    XidEvent,
+)
 
 # The package's name: one logger for the whole NVML backend, whichever module logs.
 log = logging.getLogger("gpumon.devices.nvml")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pynvml
 
-from gpumon.devices.model import (
+from gpumon.gpu.model import (
     CLOCK_EVENT_REASONS,
     NVLINK_ERROR_KINDS,
     GpuIdentity,

@@ -11,11 +11,11 @@ from typing import Any
 
 import pynvml
 
-from gpumon.devices.model import MigInstance, MigProfiling, Profiling
 from gpumon.devices.nvml.convert import GPM_METRICS, GPM_MIG_METRICS, gpu_instance_profiles, profiling
 from gpumon.devices.nvml.errors import ErrorClass, classify_error
 from gpumon.devices.nvml.gpu import GpmInterval, Gpu
 from gpumon.devices.nvml.reads import FieldReader
+from gpumon.gpu.model import MigInstance, MigProfiling, Profiling
 
 
 def read_profiling(reader: FieldReader, gpu: Gpu) -> Profiling | None:

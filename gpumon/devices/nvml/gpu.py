@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumon.devices.model import GpuIdentity
+from gpumon.gpu.model import GpuIdentity
 
 
 @dataclass(slots=True)

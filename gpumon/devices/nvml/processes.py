@@ -10,7 +10,6 @@ from typing import Any
 
 import pynvml
 
-from gpumon.devices.model import MigInstance, ProcessSample
 from gpumon.devices.nvml.convert import (
     fold_process_utilization,
     memory_info,
@@ -20,6 +19,7 @@ from gpumon.devices.nvml.convert import (
 )
 from gpumon.devices.nvml.gpu import Gpu
 from gpumon.devices.nvml.reads import FieldReader
+from gpumon.gpu.model import MigInstance, ProcessSample
 
 _PROCESS_BUFFER = 32
 _UTILIZATION_BUFFER = 128

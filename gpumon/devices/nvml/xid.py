@@ -13,11 +13,11 @@ from typing import Any
 import pynvml
 
 from gpumon.devices.backend import BackendUnavailable
-from gpumon.devices.model import GpuIdentity, XidEvent
 from gpumon.devices.nvml.convert import text, xid_event
 from gpumon.devices.nvml.errors import ErrorClass, classify_error, error_kind
 from gpumon.devices.nvml.gpu import Gpu
 from gpumon.devices.nvml.reads import FieldReader
+from gpumon.gpu.model import GpuIdentity, XidEvent
 
 _XID_DRAIN = 64
 

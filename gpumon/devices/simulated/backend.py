@@ -16,15 +16,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from gpumon.devices.backend import BackendUnavailable, GpuLostError
-from gpumon.devices.model import (
-    DriverInfo,
-    FastFields,
-    GpuIdentity,
-    MemoryInfo,
-    MigInstance,
-    SlowFields,
-    XidEvent,
-)
 from gpumon.devices.simulated.boards import DRIVER, HGX_BUSES, MiB, SimulationError, model_spec
 from gpumon.devices.simulated.faults import (
     ClearFault,
@@ -45,6 +36,15 @@ from gpumon.devices.simulated.faults import (
 from gpumon.devices.simulated.load import Load, SimProcess, generated_load, stated_load
 from gpumon.devices.simulated.noise import S_COUNTERS, S_IDENTITY, S_STORM, S_TEMP, bits, smooth_noise, unit
 from gpumon.devices.simulated.scenario import FaultScenario
+from gpumon.gpu.model import (
+    DriverInfo,
+    FastFields,
+    GpuIdentity,
+    MemoryInfo,
+    MigInstance,
+    SlowFields,
+    XidEvent,
+)
 
 MHz = 1_000_000.0
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpumon.devices.model import DriverInfo
+from gpumon.gpu.model import DriverInfo
 
 MiB = 1 << 20
 

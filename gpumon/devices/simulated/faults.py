@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from gpumon.configfile import format_validation_error
-from gpumon.configtypes import Float, Int
+from gpumon.config.files import format_validation_error
+from gpumon.config.numbers import Float, Int
 from gpumon.devices.simulated.boards import SimulationError
 
 

@@ -7,9 +7,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpumon.devices.model import ProcessSample
 from gpumon.devices.simulated.boards import GpuModelSpec, MiB
 from gpumon.devices.simulated.noise import S_JOB, S_PROC, S_UTIL, bits, smooth_noise, unit
+from gpumon.gpu.model import ProcessSample
 
 _PROCESS_NAMES = ("python", "python3", "torchrun", "tritonserver", "vllm", "deepspeed")
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gpumon.configfile import ConfigError, format_validation_error, read_yaml_mapping
-from gpumon.configtypes import Float, Int
+from gpumon.config.files import ConfigError, format_validation_error, read_yaml_mapping
+from gpumon.config.numbers import Float, Int
 from gpumon.devices.simulated.boards import MiB
 from gpumon.devices.simulated.faults import FaultSpec
 from gpumon.devices.simulated.load import SimProcess

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.objects import NodeView, Taint, from_rfc3339, to_rfc3339
-from gpumon.gpu_health import Severity
+from gpumon.gpu.health import Severity
 
 
 def is_quarantined(view: NodeView) -> bool:

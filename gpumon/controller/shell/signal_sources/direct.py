@@ -38,7 +38,7 @@ import aiohttp
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.signals import ChangeCallback, FleetSignals, GpuReading, NodeReading, XidSeen
 from gpumon.controller.shell.signal_sources.endpoints import Endpoints
-from gpumon.tasks import cancel_and_wait
+from gpumon.runtime.tasks import cancel_and_wait
 from gpumon.wire import v1 as wire
 
 log = logging.getLogger(__name__)

@@ -33,8 +33,8 @@ from celpy import celtypes
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError
 
-from gpumon.dra import SliceDevice
-from gpumon.resources import quantity as parse_quantity
+from gpumon.k8s.dra import SliceDevice
+from gpumon.k8s.resources import quantity as parse_quantity
 
 __all__ = ["Quantity", "SelectorError", "compile_selector"]
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gpumon.devices.model import (
+from gpumon.gpu.model import (
     HEALTHY,
     FastFields,
     HealthReason,

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpumon.resources import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE, whole_quantity
+from gpumon.k8s.resources import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE, whole_quantity
 
 GPUSHARE_INDEX = "ALIYUN_COM_GPU_MEM_IDX"
 GPUSHARE_POD_MEMORY = "ALIYUN_COM_GPU_MEM_POD"

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gpumon.dra import ClaimDevice
+from gpumon.k8s.dra import ClaimDevice
 
 
 class HealthState(enum.StrEnum):

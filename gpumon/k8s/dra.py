@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from gpumon.resources import milli
+from gpumon.k8s.resources import milli
 
 API_GROUP = "resource.k8s.io"
 API_VERSION = "resource.k8s.io/v1"

@@ -1,7 +1,7 @@
 """Which build of gpumon this is: the package's version, plus the image's version and git
 revision where an image build recorded them.
 
-``deploy/image/Containerfile`` writes ``build.json`` beside this module in the image (from its
+``deploy/image/Containerfile`` writes ``build.json`` at the package's top in the image (from its
 ``VERSION`` and ``REVISION`` build arguments); a checkout or a wheel has none, and reports the
 package's version alone."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpumon import __version__
 
-BUILD_FILE = Path(__file__).with_name("build.json")
+BUILD_FILE = Path(__file__).parents[1] / "build.json"
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from gpumon.config import ServerConfig
-from gpumon.configfile import field_error
+from gpumon.config.files import field_error
 
 log = logging.getLogger(__name__)
 
