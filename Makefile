@@ -5,7 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup tools pin-tools system-packages demo test test-unit test-fuzz lint bench clean dashboards image
+.PHONY: setup tools pin-tools system-packages demo test test-unit test-fuzz lint bench clean dashboards image \
+	device-bundle
 
 setup: $(STAMP) system-packages tools
 
@@ -60,6 +61,13 @@ dashboards: $(STAMP)
 
 bench: setup
 	@$(VENV)/bin/python -m bench
+
+# What the device check needs on a GPU machine without network (docs/nvml.md, "The device check"):
+# gpumon's wheel and its dependencies' for CPython 3.12, at this environment's versions, and
+# nvidia_gpu_exporter when GPUMON_PEER_SRC names its source. BUNDLE=DIR puts it elsewhere.
+BUNDLE ?= .device-bundle
+device-bundle: $(STAMP)
+	@$(PY) -m bench device-bundle --out $(BUNDLE)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

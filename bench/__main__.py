@@ -1,7 +1,8 @@
 """``python -m bench [--quick] [--output FILE]``: run every benchmark, write bench/RESULTS.md.
 
 ``python -m bench controller-scale [...]`` runs the controller at 2,000 nodes instead (about
-ten minutes; see bench/controller_scale.py) and writes its own section of the same file."""
+ten minutes; see bench/controller_scale.py) and writes its own section of the same file.
+``python -m bench device-check`` and ``device-bundle``: gpumon on a real GPU (docs/nvml.md)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ INTRO = """\
 The gpumon exporter (`gpumon exporter` on 8 simulated GPUs with 64 pods, 1 s sampling) beside
 the naive design it replaces (a prometheus_client custom collector that reads the devices on
 every scrape, served by prometheus_client's stock threaded HTTP server), measured in one run on
-one machine. Targets are DESIGN.md's "Performance targets". **ratio** is how many times better
+one machine. Targets: docs/benchmarks.md, "Targets". **ratio** is how many times better
 gpumon is than the naive design on that figure (above 1: better). Regenerate with `make bench`
 (`.venv/bin/python -m bench`); `--quick` is a short run that prints its tables instead."""
 
@@ -69,6 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         from bench import memory
 
         return memory.main(argv[1:])
+    if argv[:1] == ["device-check"]:
+        from bench import device_check
+
+        return device_check.main(argv[1:])
+    if argv[:1] == ["device-bundle"]:
+        from bench.device_check import bundle
+
+        return bundle.main(argv[1:])
     if argv[:1] == ["footprint"]:
         from bench import footprint
 

@@ -34,21 +34,17 @@ from gpumon.controller.act.evict import Evictor
 from gpumon.controller.act.retry import RetryPolicy
 from gpumon.controller.configure import pool_from_config
 from gpumon.controller.core.backoff import Backoff
+from gpumon.controller.core.contract import RECORD_ANNOTATION
+from gpumon.controller.core.contract.autoscaler import Record, record_to_annotation
 from gpumon.controller.core.demand import PodDemand
 from gpumon.controller.core.device_claims import ClaimDemand, DeviceRequest, Selector
 from gpumon.controller.core.objects import GpuResources, PdbView, PodView
-from gpumon.controller.core.pools import (
-    RECORD_ANNOTATION,
-    Pool,
-    PoolNode,
-    Record,
-    ScaleState,
-    record_to_annotation,
-)
+from gpumon.controller.core.pools import Pool, PoolNode, ScaleState
 from gpumon.controller.core.scale_plan import Action, plan_pools
 from gpumon.controller.shell.autoscaler_loop import AutoscaleMetrics, Autoscaler, gpu_resources
-from gpumon.controller.shell.informer import Informer
-from gpumon.dra_cel import compile_selector
+from gpumon.k8s.dra_cel import compile_selector
+from gpumon.kube.informer import Selection, View
+from gpumon.kube.registry import Informers
 
 NODES = 2_000
 PODS = 20_000
@@ -56,7 +52,7 @@ PENDING = 500
 POOLS = 4
 GPU = "nvidia.com/gpu"
 NOW = 1_800_000_000.0
-TARGET_SECONDS = 10.0  # DESIGN.md: pending GPU pods -> scale request
+TARGET_SECONDS = 10.0  # docs/benchmarks.md, "Targets": pending GPU pods -> scale request
 
 
 class _NoApi:
@@ -145,15 +141,17 @@ def _autoscaler(
     pools: list[Pool], rng: random.Random, dra: bool = False
 ) -> tuple[Autoscaler, dict[str, ScaleState]]:
     api: Any = _NoApi()
-    pods: Informer[PodView] = Informer(
-        api, "/api/v1/pods", lambda o: None, name="pods", index=lambda p: p.node_name
+    informers = Informers()
+    pods: View[PodView] = informers.informer(Selection("/api/v1/pods")).view(
+        lambda o: None, name="pods", index=lambda p: p.node_name
     )
-    pdbs: Informer[PdbView] = Informer(
-        api, "/apis/policy/v1/poddisruptionbudgets", lambda o: None, name="pdbs"
+    pdbs: View[PdbView] = informers.informer(Selection("/apis/policy/v1/poddisruptionbudgets")).view(
+        lambda o: None, name="pdbs"
     )
     a = Autoscaler(
         api,
         pools,
+        informers=informers,
         pods=pods,
         pdbs=pdbs,
         recorder=EventRecorder(api, instance="bench"),

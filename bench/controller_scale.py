@@ -65,12 +65,12 @@ from bench.scale_fleet import (
 )
 from gpumon.controller.core.contract import TAINT_KEY
 from gpumon.controller.core.objects import GpuResources, gpu_pod_from_json, node_from_json
-from gpumon.controller.kube import ApiClientKube, Conflict, KubeApi, KubeError, Unreachable, connect
 from gpumon.devcluster import capi, kubeconfig, processes
 from gpumon.devcluster.binaries import ETCD_VERSION, KUBERNETES_VERSION, KWOK_VERSION
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.components import Options
 from gpumon.devcluster.localservers import ControllerProcess
+from gpumon.kube.client import Conflict, KubeApi, KubeClient, KubeError, Unreachable, connect
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "RESULTS.md"
@@ -237,7 +237,7 @@ async def poll(
 
 
 async def first_event(
-    api: ApiClientKube, path: str, params: Mapping[str, str], match: Callable[[str, Mapping[str, Any]], bool]
+    api: KubeClient, path: str, params: Mapping[str, str], match: Callable[[str, Mapping[str, Any]], bool]
 ) -> tuple[float, Mapping[str, Any]]:
     """Watch from now; the wall time the first matching event arrived, and its object."""
     rv = str(
@@ -291,7 +291,7 @@ class Cluster:
     """The control plane and what the bench reads from it."""
 
     dev: DevCluster
-    api: ApiClientKube
+    api: KubeClient
     workdir: Path
 
     def pid(self, component: str) -> int:
@@ -626,7 +626,7 @@ async def scale_trial(cluster: Cluster, pending: int) -> Scale:
     return Scale(tuple(seen), tuple(sorted(marked.values())), created, needed)
 
 
-def taint_watch(api: ApiClientKube, node: str) -> asyncio.Task[tuple[float, Mapping[str, Any]]]:
+def taint_watch(api: KubeClient, node: str) -> asyncio.Task[tuple[float, Mapping[str, Any]]]:
     """The bench's own watch of ``node`` until gpumon's taint is on it (when, and the Node)."""
     return asyncio.create_task(
         first_event(
@@ -900,7 +900,7 @@ async def measure(plan: Plan, workdir: Path) -> Outcome:
     with ExitStack() as stack:
         log("starting the control plane")
         dev = stack.enter_context(DevCluster.start(workdir / "cluster", options=control_plane_options(plan)))
-        api = await connect(dev.kubeconfig)
+        api = connect(dev.kubeconfig)
         try:
             cluster = Cluster(dev, api, workdir)
             controller_kubeconfig, naive_kubeconfig = await cluster.prepare()
@@ -1202,8 +1202,8 @@ def _total_memory() -> int:
 INTRO = """\
 The controller on a fleet: 2,000 kwok GPU nodes of 8 GPUs, 20,000 pods, a simulated exporter per
 node, the real control plane (kube-apiserver, etcd, scheduler, controller-manager, kwok), and the
-naive polling controller it replaces measured on the same cluster right after it. Targets are
-DESIGN.md's "Performance targets". Regenerate with `python -m bench controller-scale` (about ten
+naive polling controller it replaces measured on the same cluster right after it. Targets:
+docs/benchmarks.md, "Targets". Regenerate with `python -m bench controller-scale` (about ten
 minutes; `--quick` runs 200 nodes and prints)."""
 
 NOTES = (

@@ -17,11 +17,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from bench.pods import BenchPods
-from gpumon import logs
 from gpumon.config import ConfigError
 from gpumon.exporter import command
 from gpumon.exporter.sampler import SelfMetrics
 from gpumon.exporter.server import make_app
+from gpumon.runtime import logs
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ On the footprint bench's mock node (:mod:`bench.mock_node`: NVIDIA's mock libnvi
   second as Prometheus scrapes (OpenMetrics, gzip).
 
 Per thread: utime + stime from ``/proc/PID/task/TID/stat`` (10 ms ticks) over the window,
-grouped by the names gpumon gives its threads (gpumon/threadnames.py). Threads a native library
+grouped by the names gpumon gives its threads (gpumon/runtime/threadnames.py). Threads a native library
 starts while called from a named thread inherit that name: the Go runtime's threads, started
 when NVML is opened from a device thread, are counted with the device threads. Prints Markdown.
 """

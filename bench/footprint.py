@@ -50,6 +50,14 @@ FULL = Plan(open_rounds=3, open_seconds=10, storm_runs=3, storm_seconds=5, cpu_s
 QUICK = Plan(open_rounds=1, open_seconds=4, storm_runs=1, storm_seconds=2, cpu_seconds=10)
 
 
+def gpumon_argv(port: int, *extra: str) -> list[str]:
+    """``gpumon exporter --backend nvml`` on the mock node's name and a loopback port."""
+    return [
+        sys.executable, "-m", "gpumon.cli", "exporter", "--backend", "nvml", "--node-name", NODE,
+        "--listen-address", "127.0.0.1", "--port", str(port), *extra,
+    ]  # fmt: skip
+
+
 def series_count(text: bytes) -> int:
     return sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
 
@@ -115,12 +123,8 @@ async def measure(plan: Plan, workdir: Path) -> tuple[list[tuple[str, str]], lis
     with mock_node() as node:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUMON_", "MOCK_NVML_"))}
         gp_port, peer_port = free_port(), free_port()
-        gp_argv = [
-            sys.executable, "-m", "gpumon.cli", "exporter", "--backend", "nvml", "--node-name", NODE,
-            "--listen-address", "127.0.0.1", "--port", str(gp_port),
-        ]  # fmt: skip
         gpumon = Server(
-            "gpumon", gp_argv, port=gp_port, cpus=cpus.server, log=workdir / "gpumon.log",
+            "gpumon", gpumon_argv(gp_port), port=gp_port, cpus=cpus.server, log=workdir / "gpumon.log",
             cwd=Path.cwd(), noop_path="/healthz", env=env | node.gpumon_env(),
         )  # fmt: skip
         other = Server(

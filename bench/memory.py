@@ -47,13 +47,13 @@ FLOOR_STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("nvmlInit: the mock library opened (a Go runtime)", ("nvmlInit",)),
 )
 GPUMON_STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("gpumon.devices.model, gpumon.gpu_health (dataclasses)", ("gpumon.devices.model", "gpumon.gpu_health")),
+    ("gpumon.gpu.model, gpumon.gpu.health (dataclasses)", ("gpumon.gpu.model", "gpumon.gpu.health")),
     ("pydantic", ("pydantic",)),
     ("gpumon.wire.v1 (the wire schema's pydantic models)", ("gpumon.wire.v1",)),
     ("gpumon.config (the exporter's config models)", ("gpumon.config",)),
     ("prometheus_client", ("prometheus_client",)),
     (
-        "gpumon.exporter.server (sampler, exposition, devices.model, kubeclient, httpauth)",
+        "gpumon.exporter.server (sampler, exposition, gpu.model, kube.client, httpauth)",
         ("gpumon.exporter.server",),
     ),
     (
@@ -61,8 +61,8 @@ GPUMON_STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("gpumon.exporter.attribution",),
     ),
     (
-        "gpumon.devices.nvml, gpumon.exporter.command, gpumon.serving",
-        ("gpumon.devices.nvml", "gpumon.exporter.command", "gpumon.serving"),
+        "gpumon.devices.nvml, gpumon.exporter.command, gpumon.runtime.serving",
+        ("gpumon.devices.nvml", "gpumon.exporter.command", "gpumon.runtime.serving"),
     ),
 )
 

@@ -21,7 +21,7 @@ import copy
 import json
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,28 +38,43 @@ GPUS = 8
 
 
 @dataclass(frozen=True)
-class MockNode:
-    root: Path
-    mock: MockNvml
-    profile: Path
+class PodServices:
+    """What the exporter reads to attribute GPU processes to pods, without a kubelet or root."""
+
     host_proc: Path
     socket: Path
     kubeconfig: Path
     pods: int
 
     def env(self) -> dict[str, str]:
+        return {
+            "KUBECONFIG": str(self.kubeconfig),
+            "GPUMON_PODS__HOST_PROC": str(self.host_proc),
+            "GPUMON_PODS__POD_RESOURCES_SOCKET": str(self.socket),
+        }
+
+
+@dataclass(frozen=True)
+class MockNode:
+    root: Path
+    mock: MockNvml
+    profile: Path
+    services: PodServices
+
+    @property
+    def pods(self) -> int:
+        return self.services.pods
+
+    def env(self) -> dict[str, str]:
         """What a process needs to see this node: the library, its profile, the API."""
         return {
             "LD_LIBRARY_PATH": str(self.mock.lib_dir),
             "MOCK_NVML_CONFIG": str(self.profile),
-            "KUBECONFIG": str(self.kubeconfig),
+            "KUBECONFIG": str(self.services.kubeconfig),
         }
 
     def gpumon_env(self) -> dict[str, str]:
-        return self.env() | {
-            "GPUMON_PODS__HOST_PROC": str(self.host_proc),
-            "GPUMON_PODS__POD_RESOURCES_SOCKET": str(self.socket),
-        }
+        return self.env() | self.services.env()
 
 
 def _uid(n: int) -> str:
@@ -75,7 +90,7 @@ def _pod(n: int, gpu_uuid: str) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": f"train-{n:03d}",
+            "name": pod_name(n),
             "namespace": NAMESPACE,
             "uid": _uid(n),
             "resourceVersion": str(100 + n),
@@ -198,33 +213,30 @@ def _serve_api(api: _Api) -> Iterator[int]:
         loop.close()
 
 
+def pod_name(n: int) -> str:
+    return f"train-{n:03d}"
+
+
 @contextlib.contextmanager
-def mock_node(pods_per_gpu: int = 8) -> Iterator[MockNode]:
-    mock = locate_mock_nvml()
-    root = Path(tempfile.mkdtemp(prefix="gpumon-bench-"))
-    profile, uuids = _profile(mock, pods_per_gpu)
-    profile_path = root / "profile.yaml"
-    profile_path.write_text(yaml.safe_dump(profile))
+def serve_pods(root: Path, placements: Sequence[tuple[int, str]]) -> Iterator[PodServices]:
+    """Pod ``n`` of this node runs process ``placements[n][0]`` on the GPU whose UUID is
+    ``placements[n][1]``: its host /proc entry under ``root``, the kubelet's pod-resources on a
+    unix socket and the API's list and watch of this node's pods, served until the block ends."""
     host_proc = root / "proc"
     pods = []
     fixture = podresources_server.PodResourcesFixture()
     resources = []
-    for i, uuid in enumerate(uuids):
-        for j in range(pods_per_gpu):
-            n = i * pods_per_gpu + j
-            pid = 20000 + n
-            d = host_proc / str(pid)
-            d.mkdir(parents=True)
-            stat = ["S", "1", str(pid), str(pid), "0", "-1", "4194560", *["0"] * 12, "1000", *["0"] * 32]
-            (d / "stat").write_text(f"{pid} (python3) {' '.join(stat)}\n")
-            slice_ = f"/kubepods.slice/kubepods-pod{_uid(n).replace('-', '_')}.slice"
-            (d / "cgroup").write_text(f"0::{slice_}/cri-containerd-{_cid(n)}.scope\n")
-            pods.append(_pod(n, uuid))
-            resources.append(
-                podresources_server.pod_resources(
-                    NAMESPACE, f"train-{n:03d}", {"main": {"nvidia.com/gpu": [uuid]}}
-                )
-            )
+    for n, (pid, uuid) in enumerate(placements):
+        d = host_proc / str(pid)
+        d.mkdir(parents=True)
+        stat = ["S", "1", str(pid), str(pid), "0", "-1", "4194560", *["0"] * 12, "1000", *["0"] * 32]
+        (d / "stat").write_text(f"{pid} (python3) {' '.join(stat)}\n")
+        slice_ = f"/kubepods.slice/kubepods-pod{_uid(n).replace('-', '_')}.slice"
+        (d / "cgroup").write_text(f"0::{slice_}/cri-containerd-{_cid(n)}.scope\n")
+        pods.append(_pod(n, uuid))
+        resources.append(
+            podresources_server.pod_resources(NAMESPACE, pod_name(n), {"main": {"nvidia.com/gpu": [uuid]}})
+        )
     fixture.pods = resources
     # Unix socket paths are limited to 107 bytes: a short directory of its own.
     sock_dir = Path(tempfile.mkdtemp(prefix="gpumon-pr-"))
@@ -244,4 +256,18 @@ def mock_node(pods_per_gpu: int = 8) -> Iterator[MockNode]:
                 }
             )
         )
-        yield MockNode(root, mock, profile_path, host_proc, socket, kubeconfig, len(pods))
+        yield PodServices(host_proc, socket, kubeconfig, len(pods))
+
+
+@contextlib.contextmanager
+def mock_node(pods_per_gpu: int = 8) -> Iterator[MockNode]:
+    mock = locate_mock_nvml()
+    root = Path(tempfile.mkdtemp(prefix="gpumon-bench-"))
+    profile, uuids = _profile(mock, pods_per_gpu)
+    profile_path = root / "profile.yaml"
+    profile_path.write_text(yaml.safe_dump(profile))
+    placements = [
+        (20000 + i * pods_per_gpu + j, uuid) for i, uuid in enumerate(uuids) for j in range(pods_per_gpu)
+    ]
+    with serve_pods(root, placements) as services:
+        yield MockNode(root, mock, profile_path, services)

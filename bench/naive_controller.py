@@ -22,12 +22,12 @@ from typing import Any
 import aiohttp
 
 from bench.scale_fleet import node_names
-from gpumon.controller.kube import ApiClientKube, connect
+from gpumon.kube.client import KubeClient, connect
 
 PAGE = 500  # the controller's informers list in pages of this size
 
 
-async def list_all(api: ApiClientKube, path: str) -> tuple[list[Mapping[str, Any]], int]:
+async def list_all(api: KubeClient, path: str) -> tuple[list[Mapping[str, Any]], int]:
     items: list[Mapping[str, Any]] = []
     cont, requests = "", 0
     while True:
@@ -64,7 +64,7 @@ def bad_nodes(docs: Mapping[str, Mapping[str, Any]]) -> set[str]:
 
 
 async def run(kubeconfig: Path, farm: str, count: int, interval: float, concurrency: int) -> None:
-    api = await connect(kubeconfig)
+    api = connect(kubeconfig)
     urls = {n: f"{farm}/nodes/{n}" for n in node_names(count)}
     limit = asyncio.Semaphore(concurrency)
     timeout = aiohttp.ClientTimeout(total=10)

@@ -24,10 +24,10 @@ from prometheus_client.metrics_core import Metric
 from bench.pods import BenchPods
 from gpumon.config import HealthConfig
 from gpumon.devices.backend import GpuLostError
-from gpumon.devices.model import Snapshot
 from gpumon.devices.simulated import SimulatedBackend
 from gpumon.exporter.exposition import snapshot_families
 from gpumon.exporter.sampler import GpuState, to_sample, with_fast, with_lost, with_slow
+from gpumon.gpu.model import Snapshot
 
 
 class NaiveCollector:

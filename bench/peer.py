@@ -33,8 +33,15 @@ class PeerUnavailable(Exception):
     pass
 
 
-def binary() -> Path:
-    return cache_dir() / f"nvidia_gpu_exporter-{COMMIT[:12]}" / "nvidia_gpu_exporter"
+# The device check carries its build to a machine whose libraries are unknown: Go's own resolver
+# and user lookup (netgo, osusergo) leave glibc as its one shared library, which it needs anyway
+# to dlopen libnvidia-ml (a static glibc cannot load the driver's library); -s -w drop symbols.
+PORTABLE = ("-tags=netgo,osusergo", "-ldflags=-s -w")
+
+
+def binary(*, portable: bool = False) -> Path:
+    name = f"nvidia_gpu_exporter-{COMMIT[:12]}{'-portable' if portable else ''}"
+    return cache_dir() / name / "nvidia_gpu_exporter"
 
 
 def _source(into: Path) -> None:
@@ -52,9 +59,9 @@ def _source(into: Path) -> None:
             tar.extractall(into, filter="data")
 
 
-def build() -> Path:
-    """The peer's binary, built once per commit."""
-    out = binary()
+def build(*, portable: bool = False) -> Path:
+    """The peer's binary, built once per commit (and flavour: :data:`PORTABLE`)."""
+    out = binary(portable=portable)
     if out.is_file():
         return out
     with tempfile.TemporaryDirectory(prefix="gpumon-peer-") as tmp:
@@ -69,7 +76,7 @@ def build() -> Path:
         }
         out.parent.mkdir(parents=True, exist_ok=True)
         done = subprocess.run(
-            ["go", "build", "-trimpath", "-o", str(out), PACKAGE],
+            ["go", "build", "-trimpath", *(PORTABLE if portable else ()), "-o", str(out), PACKAGE],
             cwd=work,
             env=env,
             capture_output=True,
@@ -80,11 +87,12 @@ def build() -> Path:
     return out
 
 
-def argv(port: int) -> list[str]:
+def argv(port: int, binary: Path | None = None) -> list[str]:
     """Its NVML backend with per-process metrics (gpumon's side has its pods), collecting on
-    every scrape as it does by default."""
+    every scrape as it does by default; ``binary``: a build brought along (the device check's
+    bundle) instead of this machine's."""
     return [
-        str(build()),
+        str(binary or build()),
         "--collect.backend=nvml",
         "--collect.compute-apps",
         f"--web.listen-address=127.0.0.1:{port}",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpumon.devices.model import GpuSample, PodGpuUsage, PodRef
+from gpumon.gpu.model import GpuSample, PodGpuUsage, PodRef
 
 NAMESPACES = 8
 

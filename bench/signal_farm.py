@@ -5,7 +5,7 @@
 ``/nodes/<node>/api/v1/watch`` and ``/nodes/<node>/api/v1/snapshot``. The controller's static
 endpoint map points each node at its prefix (``http://127.0.0.1:8000/nodes/<node>``).
 
-The documents are the exporter's own: :class:`~gpumon.devices.model.Snapshot` values built from
+The documents are the exporter's own: :class:`~gpumon.gpu.model.Snapshot` values built from
 simulated GPUs (identities, fast and slow fields, the exporter's health judgement, the node's
 pods on its GPUs), serialised through the wire schema (:mod:`gpumon.wire.v1`), streamed by its
 ``watch_stream`` (the handler of ``/api/v1/watch``), health transitions found by the sampler's
@@ -34,11 +34,11 @@ from typing import Any
 from aiohttp import web
 
 from bench.scale_fleet import NAMESPACE, gpu_pod_name, node_names
-from gpumon.devices.model import GpuSample, PodGpuUsage, PodRef, Snapshot, XidEvent
 from gpumon.devices.simulated import SimulatedBackend
 from gpumon.exporter.sampler import Watcher, watch_events
 from gpumon.exporter.server import watch_stream
-from gpumon.gpu_health import HealthPolicy, judge
+from gpumon.gpu.health import HealthPolicy, judge
+from gpumon.gpu.model import GpuSample, PodGpuUsage, PodRef, Snapshot, XidEvent
 from gpumon.wire import v1 as wire
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,8 @@ backend opens until after the scrapes end, codes drawn from 1..999 over the 8 GP
 them outside the documented range, as a driver or a fuzzer gone wrong would send them).
 ``--before DIR`` runs the same storm against the exporter of another checkout (a git worktree of
 an older commit) first, so both are measured on the same machine in the same minute; copy this
-checkout's simulator (gpumon/devices/simulated.py) into it, which the storm needs (its sampler,
+checkout's simulator into it (gpumon/devices/simulated/ in place of an older simulated.py, and
+gpumon/config/files.py, where it finds its error formatting), which the storm needs (its sampler,
 state and rendering stay its own). ``--calm`` adds this checkout's exporter without a storm, the
 same scrapes in the same minute: the floor a shared, loaded machine gives any scrape. Prints
 one Markdown table.

@@ -11,13 +11,13 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from gpumon import build
 from gpumon.config import ConfigError
+from gpumon.runtime import build
 
 COMMANDS: dict[str, str] = {
     "exporter": "gpumon.exporter.command",
     "controller": "gpumon.controller.command",
-    "simulate": "gpumon.devices.simulate_command",
+    "simulate": "gpumon.exporter.simulate_command",
     "devcluster": "gpumon.devcluster.command",
     "doctor": "gpumon.doctor.command",
     "status": "gpumon.status.command",

@@ -178,7 +178,7 @@ build_mocknvml() {
   local p
   for p in "$TOOLS"/mocknvml/patches/*.patch; do
     [ -e "$p" ] || continue
-    # A patch the source already carries (../shared's copy has upstream fixes applied) is skipped.
+    # A patch the source already carries (the copy beside the checkout has upstream fixes applied) is skipped.
     if patch -d "$dir" -p1 -R --dry-run -s -f < "$p" >/dev/null 2>&1; then
       log "  patch $(basename "$p"): already in the source"
     else

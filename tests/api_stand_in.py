@@ -1,4 +1,4 @@
-"""A stand-in API server for gpumon's own client (gpumon.kubeclient) in unit tests: recorded or
+"""A stand-in API server for gpumon's own client (gpumon.kube.client) in unit tests: recorded or
 scripted answers over real HTTP, so the client, its timeouts and the list+watch loop run as they
 do against the real API server (tests/cluster has that)."""
 
@@ -12,7 +12,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gpumon.kubeclient import Credentials, KubeClient
+from gpumon.kube.client import KubeClient
+from gpumon.kube.credentials import Credentials
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 StandIn = Callable[..., Awaitable[KubeClient]]

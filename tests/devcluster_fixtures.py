@@ -3,7 +3,8 @@ one (registered for the whole suite from tests/conftest.py, so a session starts 
 
 ``devcluster``: one control plane per test session, started the first time a test asks for it
 and stopped at the end of the session (its files stay in pytest's temporary directory for
-post-mortems). ``api``: an async kubernetes_asyncio client as cluster-admin. ``namespace``: a
+post-mortems). ``api``: an async kubernetes_asyncio client as cluster-admin, independent of
+gpumon's; ``kube``: gpumon's own client (gpumon.kube.client) as cluster-admin. ``namespace``: a
 fresh namespace per test, deleted without waiting. ``make_nodes``: kwok GPU nodes from a
 template, deleted after the test. Tests share one cluster: a test that schedules pods gives
 its nodes a label of its own (``test_id``) and selects them with it."""
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import ssl
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -22,6 +24,9 @@ from gpumon.devcluster.binaries import MockNvml, ToolsMissing, locate, locate_he
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
+from gpumon.kube.client import KubeClient
+from gpumon.kube.credentials import Credentials
+from gpumon.kube.kubeconfig import from_kubeconfig
 
 
 def _slug(text: str, limit: int = 30) -> str:
@@ -63,6 +68,20 @@ async def api(devcluster: DevCluster) -> AsyncIterator[client.ApiClient]:
         yield api_client
 
 
+def gpumon_credentials(api: client.ApiClient) -> Credentials:
+    """The identity of a kubernetes_asyncio client (its client certificate and CA) for gpumon's."""
+    c = api.configuration
+    context = ssl.create_default_context(cafile=c.ssl_ca_cert)
+    context.load_cert_chain(c.cert_file, c.key_file)
+    return Credentials(c.host, context)
+
+
+@pytest.fixture
+async def kube(devcluster: DevCluster) -> AsyncIterator[KubeClient]:
+    async with KubeClient(from_kubeconfig(devcluster.kubeconfig)) as client_:
+        yield client_
+
+
 @pytest.fixture
 def test_id(request: pytest.FixtureRequest) -> str:
     """Unique per test: the namespace, the node-name prefix, a label value to select own nodes."""
@@ -85,7 +104,7 @@ async def namespace(api: client.ApiClient, test_id: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def make_nodes(api: client.ApiClient, test_id: str) -> AsyncIterator[NodeMaker]:
-    maker = NodeMaker(api, test_id)
+async def make_nodes(kube: KubeClient, test_id: str) -> AsyncIterator[NodeMaker]:
+    maker = NodeMaker(kube, test_id)
     yield maker
     await maker.delete_all()

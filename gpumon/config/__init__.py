@@ -9,7 +9,7 @@ library cost the exporter's process about 1 MiB and some 30 modules for a few do
 (docs/exporter.md, "What the exporter imports"). Invalid input
 raises :class:`ConfigError`, whose message names every bad field (and the file or variable a
 bad value came from); the CLI prints it and exits with code 2. Files are read by
-:mod:`gpumon.configfile`; numbers are :mod:`gpumon.configtypes`' ``Int``/``Float``.
+:mod:`gpumon.config.files`; numbers are :mod:`gpumon.config.numbers`' ``Int``/``Float``.
 """
 
 from __future__ import annotations
@@ -35,13 +35,14 @@ from pydantic import (
     model_validator,
 )
 
+from gpumon.config.files import ConfigError as ConfigError
+from gpumon.config.files import Loc, field_error, read_yaml_mapping
+from gpumon.config.files import format_validation_error as format_validation_error
+from gpumon.config.numbers import Float, Int
 from gpumon.config.section import Section
-from gpumon.configfile import ConfigError as ConfigError
-from gpumon.configfile import field_error, read_yaml_mapping
-from gpumon.configtypes import Float, Int
-from gpumon.devices.model import HealthState
-from gpumon.dra import NVIDIA_GPU_DRIVER
-from gpumon.gpu_health import HealthPolicy
+from gpumon.gpu.health import HealthPolicy
+from gpumon.gpu.model import HealthState
+from gpumon.k8s.dra import NVIDIA_GPU_DRIVER
 
 DEFAULT_EXPORTER_PORT = 9842
 """Neither nvidia_gpu_exporter's 9835 nor dcgm-exporter's 9400 (docs/configuration.md)."""
@@ -65,7 +66,7 @@ class SamplingConfig(Section):
 
 
 class HealthConfig(Section):
-    """How a GPU is judged (gpumon.gpu_health): the same section in the exporter's config and
+    """How a GPU is judged (gpumon.gpu.health): the same section in the exporter's config and
     under the controller's ``policy:``, turned into the frozen policy by :meth:`policy` alone."""
 
     xid_overrides: dict[Int, HealthState] = Field(default_factory=dict)
@@ -320,28 +321,6 @@ def _merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
         old = out.get(key)
         out[key] = _merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
     return out
-
-
-Loc = tuple[int | str, ...]
-
-
-def format_validation_error(
-    err: ValidationError, prefix: str = "", origin: Callable[[Loc], str | None] | None = None
-) -> str:
-    """One line per bad field; ``origin`` says where a field's value came from, when known."""
-    lines = []
-    for e in err.errors(include_url=False):
-        loc = ".".join(str(p) for p in (*([prefix] if prefix else []), *e["loc"]))
-        msg = e["msg"].removeprefix("Value error, ")
-        notes = []
-        if "input" in e and not isinstance(e["input"], dict | list) and e["type"] != "missing":
-            notes.append(f"got {e['input']!r}")
-        source = origin(e["loc"]) if origin is not None else None
-        if source:
-            notes.append(source)
-        shown = f" ({'; '.join(notes)})" if notes else ""
-        lines.append(f"  {loc or '(top level)'}: {msg}{shown}")
-    return "invalid configuration:\n" + "\n".join(lines)
 
 
 def _holds(data: Any, loc: Loc) -> bool:

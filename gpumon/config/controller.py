@@ -20,12 +20,12 @@ from gpumon.config import (
     Settings,
     TlsConfig,
 )
+from gpumon.config.numbers import Float, Int
 from gpumon.config.pools import PoolConfig, unique_pool_names
 from gpumon.config.rules import RuleConfig, resolve_rules
 from gpumon.config.section import Section
-from gpumon.configtypes import Float, Int
-from gpumon.dra import NVIDIA_GPU_DRIVER
-from gpumon.resources import GPU_RESOURCE_NAMES, GPU_RESOURCE_PREFIXES
+from gpumon.k8s.dra import NVIDIA_GPU_DRIVER
+from gpumon.k8s.resources import GPU_RESOURCE_NAMES, GPU_RESOURCE_PREFIXES
 
 DEFAULT_CONTROLLER_PORT = 9843
 
@@ -126,7 +126,7 @@ class DrainConfig(Section):
     retry_initial_seconds: Float = Field(5.0, gt=0)
     retry_max_seconds: Float = Field(60.0, gt=0)
     # What makes a pod a GPU pod (drained from a bad GPU, counted as demand): by default every
-    # GPU resource gpumon knows (gpumon/resources.py), shared and Windows ones included.
+    # GPU resource gpumon knows (gpumon/k8s/resources.py), shared and Windows ones included.
     gpu_resource_names: tuple[str, ...] = GPU_RESOURCE_NAMES
     gpu_resource_prefixes: tuple[str, ...] = GPU_RESOURCE_PREFIXES
     # DRA drivers whose devices are GPUs: a pod whose ResourceClaim holds one is a GPU pod, and

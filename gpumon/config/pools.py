@@ -11,19 +11,19 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
+from gpumon.config.numbers import Float, Int, NoBool
 from gpumon.config.repair import RepairConfig
 from gpumon.config.section import Section
-from gpumon.configtypes import Float, Int, NoBool
-from gpumon.dra import NVIDIA_GPU_DRIVER, DeviceRef, SliceDevice, qualified
-from gpumon.resources import (
+from gpumon.k8s.dra import NVIDIA_GPU_DRIVER, DeviceRef, SliceDevice, qualified
+from gpumon.k8s.resources import (
     CGPU_CORE_RESOURCE,
     GPUSHARE_COUNT_RESOURCE,
     GPUSHARE_MEMORY_RESOURCE,
     gpu_only,
     milli,
-    quantity,
+    whole_quantity,
 )
-from gpumon.selectors import parse_selector
+from gpumon.k8s.selectors import parse_selector
 
 
 class TargetConfig(Section):
@@ -83,7 +83,7 @@ class DraDeviceConfig(Section):
     @classmethod
     def _capacities(cls, v: dict[str, str | int]) -> dict[str, str | int]:
         _names_ok(list(v))
-        bad = [k for k, q in v.items() if (x := quantity(q)) is None or x < 0 or x != int(x)]
+        bad = [k for k, q in v.items() if (x := whole_quantity(q)) is None or x < 0]
         if bad:
             raise ValueError("not a whole quantity: " + ", ".join(f"{k}={v[k]!r}" for k in sorted(bad)))
         return v
@@ -104,12 +104,12 @@ class DraConfig(Section):
         return self
 
     def slice_devices(self, pool: str) -> tuple[SliceDevice, ...]:
-        """The devices, as :func:`gpumon.dra.slice_devices` reads them off a published slice."""
+        """The devices, as :func:`gpumon.k8s.dra.slice_devices` reads them off a published slice."""
         out = []
         for d in self.devices:
             names = [d.name] if d.count == 1 else [f"{d.name}-{i}" for i in range(d.count)]
             attributes = {qualified(k, self.driver): v for k, v in d.attributes.items()}
-            capacity = {qualified(k, self.driver): int(quantity(q) or 0) for k, q in d.capacity.items()}
+            capacity = {qualified(k, self.driver): whole_quantity(q) or 0 for k, q in d.capacity.items()}
             out += [SliceDevice(DeviceRef(self.driver, pool, n), attributes, capacity) for n in names]
         return tuple(out)
 

@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from gpumon.config.numbers import Float, Int
 from gpumon.config.section import Section
-from gpumon.configtypes import Float, Int
 
 RepairStep = Literal["reset", "reboot", "replace"]
 _LADDER: list[RepairStep] = ["reset", "reboot", "replace"]

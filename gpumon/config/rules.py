@@ -19,8 +19,10 @@ A rules file holds ``rules:``, a list of rules::
         pools: [a100]
 
 Built-in rules (:func:`builtin_rules`) come first; a rule with a built-in's name is merged over
-it key by key (``{name: thermal-degraded, threshold: 85}``, ``{name: xid-degraded, enabled:
-false}``). Any error names the rule and the field and becomes a :class:`ConfigError`.
+it key by key (``{name: thermal-degraded, for: 10m}``, ``{name: xid-degraded, enabled:
+false}``), except for what the built-in judges (:data:`JUDGEMENT_KEYS`): that is the ``health``
+section, which the exporters judge with too. Any error names the rule and the field and becomes
+a :class:`ConfigError`.
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from gpumon.configfile import ConfigError, read_yaml_mapping
-from gpumon.configtypes import Float, Int, NoBool
-from gpumon.devices.model import HealthState
-from gpumon.gpu_health import HealthPolicy, Op, Scope, Severity, Signal
+from gpumon.config.files import ConfigError, read_yaml_mapping
+from gpumon.config.numbers import Float, Int, NoBool
+from gpumon.gpu.health import HealthPolicy, Op, Scope, Severity, Signal
+from gpumon.gpu.model import HealthState
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -117,8 +119,15 @@ class RuleConfig(BaseModel):
         return 1.0 if self.threshold is None else float(self.threshold)
 
 
+# What a built-in rule judges, taken from the health section (Xid classes, thermal limits) that
+# the exporters' verdict is made of. Set by name in the rules, the controller would judge a GPU
+# one way and the exporters another: the two judgements of one GPU the health section exists to
+# prevent. When, where and with what words a built-in acts stay the controller's own.
+JUDGEMENT_KEYS = ("signal", "op", "threshold", "severity", "scope", "xids")
+
+
 def builtin_rules(health: HealthPolicy) -> list[dict[str, Any]]:
-    """Defaults mirroring NVIDIA's Xid catalog (classes in gpumon.gpu_health) and the
+    """Defaults mirroring NVIDIA's Xid catalog (classes in gpumon.gpu.health) and the
     exporter's thermal limits; each one can be changed or disabled by name."""
     return [
         {"name": "xid-unhealthy", "signal": "xid", "severity": "unhealthy"},
@@ -209,8 +218,16 @@ def resolve_rules(
         sources.append(read_rules_file(rules_file))
     if inline:
         sources.append(_entries(list(inline), "policy.rules"))
+    builtins = {r["name"] for r in builtin_rules(health)} if builtin else set()
     for source in sources:
         for entry, where in source:
+            judged = [k for k in JUDGEMENT_KEYS if k in entry]
+            if where != "built-in" and entry["name"] in builtins and judged:
+                raise ConfigError(
+                    f"invalid {_describe(entry, where)}:\n  {judged[0]}: a built-in rule judges a GPU as the "
+                    "exporters do, from policy.health (the chart's `health` value): change it there, "
+                    "or add a rule of your own under another name"
+                )
             base, _ = merged.get(entry["name"], ({}, where))
             merged[entry["name"]] = ({**base, **entry}, where)
     rules: list[RuleConfig] = []

@@ -4,10 +4,10 @@ The app serves ``/metrics``, ``/healthz`` (the event loop answers and no backgro
 dying) and ``/readyz`` (the caches are filled and no background task died within the last
 minute), with the exporter's TLS and auth options (:mod:`gpumon.httpauth`; the probes stay
 open). Its ``cleanup_ctx`` starts the informers, the signal source, the leader election, the
-reconciler and the autoscaler under one :class:`~gpumon.tasks.Supervisor` (each restarted with
-backoff when it dies, counted in ``gpumon_controller_task_restarts_total{task}``), and stops
-them in reverse order; a clean stop hands the lease over at once. Informers and metrics run on
-every replica; only the leader writes.
+reconciler, the autoscaler and the repair ladder under one
+:class:`~gpumon.runtime.tasks.Supervisor` (each restarted with backoff when it dies, counted in
+``gpumon_controller_task_restarts_total{task}``), and stops them in reverse order; a clean stop
+hands the lease over at once. Informers and metrics run on every replica; only the leader writes.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from gpumon.config.controller import ControllerConfig
-from gpumon.configfile import read_config_text
+from gpumon.config.files import read_config_text
 from gpumon.controller.act.device_taint import served
 from gpumon.controller.act.events import EventRecorder
 from gpumon.controller.act.evict import Evictor
@@ -48,28 +48,30 @@ from gpumon.controller.core.objects import (
     pdb_from_json,
 )
 from gpumon.controller.core.policy import Policy
+from gpumon.controller.core.pools import Pool
 from gpumon.controller.core.signals import SignalSource
-from gpumon.controller.kube import KubeApi, KubeError
 from gpumon.controller.shell.autoscaler_loop import AutoscaleMetrics, Autoscaler, gpu_resources
-from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.leader import LeaderElector, LeaderSettings
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
-from gpumon.controller.shell.remediation_loop import Reconciler, Settings
+from gpumon.controller.shell.remediation_loop import Reconciler, ReconcilerSettings
 from gpumon.controller.shell.repair_loop import RepairLoop, RepairMetrics, RepairSettings
 from gpumon.controller.shell.signal_sources.direct import DirectSettings, DirectSource
 from gpumon.controller.shell.signal_sources.endpoints import DiscoveredEndpoints, StaticEndpoints
 from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource
-from gpumon.dra import RESOURCE_SLICES_PATH, resource_claims_path
-from gpumon.httpauth.guard import guard
+from gpumon.httpauth.guard import Guard, guard
 from gpumon.httpauth.tls import client_context
-from gpumon.tasks import Supervisor, TaskTrouble
+from gpumon.k8s.dra import RESOURCE_SLICES_PATH, resource_claims_path
+from gpumon.kube.client import KubeApi, KubeError
+from gpumon.kube.informer import Informer, Selection, View
+from gpumon.kube.registry import Informers
+from gpumon.runtime.tasks import Supervisor, TaskTrouble
 
 log = logging.getLogger(__name__)
 
 
-def build_settings(config: ControllerConfig, policy: Policy) -> Settings:
+def build_settings(config: ControllerConfig, policy: Policy) -> ReconcilerSettings:
     d, b, r = config.drain, config.breaker, config.rate_limit
-    return Settings(
+    return ReconcilerSettings(
         policy=policy,
         quarantine=QuarantinePolicy(cordon=config.quarantine.cordon),
         drain=DrainPolicy(
@@ -100,6 +102,23 @@ def _read_token(path: Path | None, field: str) -> str | None:
 
 # A background task that died starts again after 1 s, then 2, 4... up to 30 s.
 TASK_BACKOFF = Backoff(initial_seconds=1.0, max_seconds=30.0)
+# A failed list or watch is tried again after 0.5 s, then 1, 2... up to 30 s, spread by informer.
+WATCH_BACKOFF = Backoff(initial_seconds=0.5, max_seconds=30.0)
+
+
+@dataclass(frozen=True, slots=True)
+class RemediationCaches:
+    """What the reconciler reads of the cluster (the autoscaler shares pods, PDBs, slices)."""
+
+    nodes: View[NodeView]
+    pods: View[PodView]
+    pdbs: View[PdbView]
+    state: View[Mapping[str, str]]
+    claims: View[ClaimView]
+    slices: View[SliceView]
+    # gpumon's DeviceTaintRules; None when quarantine.device_taints is off. Not among the
+    # views that readiness waits for: its informer runs only if discovery finds the API.
+    rules: View[RuleView] | None
 
 
 @dataclass
@@ -109,12 +128,9 @@ class Controller:
     config: ControllerConfig
     api: KubeApi
     metrics: ControllerMetrics
-    nodes: Informer[NodeView]
-    pods: Informer[PodView]
-    pdbs: Informer[PdbView]
-    state: Informer[Mapping[str, str]]
-    claims: Informer[ClaimView]
-    slices: Informer[SliceView]
+    # Every list and watch of the process, one per selection; the views read them.
+    informers: Informers
+    caches: RemediationCaches
     reconciler: Reconciler
     elector: LeaderElector | None
     source: SignalSource
@@ -122,9 +138,6 @@ class Controller:
     endpoints: DiscoveredEndpoints | None = None
     autoscaler: Autoscaler | None = None
     repair: RepairLoop | None = None  # with a pool that repairs (pools[].repair)
-    # gpumon's DeviceTaintRules; None when quarantine.device_taints is off. Not among the
-    # informers that readiness waits for: it runs only if discovery finds the API.
-    rules: Informer[RuleView] | None = None
     supervisor: Supervisor = field(default_factory=lambda: Supervisor(delay=TASK_BACKOFF.delay))
 
     @property
@@ -135,10 +148,12 @@ class Controller:
         return self.elector is None or self.elector.is_leader()
 
     @property
-    def informers(self) -> list[Informer[Any]]:
-        extra = [self.endpoints.informer] if self.endpoints is not None else []
-        extra += self.autoscaler.informers if self.autoscaler is not None else []
-        return [self.nodes, self.pods, self.pdbs, self.state, self.claims, self.slices, *extra]
+    def views(self) -> list[View[Any]]:
+        """The caches readiness waits for."""
+        extra = [self.endpoints.view] if self.endpoints is not None else []
+        extra += self.autoscaler.views if self.autoscaler is not None else []
+        c = self.caches
+        return [c.nodes, c.pods, c.pdbs, c.state, c.claims, c.slices, *extra]
 
 
 CONTROLLER = web.AppKey("controller", Controller)
@@ -151,104 +166,22 @@ def make_app(
     registry: CollectorRegistry | None = None,
     wall_clock: Callable[[], float] = time.time,
 ) -> web.Application:
+    """Every part built and wired, in order: values from config, the caches, the leader
+    election, the signal source, the two loops; nothing starts until the app does."""
     registry = registry or CollectorRegistry(auto_describe=True)
-    policy = build_policy(config)
-    settings = build_settings(config, policy)
     metrics = ControllerMetrics(registry)
     metrics.dry_run.set(1 if config.dry_run else 0)
+    policy = build_policy(config)
+    settings = build_settings(config, policy)
     pools = [pool_from_config(p) for p in config.pools]
-    # Pods using a pool's shared-GPU resources are GPU pods too: their node is never idle.
-    resources = gpu_resources(
-        GpuResources(
-            frozenset(config.drain.gpu_resource_names),
-            tuple(config.drain.gpu_resource_prefixes),
-            frozenset(config.drain.gpu_dra_drivers),
-        ),
-        pools,
-    )
+    resources = gpu_resources(_base_gpu_resources(config), pools)
+    informers = _informers(metrics)
+    caches = _remediation_caches(config, informers, resources, metrics)
+    elector = _elector(config, api, metrics, wall_clock)
 
-    def on_error(component: str) -> Callable[[str], None]:
-        return lambda kind: metrics.api_errors.labels(component, kind).inc()
+    def is_leader() -> bool:
+        return elector is None or elector.is_leader()
 
-    def ignoring_version(a: NodeView, b: NodeView) -> bool:
-        return replace(a, resource_version="") == replace(b, resource_version="")
-
-    node_params = {"labelSelector": config.node_selector} if config.node_selector else None
-    nodes: Informer[NodeView] = Informer(
-        api,
-        "/api/v1/nodes",
-        node_from_json,
-        name="nodes",
-        params=node_params,
-        same=ignoring_version,
-        on_error=on_error("nodes"),
-    )
-    pods: Informer[PodView] = Informer(
-        api,
-        "/api/v1/pods",
-        functools.partial(gpu_pod_from_json, resources=resources),
-        name="pods",
-        index=lambda p: p.node_name,
-        on_error=on_error("pods"),
-    )
-    pdbs: Informer[PdbView] = Informer(
-        api, "/apis/policy/v1/poddisruptionbudgets", pdb_from_json, name="pdbs", on_error=on_error("pdbs")
-    )
-    state: Informer[Mapping[str, str]] = Informer(
-        api,
-        f"/api/v1/namespaces/{config.namespace}/configmaps",
-        lambda obj: dict((obj.get("metadata") or {}).get("annotations") or {}),
-        name="state",
-        params={"fieldSelector": f"metadata.name={config.state_configmap}"},
-        on_error=on_error("state"),
-    )
-    # DRA: the claims allocated GPU devices and the slices saying which GPU each device is.
-    drivers = resources.drivers
-    claims: Informer[ClaimView] = Informer(
-        api,
-        resource_claims_path(),
-        lambda obj: claim_from_json(obj, drivers),
-        name="resourceclaims",
-        on_error=on_error("resourceclaims"),
-    )
-    slices: Informer[SliceView] = Informer(
-        api,
-        RESOURCE_SLICES_PATH,
-        lambda obj: slice_from_json(obj, drivers),
-        name="resourceslices",
-        index=lambda s: s.node,
-        on_error=on_error("resourceslices"),
-    )
-    rules: Informer[RuleView] | None = None
-    if config.quarantine.device_taints:
-        rules = Informer(
-            api,
-            RULES_PATH,
-            rule_from_json,
-            name="devicetaintrules",
-            params={"labelSelector": SELECTOR},
-            on_error=on_error("devicetaintrules"),
-        )
-        metrics.device_taints_state("unknown")
-    else:
-        metrics.device_taints_state("disabled")
-    elector = None
-    if config.leader.enabled:
-        elector = LeaderElector(
-            api,
-            namespace=config.namespace,
-            name=config.leader.lease_name,
-            identity=config.identity,
-            settings=LeaderSettings(
-                config.leader.lease_duration_seconds,
-                config.leader.renew_deadline_seconds,
-                config.leader.retry_period_seconds,
-            ),
-            wall_clock=wall_clock,
-            on_change=lambda leading: metrics.leader.set(1 if leading else 0),
-        )
-    else:
-        metrics.leader.set(1)
     recorder = EventRecorder(
         api,
         instance=config.identity,
@@ -256,104 +189,59 @@ def make_app(
         on_result=lambda ok: metrics.events.labels("created" if ok else "failed").inc(),
     )
     evictor = Evictor(api, settings.retry)
-    endpoints = None
-    if config.signals.source == "direct" and not config.signals.direct.endpoints:
-        d = config.signals.direct
-        endpoints = DiscoveredEndpoints(api, d.namespace, d.label_selector, d.port, d.scheme)
-    s = config.signals
-    # Read before the session opens: a bad token file must not leave it unclosed.
-    bearer_token = (
-        _read_token(s.prometheus.bearer_token_file, "signals.prometheus.bearer_token_file")
-        if s.source == "prometheus"
-        else _read_token(s.direct.bearer_token_file, "signals.direct.bearer_token_file")
-    )
-    # Read before the session opens too: a bad CA file must not leave it unclosed.
-    exporter_tls = (
-        client_context(s.direct.ca_file, "signals.direct.ca_file")
-        if s.source == "direct" and s.direct.ca_file is not None
-        else True
-    )
     supervisor = Supervisor(
         delay=TASK_BACKOFF.delay, on_restart=lambda task: metrics.task_restarts.labels(task).inc()
     )
-    auth = guard(config.auth, on_error=on_error("auth"), supervisor=supervisor, api=api)
-    # Exporter streams are many and long-lived: no pool limit; snapshot fetches have their own.
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ssl=exporter_tls))
-    source = _build_source(config, policy, endpoints, session, metrics, wall_clock, bearer_token)
+    auth = guard(config.auth, on_error=_api_errors(metrics, "auth"), supervisor=supervisor, api=api)
+    endpoints = _discovered_endpoints(config, informers)
+    source, session = _signals(config, policy, endpoints, metrics, wall_clock)
     reconciler = Reconciler(
         api=api,
-        nodes=nodes,
-        pods=pods,
-        pdbs=pdbs,
-        state=state,
-        claims=claims,
-        slices=slices,
+        nodes=caches.nodes,
+        pods=caches.pods,
+        pdbs=caches.pdbs,
+        state=caches.state,
+        claims=caches.claims,
+        slices=caches.slices,
         source=source,
-        is_leader=lambda: elector is None or elector.is_leader(),
+        is_leader=is_leader,
         recorder=recorder,
         evictor=evictor,
         metrics=metrics,
         settings=settings,
         wall_clock=wall_clock,
-        rules=rules,
+        rules=caches.rules,
     )
-    nodes.on_change = reconciler.on_node
-    pods.on_change = reconciler.on_pod
-    claims.on_change = reconciler.on_claim
-    slices.on_change = reconciler.on_slice
-    if rules is not None:
-        rules.on_change = reconciler.on_rule
-    state.on_change = lambda key, old, new: reconciler.mark(nodes.items())
+    _follow(caches, reconciler)
     autoscaler = None
     if pools:
         autoscaler = Autoscaler(
             api,
             pools,
-            pods=pods,
-            pdbs=pdbs,
-            slices=slices,
+            informers=informers,
+            pods=caches.pods,
+            pdbs=caches.pdbs,
+            slices=caches.slices,
             recorder=recorder,
             evictor=evictor,
             metrics=AutoscaleMetrics(registry),
-            is_leader=lambda: elector is None or elector.is_leader(),
+            is_leader=is_leader,
             dry_run=config.dry_run,
             resources=resources,
             wall_clock=wall_clock,
-            on_error=on_error("autoscaler"),
             retry=settings.retry,
         )
     repair = None
     if any(p.repair is not None for p in pools):
-        repair = RepairLoop(
-            api=api,
-            pools=pools,
-            nodes=nodes,
-            pods=pods,
-            source=source,
-            recorder=recorder,
-            evictor=evictor,
-            is_leader=lambda: elector is None or elector.is_leader(),
-            safety=lambda: replace(settings.safety, paused=reconciler.paused()),
-            open_breakers=reconciler.open_breakers,
-            metrics=RepairMetrics(registry),
-            settings=RepairSettings(
-                policy=policy,
-                namespace=config.namespace,
-                state_configmap=config.state_configmap,
-                dry_run=config.dry_run,
-            ),
-            wall_clock=wall_clock,
+        repair = _repair_loop(
+            config, api, pools, caches, source, recorder, evictor, reconciler, is_leader, registry, wall_clock
         )
     controller = Controller(
         config=config,
         api=api,
         metrics=metrics,
-        nodes=nodes,
-        pods=pods,
-        pdbs=pdbs,
-        state=state,
-        claims=claims,
-        slices=slices,
+        informers=informers,
+        caches=caches,
         reconciler=reconciler,
         elector=elector,
         source=source,
@@ -362,20 +250,191 @@ def make_app(
         autoscaler=autoscaler,
         repair=repair,
         supervisor=supervisor,
-        rules=rules,
     )
-    registry.register(
-        ClusterGauges(
-            quarantined=reconciler.quarantined_counts,
-            breakers=lambda: reconciler.open_breakers(),
-            pools=lambda: reconciler.pools(),
-            signal_status=reconciler.signal_counts,
-            synced=lambda: {i.name: i.synced.is_set() for i in controller.informers},
-            paused=reconciler.paused,
-            overdue_drains=reconciler.overdue_drains,
-        )
+    registry.register(_cluster_gauges(controller))
+    return _application(controller, auth)
+
+
+def _base_gpu_resources(config: ControllerConfig) -> GpuResources:
+    """What makes a pod a GPU pod, from the drain's config; the pools add theirs (pods using a
+    pool's shared-GPU resources are GPU pods too: their node is never idle)."""
+    d = config.drain
+    return GpuResources(
+        frozenset(d.gpu_resource_names), tuple(d.gpu_resource_prefixes), frozenset(d.gpu_dra_drivers)
     )
 
+
+def _api_errors(metrics: ControllerMetrics, component: str) -> Callable[[str], None]:
+    return lambda kind: metrics.api_errors.labels(component, kind).inc()
+
+
+def _informers(metrics: ControllerMetrics) -> Informers:
+    """The process's one informer per selection, its failures counted by informer and type."""
+    return Informers(
+        backoff=lambda attempt, name: WATCH_BACKOFF.delay(attempt, salt=sum(map(ord, name))),
+        on_error=lambda name, e: _api_errors(metrics, name)(type(e).__name__),
+    )
+
+
+def _ignoring_version(a: NodeView, b: NodeView) -> bool:
+    return replace(a, resource_version="") == replace(b, resource_version="")
+
+
+def _remediation_caches(
+    config: ControllerConfig, informers: Informers, resources: GpuResources, metrics: ControllerMetrics
+) -> RemediationCaches:
+    def of(path: str, *, labels: str = "", fields: str = "") -> Informer:
+        return informers.informer(Selection(path, label_selector=labels, field_selector=fields))
+
+    # DRA: the claims allocated GPU devices and the slices saying which GPU each device is.
+    drivers = resources.drivers
+    rules = None
+    if config.quarantine.device_taints:
+        rules = of(RULES_PATH, labels=SELECTOR).view(rule_from_json, name="devicetaintrules")
+    metrics.device_taints_state("unknown" if rules is not None else "disabled")
+    return RemediationCaches(
+        nodes=of("/api/v1/nodes", labels=config.node_selector or "").view(
+            node_from_json, name="nodes", same=_ignoring_version
+        ),
+        pods=of("/api/v1/pods").view(
+            functools.partial(gpu_pod_from_json, resources=resources),
+            name="pods",
+            index=lambda p: p.node_name,
+        ),
+        pdbs=of("/apis/policy/v1/poddisruptionbudgets").view(pdb_from_json, name="pdbs"),
+        state=of(
+            f"/api/v1/namespaces/{config.namespace}/configmaps",
+            fields=f"metadata.name={config.state_configmap}",
+        ).view(lambda obj: dict((obj.get("metadata") or {}).get("annotations") or {}), name="state"),
+        claims=of(resource_claims_path()).view(
+            lambda obj: claim_from_json(obj, drivers), name="resourceclaims"
+        ),
+        slices=of(RESOURCE_SLICES_PATH).view(
+            lambda obj: slice_from_json(obj, drivers), name="resourceslices", index=lambda s: s.node
+        ),
+        rules=rules,
+    )
+
+
+def _follow(caches: RemediationCaches, reconciler: Reconciler) -> None:
+    """The reconciler hears of every change of what it reads."""
+    caches.nodes.on_change = reconciler.on_node
+    caches.pods.on_change = reconciler.on_pod
+    caches.claims.on_change = reconciler.on_claim
+    caches.slices.on_change = reconciler.on_slice
+    if caches.rules is not None:
+        caches.rules.on_change = reconciler.on_rule
+    caches.state.on_change = lambda key, old, new: reconciler.mark(caches.nodes.items())
+
+
+def _repair_loop(
+    config: ControllerConfig,
+    api: KubeApi,
+    pools: list[Pool],
+    caches: RemediationCaches,
+    source: SignalSource,
+    recorder: EventRecorder,
+    evictor: Evictor,
+    reconciler: Reconciler,
+    is_leader: Callable[[], bool],
+    registry: CollectorRegistry,
+    wall_clock: Callable[[], float],
+) -> RepairLoop:
+    """The repair ladder of the pools that repair: it reads the quarantine's caches and signals,
+    and is held by the quarantine's pause switch and breakers."""
+    settings = reconciler.settings
+    return RepairLoop(
+        api=api,
+        pools=pools,
+        nodes=caches.nodes,
+        pods=caches.pods,
+        source=source,
+        recorder=recorder,
+        evictor=evictor,
+        is_leader=is_leader,
+        safety=lambda: replace(settings.safety, paused=reconciler.paused()),
+        open_breakers=reconciler.open_breakers,
+        metrics=RepairMetrics(registry),
+        settings=RepairSettings(
+            policy=settings.policy,
+            namespace=config.namespace,
+            state_configmap=config.state_configmap,
+            dry_run=config.dry_run,
+        ),
+        wall_clock=wall_clock,
+    )
+
+
+def _elector(
+    config: ControllerConfig, api: KubeApi, metrics: ControllerMetrics, wall_clock: Callable[[], float]
+) -> LeaderElector | None:
+    """The lease's elector; None without leader election (this replica always leads)."""
+    if not config.leader.enabled:
+        metrics.leader.set(1)
+        return None
+    leader = config.leader
+    return LeaderElector(
+        api,
+        namespace=config.namespace,
+        name=leader.lease_name,
+        identity=config.identity,
+        settings=LeaderSettings(
+            leader.lease_duration_seconds, leader.renew_deadline_seconds, leader.retry_period_seconds
+        ),
+        wall_clock=wall_clock,
+        on_change=lambda leading: metrics.leader.set(1 if leading else 0),
+    )
+
+
+def _discovered_endpoints(config: ControllerConfig, informers: Informers) -> DiscoveredEndpoints | None:
+    """The exporters' pods through the API, when the direct source is given no endpoints."""
+    d = config.signals.direct
+    if config.signals.source != "direct" or d.endpoints:
+        return None
+    return DiscoveredEndpoints(informers, d.namespace, d.label_selector, d.port, d.scheme)
+
+
+def _signals(
+    config: ControllerConfig,
+    policy: Policy,
+    endpoints: DiscoveredEndpoints | None,
+    metrics: ControllerMetrics,
+    wall_clock: Callable[[], float],
+) -> tuple[SignalSource, aiohttp.ClientSession]:
+    """The signal source and the HTTP session it reads through (the app closes it)."""
+    s = config.signals
+    # Read before the session opens: a bad token or CA file must not leave it unclosed.
+    bearer_token = (
+        _read_token(s.prometheus.bearer_token_file, "signals.prometheus.bearer_token_file")
+        if s.source == "prometheus"
+        else _read_token(s.direct.bearer_token_file, "signals.direct.bearer_token_file")
+    )
+    exporter_tls = (
+        client_context(s.direct.ca_file, "signals.direct.ca_file")
+        if s.source == "direct" and s.direct.ca_file is not None
+        else True
+    )
+    # Exporter streams are many and long-lived: no pool limit; snapshot fetches have their own.
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ssl=exporter_tls))
+    return _build_source(config, policy, endpoints, session, metrics, wall_clock, bearer_token), session
+
+
+def _cluster_gauges(controller: Controller) -> ClusterGauges:
+    reconciler = controller.reconciler
+    return ClusterGauges(
+        quarantined=reconciler.quarantined_counts,
+        breakers=lambda: reconciler.open_breakers(),
+        pools=lambda: reconciler.pools(),
+        signal_status=reconciler.signal_counts,
+        synced=lambda: {v.name: v.synced.is_set() for v in controller.views},
+        paused=reconciler.paused,
+        overdue_drains=reconciler.overdue_drains,
+    )
+
+
+def _application(controller: Controller, auth: Guard) -> web.Application:
+    """The HTTP face: /metrics, /healthz and /readyz behind the auth guard, and the lifespan that
+    runs every task."""
     app = web.Application(middlewares=[auth.middleware])
     app[CONTROLLER] = controller
     app.cleanup_ctx.append(auth.lifespan)
@@ -444,8 +503,11 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
     source = controller.source
     start = controller.supervisor.start
 
-    for informer in controller.informers:
-        start(f"informer {informer.name}", informer.run)
+    rules = controller.caches.rules
+    deferred = rules.informer if rules is not None else None
+    for informer in controller.informers.informers:
+        if informer is not deferred:
+            start(f"informer {informer.name}", functools.partial(informer.run, controller.api))
     start(f"signals {source.name}", functools.partial(source.run, controller.reconciler.mark))
     if controller.elector is not None:
         elector = controller.elector
@@ -459,8 +521,8 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
 
         start("leadership changes", follow_leadership)
     start("reconciler", controller.reconciler.run)
-    if controller.rules is not None:
-        start("device taints", functools.partial(_device_taints, controller, controller.rules))
+    if rules is not None:
+        start("device taints", functools.partial(_device_taints, controller, rules))
     if controller.autoscaler is not None:
         start("autoscaler", controller.autoscaler.run)
     if controller.repair is not None:
@@ -475,7 +537,7 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
 DISCOVERY_BACKOFF = Backoff(initial_seconds=1.0, max_seconds=60.0)
 
 
-async def _device_taints(controller: Controller, rules: Informer[RuleView]) -> None:
+async def _device_taints(controller: Controller, rules: View[RuleView]) -> None:
     """Ask once whether the API server serves DeviceTaintRules (retrying only while it cannot
     be reached); if it does, keep gpumon's rules cached and let the reconciler write them,
     otherwise say so once and stay idle: an absent API is a cluster's choice, not an error."""
@@ -497,7 +559,7 @@ async def _device_taints(controller: Controller, rules: Informer[RuleView]) -> N
         )
         await asyncio.Event().wait()
     controller.metrics.device_taints_state("active")
-    run = asyncio.ensure_future(rules.run())
+    run = asyncio.ensure_future(rules.informer.run(controller.api))
     try:
         await rules.synced.wait()
         controller.reconciler.rules_served()
@@ -525,7 +587,7 @@ async def _healthz(request: web.Request) -> web.Response:
 
 async def _readyz(request: web.Request) -> web.Response:
     controller = request.app[CONTROLLER]
-    waiting = [i.name for i in controller.informers if not i.synced.is_set()]
+    waiting = [v.name for v in controller.views if not v.synced.is_set()]
     if waiting:
         return web.Response(status=503, text="caches not synced: " + ", ".join(waiting) + "\n")
     restarting = controller.supervisor.restarting()

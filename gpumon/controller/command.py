@@ -68,8 +68,8 @@ def load_config(args: argparse.Namespace) -> ControllerConfig:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from gpumon import logs
     from gpumon.httpauth.tls import server_context
+    from gpumon.runtime import logs
 
     config = load_config(args)  # reads and validates the rules too: a bad rule stops it here
     ssl_context = server_context(config.tls)
@@ -81,11 +81,11 @@ async def _serve(config: ControllerConfig, ssl_context: ssl.SSLContext | None) -
     import logging
 
     from gpumon.controller.app import make_app
-    from gpumon.controller.kube import connect
-    from gpumon.serving import serve_until_signalled
+    from gpumon.kube.client import connect
+    from gpumon.runtime.serving import serve_until_signalled
 
     log = logging.getLogger(__name__)
-    api = await connect(config.kubeconfig)
+    api = connect(config.kubeconfig)
     try:
         return await serve_until_signalled(
             lambda: make_app(config, api),

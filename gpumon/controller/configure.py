@@ -12,6 +12,7 @@ from gpumon.config.controller import ControllerConfig
 from gpumon.config.pools import PoolConfig
 from gpumon.config.repair import RepairConfig
 from gpumon.config.rules import RuleConfig
+from gpumon.controller.core.contract.repair import LadderStep
 from gpumon.controller.core.demand import SharedCards, Template
 from gpumon.controller.core.device_claims import TemplateDevices
 from gpumon.controller.core.objects import Taint
@@ -19,8 +20,7 @@ from gpumon.controller.core.policy import Policy, Rule
 from gpumon.controller.core.pools import Pool, ScaleTarget
 from gpumon.controller.core.repair import RepairPolicy
 from gpumon.controller.core.repair_jobs import PoolRepair
-from gpumon.controller.core.repair_record import Step
-from gpumon.selectors import parse_selector
+from gpumon.k8s.selectors import parse_selector
 
 _KNOWN_PLURALS = {
     "MachineDeployment": "machinedeployments",
@@ -50,7 +50,7 @@ def rule_from_config(r: RuleConfig, default_recover_after: float) -> Rule:
 
 def build_policy(config: ControllerConfig) -> Policy:
     """The rules in force and how they are judged: the health section's policy is the one the
-    exporter's sampler gets from the same section (gpumon.gpu_health)."""
+    exporter's sampler gets from the same section (gpumon.gpu.health)."""
     p = config.policy
     return Policy(
         rules=tuple(rule_from_config(r, p.recover_after_seconds) for r in p.effective_rules),
@@ -105,7 +105,11 @@ def pool_from_config(p: PoolConfig) -> Pool:
 
 
 def pool_repair(r: RepairConfig) -> PoolRepair:
-    jobs = {Step.RESET: r.reset_job, Step.REBOOT: r.reboot_job, Step.VALIDATE: r.validation_job}
+    jobs = {
+        LadderStep.RESET: r.reset_job,
+        LadderStep.REBOOT: r.reboot_job,
+        LadderStep.VALIDATE: r.validation_job,
+    }
     return PoolRepair(
         policy=repair_policy(r),
         templates=MappingProxyType(

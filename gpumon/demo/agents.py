@@ -16,17 +16,14 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
-
 from gpumon.demo.views import ClusterView, PodRow
 from gpumon.devcluster import nodes, podresources_server
 from gpumon.devcluster.podresources_server import PodResourcesFixture
 from gpumon.exporter.podresources import api_pb2
-from gpumon.sharing import GPUSHARE_ASSIGNED, GPUSHARE_INDEX, GPUSHARE_POD_MEMORY
+from gpumon.k8s.sharing import GPUSHARE_ASSIGNED, GPUSHARE_INDEX, GPUSHARE_POD_MEMORY
+from gpumon.kube.client import KubeApi, KubeError, NotFound
 
 log = logging.getLogger(__name__)
-MERGE_PATCH = "application/merge-patch+json"
 
 
 def assign_gpus(
@@ -83,8 +80,8 @@ class NodeAgents:
     """One pod-resources server per node (sockets in a short temporary directory: a unix socket
     path holds at most 107 bytes), fed from each :class:`ClusterView`."""
 
-    def __init__(self, api: client.ApiClient) -> None:
-        self._core = client.CoreV1Api(api)
+    def __init__(self, api: KubeApi) -> None:
+        self._api = api
         self._dir = Path(tempfile.mkdtemp(prefix="gpumon-demo-"))
         self._stack = contextlib.ExitStack()
         self._listers: dict[str, tuple[PodResourcesFixture, int]] = {}  # node -> (lister, GPUs)
@@ -125,10 +122,11 @@ class NodeAgents:
                 }
             }
             try:
-                await self._core.patch_namespaced_pod(name, namespace, patch, _content_type=MERGE_PATCH)
-            except ApiException as e:
-                if e.status != 404:
-                    log.warning("could not place shared pod", extra={"pod": key, "error": e.reason})
+                await self._api.patch(f"/api/v1/namespaces/{namespace}/pods/{name}", patch)
+            except NotFound:
+                pass
+            except KubeError as e:
+                log.warning("could not place shared pod", extra={"pod": key, "error": str(e)})
 
     def close(self) -> None:
         self._stack.close()

@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gpumon.config import ConfigError
     from gpumon.demo import orchestrate, scenario
-    from gpumon.logs import TextFormatter
+    from gpumon.runtime.logs import TextFormatter
 
     plan = scenario.load(args.scenario)
     if args.nodes is not None:
@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
-    for noisy in ("aiohttp.access", "kubernetes_asyncio", "urllib3"):
+    for noisy in ("aiohttp.access", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     console = Console()

@@ -20,7 +20,7 @@ from gpumon.demo.scenario import Scenario
 from gpumon.devcluster import capi, nodes
 from gpumon.devcluster.poolplan import POOL_LABEL
 from gpumon.devcluster.workloads import APP_LABEL, gpu_deployment
-from gpumon.resources import DIRECTX_RESOURCE, GPUSHARE_MEMORY_RESOURCE
+from gpumon.k8s.resources import DIRECTX_RESOURCE, GPUSHARE_MEMORY_RESOURCE
 
 NAMESPACE = "gpumon-demo"
 CONTROLLER_NAMESPACE = "gpumon-system"

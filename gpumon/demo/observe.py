@@ -6,57 +6,38 @@ than the cluster is big."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpumon.controller.act.events import COMPONENT
 from gpumon.demo import fleet
 from gpumon.demo.exporters import ExporterFleet
 from gpumon.demo.views import ClusterView, cluster_view
 from gpumon.devcluster import capi
-
-
-async def _raw(call: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
-    resp = await call(*args, _preload_content=False, **kwargs)
-    try:
-        return json.loads(await resp.read())
-    finally:
-        resp.release()
+from gpumon.kube.client import KubeApi, NotFound
 
 
 class Observer:
-    def __init__(
-        self, api: client.ApiClient, exporters: ExporterFleet, session: aiohttp.ClientSession
-    ) -> None:
-        self._core = client.CoreV1Api(api)
-        self._custom = client.CustomObjectsApi(api)
+    def __init__(self, api: KubeApi, exporters: ExporterFleet, session: aiohttp.ClientSession) -> None:
+        self._api = api
         self._exporters = exporters
         self._session = session
 
     async def _pool(self) -> dict[str, Any] | None:
         try:
-            result: dict[str, Any] = await self._custom.get_namespaced_custom_object(
-                capi.GROUP, capi.VERSION, fleet.NAMESPACE, capi.MACHINE_DEPLOYMENTS, fleet.POOL
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-        return result
+            return await self._api.get(capi.machine_deployments_path(fleet.NAMESPACE, fleet.POOL))
+        except NotFound:
+            return None
 
     async def view(self) -> ClusterView:
         """One consistent-enough picture (the reads run side by side)."""
         node_list, pod_list, pool, event_list, snapshots = await asyncio.gather(
-            _raw(self._core.list_node),
-            _raw(self._core.list_namespaced_pod, fleet.NAMESPACE),
+            self._api.get("/api/v1/nodes"),
+            self._api.get(f"/api/v1/namespaces/{fleet.NAMESPACE}/pods"),
             self._pool(),
-            _raw(self._core.list_event_for_all_namespaces, field_selector=f"source={COMPONENT}"),
+            self._api.get("/api/v1/events", {"fieldSelector": f"source={COMPONENT}"}),
             self._exporters.snapshots(self._session),
         )
         return cluster_view(

@@ -28,8 +28,6 @@ from pathlib import Path
 from typing import Protocol
 
 import aiohttp
-from kubernetes_asyncio import client, config
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpumon.demo import expect, fleet
 from gpumon.demo.agents import NodeAgents
@@ -38,13 +36,15 @@ from gpumon.demo.observe import Observer
 from gpumon.demo.render import HeaderStatus
 from gpumon.demo.scenario import Expect, Scenario, ScenarioStep
 from gpumon.demo.views import ClusterView
-from gpumon.devcluster import nodes, processes
+from gpumon.devcluster import capi, nodes, processes
 from gpumon.devcluster.binaries import ToolsMissing
 from gpumon.devcluster.cluster import DevCluster, StartupError, free_ports
 from gpumon.devcluster.localservers import ControllerProcess, PrometheusProcess
 from gpumon.devcluster.poolplan import Timing
 from gpumon.devcluster.poolsim import PoolSimulator, SimulatedPool
 from gpumon.devcluster.state import alive
+from gpumon.kube.client import KubeClient, KubeError
+from gpumon.kube.kubeconfig import from_kubeconfig
 
 log = logging.getLogger(__name__)
 OBSERVE_INTERVAL_SECONDS = 0.5
@@ -267,9 +267,8 @@ class _Play:
     @contextlib.asynccontextmanager
     async def _parts(self) -> AsyncIterator[None]:
         paths = self.o.paths
-        cfg = client.Configuration()
-        await config.load_kube_config(config_file=str(paths.kubeconfig), client_configuration=cfg)
-        async with client.ApiClient(cfg) as api, aiohttp.ClientSession() as session:
+        credentials = from_kubeconfig(paths.kubeconfig)
+        async with KubeClient(credentials) as api, aiohttp.ClientSession() as session:
             agents = NodeAgents(api)
             exporters = ExporterFleet(
                 self.fleet,
@@ -316,7 +315,7 @@ class _Play:
                 view = await observer.view()
                 await self.exporters.sync(view)
                 await self.agents.sync(view, shared)
-            except (ApiException, aiohttp.ClientError, TimeoutError) as e:
+            except (KubeError, aiohttp.ClientError, TimeoutError) as e:
                 log.warning("observing the cluster failed", extra={"error": repr(e)})
             else:
                 self.live.view = view
@@ -325,19 +324,14 @@ class _Play:
             await asyncio.sleep(max(0.05, OBSERVE_INTERVAL_SECONDS - (time.monotonic() - t)))
 
     async def _create_fleet(self) -> None:
-        core, custom = client.CoreV1Api(self.api), client.CustomObjectsApi(self.api)
         for ns in fleet.namespaces():
-            await core.create_namespace(ns)
-        await core.create_namespaced_config_map(fleet.CONTROLLER_NAMESPACE, fleet.controller_configmap())
-        await custom.create_namespaced_custom_object(
-            "cluster.x-k8s.io",
-            "v1beta2",
-            fleet.NAMESPACE,
-            "machinedeployments",
-            fleet.machine_deployment(self.s),
+            await self.api.post("/api/v1/namespaces", ns)
+        await self.api.post(
+            f"/api/v1/namespaces/{fleet.CONTROLLER_NAMESPACE}/configmaps", fleet.controller_configmap()
         )
+        await self.api.post(capi.machine_deployments_path(fleet.NAMESPACE), fleet.machine_deployment(self.s))
         for spec in self.fleet.static:
-            await core.create_node(nodes.manifest(spec.name, spec.template))
+            await self.api.post("/api/v1/nodes", nodes.manifest(spec.name, spec.template))
 
     async def _next_view(self, deadline: float) -> ClusterView | None:
         """The next observed view, or None when the deadline passes first."""
@@ -387,21 +381,19 @@ class _Play:
                     f"see {self.controller.log_path}"
                 )
             await asyncio.sleep(0.3)
-        apps = client.AppsV1Api(self.api)
-        policy = client.PolicyV1Api(self.api)
         for obj in fleet.workloads(self.s):
             if obj["kind"] == "Deployment":
-                await apps.create_namespaced_deployment(fleet.NAMESPACE, obj)
+                await self.api.post(f"/apis/apps/v1/namespaces/{fleet.NAMESPACE}/deployments", obj)
             else:
-                await policy.create_namespaced_pod_disruption_budget(fleet.NAMESPACE, obj)
+                await self.api.post(f"/apis/policy/v1/namespaces/{fleet.NAMESPACE}/poddisruptionbudgets", obj)
 
     async def _scenario(self) -> Report:
         try:
             await self._start_controller_and_workloads()
         except DemoError as e:
             return Report(error=str(e))
-        except ApiException as e:
-            return Report(error=f"the API server refused a demo object: {e.status} {e.reason}: {e.body!r}")
+        except KubeError as e:
+            return Report(error=f"the API server refused a demo object: {e}")
         ready = self.clock() - self.started
         self.report = Report(ready_seconds=ready)
         self.display.say(f"ready in {ready:.1f} s")
@@ -486,11 +478,9 @@ class _Play:
                 self.display.say(f"  reset {b.node} GPU {b.gpu}")
         elif step.scale is not None:
             self.replicas = step.scale
-            await client.AppsV1Api(self.api).patch_namespaced_deployment_scale(
-                fleet.WORKLOAD,
-                fleet.NAMESPACE,
+            await self.api.patch(
+                f"/apis/apps/v1/namespaces/{fleet.NAMESPACE}/deployments/{fleet.WORKLOAD}/scale",
                 {"spec": {"replicas": step.scale}},
-                _content_type="application/merge-patch+json",
             )
             self.display.say(f"  {fleet.WORKLOAD} scaled to {step.scale} replicas")
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpumon.config import ConfigError, format_validation_error
-from gpumon.configfile import parse_yaml, read_yaml_mapping
+from gpumon.config.files import parse_yaml, read_yaml_mapping
 from gpumon.devices.simulated import SimulationError, parse_fault
 
 DEFAULT_NAME = "default.yaml"

@@ -14,8 +14,8 @@ from gpumon.controller.core.contract import CONDITION_TYPE, LABEL_STATE, TAINT_K
 from gpumon.devcluster import nodes
 from gpumon.devcluster.poolplan import POOL_LABEL
 from gpumon.devcluster.workloads import APP_LABEL
-from gpumon.resources import GPUSHARE_MEMORY_RESOURCE
-from gpumon.sharing import GPUSHARE_INDEX
+from gpumon.k8s.resources import GPUSHARE_MEMORY_RESOURCE
+from gpumon.k8s.sharing import GPUSHARE_INDEX
 from gpumon.wire import v1 as wire
 
 

@@ -18,6 +18,12 @@ DELETE_MACHINE_ANNOTATION = "cluster.x-k8s.io/delete-machine"
 DEFAULT_CLUSTER_NAME = "devcluster"
 
 
+def machine_deployments_path(namespace: str, name: str = "") -> str:
+    """The API path of a namespace's MachineDeployments, or of one of them."""
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{MACHINE_DEPLOYMENTS}"
+    return f"{path}/{name}" if name else path
+
+
 def machine_deployment(
     name: str,
     namespace: str,

@@ -115,6 +115,7 @@ class DevCluster:
             components.kwok_config([p.read_text() for p in tools.kwok_stages], options.kwok_pod_workers)
         )
         layout.device_classes.write_text(yaml.safe_dump_all(resourceslices.device_classes(), sort_keys=False))
+        layout.audit_policy.write_text(components.audit_policy())
         return cls(tools, layout, ports, components.all_components(tools, ports, layout, options))
 
     def _spawn(self, c: Component) -> processes.Child:

@@ -68,10 +68,10 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
 
 
 def _up(state_dir: Path, timeout: float) -> int:
-    from gpumon import logs
     from gpumon.devcluster import state
     from gpumon.devcluster.binaries import ToolsMissing
     from gpumon.devcluster.cluster import DevCluster, StartupError
+    from gpumon.runtime import logs
 
     logs.configure()
     if _running(state_dir):

@@ -69,6 +69,15 @@ class Layout:
     def device_classes(self) -> Path:
         return self.root / "deviceclasses.yaml"
 
+    @property
+    def audit_policy(self) -> Path:
+        return self.root / "audit-policy.yaml"
+
+    @property
+    def audit_log(self) -> Path:
+        """One JSON line per watch the API server starts (:func:`audit_policy`)."""
+        return self.root / "audit.log"
+
     def kubeconfig(self, user: str) -> Path:
         return self.root / f"{user}.kubeconfig"
 
@@ -169,6 +178,9 @@ def kube_apiserver(tools: Tools, ports: Ports, layout: Layout, options: Options)
             "--enable-aggregator-routing=true",
             f"--feature-gates={DRA_FEATURE_GATES}",
             f"--runtime-config={DRA_RUNTIME_CONFIG}",
+            f"--audit-policy-file={layout.audit_policy}",
+            f"--audit-log-path={layout.audit_log}",
+            "--audit-log-format=json",
             *options.apiserver_flags,
         ),
         health=HealthCheck(f"{_loopback(ports.apiserver)}/readyz", client_cert=True),
@@ -270,6 +282,21 @@ KWOK_OPTIONS = {
     "enablePodsOnNodeSyncListPager": True,
     "enablePodsOnNodeSyncStreamWatch": False,
 }
+
+
+def audit_policy() -> str:
+    """The API server's audit policy: every watch, once, when it starts (the ResponseStarted
+    stage of a long-running request), with its user and request URI, and nothing else. The
+    tests count watches by (resource, selectors) from it (tests/cluster/test_controller_watches.py)."""
+    return yaml.safe_dump(
+        {
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["RequestReceived", "ResponseComplete", "Panic"],
+            "rules": [{"level": "Metadata", "verbs": ["watch"]}, {"level": "None"}],
+        },
+        sort_keys=False,
+    )
 
 
 def kwok_config(stage_texts: Sequence[str], pod_workers: int = KWOK_POD_WORKERS) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpumon.devcluster.components import KWOK_NODE_ANNOTATION, KWOK_NODE_ANNOTATION_VALUE
-from gpumon.resources import DIRECTX_RESOURCE, NVIDIA_MIG_PREFIX
+from gpumon.k8s.resources import DIRECTX_RESOURCE, NVIDIA_MIG_PREFIX
 
 GPU = "nvidia.com/gpu"
 SHARED_GPU_MEMORY = "aliyun.com/gpu-mem"  # GiB, summed over the node's GPUs

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from kubernetes_asyncio import client
 
-from gpumon import dra
 from gpumon.devcluster import resourceslices
 from gpumon.exporter.podresources import api_pb2, api_pb2_grpc
+from gpumon.k8s import dra
+from gpumon.kube.client import KubeApi
 
 Devices = Mapping[str, Sequence[str]]
 """resource name -> device IDs"""
@@ -112,21 +112,20 @@ def dynamic_resources(
     return out
 
 
-async def node_pods(api: client.ApiClient, node: str) -> list[api_pb2.PodResources]:
+async def node_pods(api: KubeApi, node: str) -> list[api_pb2.PodResources]:
     """What the node's kubelet lists for DRA: every pod bound to it that has not finished, with
     the devices of its allocated claims (read from the API now: call again after changes)."""
-    pods = await client.CoreV1Api(api).list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
-    claims = await client.ResourceV1Api(api).list_resource_claim_for_all_namespaces()
+    pods = await api.get("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"})
+    claims = await api.get(dra.resource_claims_path())
     by_ref = {
-        dra.ClaimRef(c.metadata.namespace, c.metadata.name): api.sanitize_for_serialization(c)
-        for c in claims.items
+        dra.ClaimRef(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims.get("items") or ()
     }
     out = []
-    for p in pods.items:
-        if p.status and p.status.phase in ("Succeeded", "Failed"):
+    for p in pods.get("items") or ():
+        if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
-        body = api.sanitize_for_serialization(p)
-        out.append(pod_resources(p.metadata.namespace, p.metadata.name, {}, dynamic_resources(body, by_ref)))
+        meta = p["metadata"]
+        out.append(pod_resources(meta["namespace"], meta["name"], {}, dynamic_resources(p, by_ref)))
     return out
 
 

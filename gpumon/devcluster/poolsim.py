@@ -11,13 +11,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
-
-import aiohttp
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpumon.devcluster import capi, nodes, resourceslices
 from gpumon.devcluster.poolplan import (
@@ -31,10 +28,12 @@ from gpumon.devcluster.poolplan import (
     encode_boots,
     plan,
 )
-from gpumon.tasks import cancel_and_wait
+from gpumon.k8s import dra
+from gpumon.kube.client import Conflict, KubeApi, KubeError, NotFound
+from gpumon.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
-_MERGE_PATCH = "application/merge-patch+json"
+NODES = "/api/v1/nodes"
 
 
 @dataclass(frozen=True)
@@ -45,24 +44,24 @@ class SimulatedPool:
     timing: Timing = field(default_factory=Timing)
 
 
-def _ignore(status: int, e: ApiException) -> None:
-    if e.status != status:
-        raise e
+def _machine_deployment(pool: SimulatedPool) -> str:
+    return capi.machine_deployments_path(pool.namespace, pool.name)
 
 
-def _pool_node(node: Any, template: nodes.NodeTemplate, sliced: set[str]) -> SimulatedNode:
-    annotations = node.metadata.annotations or {}
+def _pool_node(node: Mapping[str, Any], template: nodes.NodeTemplate, sliced: set[str]) -> SimulatedNode:
+    meta = node["metadata"]
+    annotations = meta.get("annotations") or {}
     try:
         joined_at = float(annotations[JOINED_AT_ANNOTATION])
     except (KeyError, ValueError):
-        joined_at = node.metadata.creation_timestamp.timestamp()
+        joined_at = datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00")).timestamp()
     return SimulatedNode(
-        name=node.metadata.name,
+        name=meta["name"],
         joined_at=joined_at,
         gpus_allocatable=(
-            node.metadata.name in sliced
+            meta["name"] in sliced
             if template.dra
-            else nodes.has_gpus_allocatable(node.status and node.status.allocatable, template)
+            else nodes.has_gpus_allocatable((node.get("status") or {}).get("allocatable"), template)
         ),
         marked_for_deletion=capi.DELETE_MACHINE_ANNOTATION in annotations,
     )
@@ -71,16 +70,13 @@ def _pool_node(node: Any, template: nodes.NodeTemplate, sliced: set[str]) -> Sim
 class PoolSimulator:
     def __init__(
         self,
-        api: client.ApiClient,
+        api: KubeApi,
         pools: Sequence[SimulatedPool],
         *,
         clock: Callable[[], float] = time.time,
         interval_seconds: float = 0.5,
     ) -> None:
         # Wall-clock time: boot and join times are kept in the cluster and outlive this process.
-        self._core = client.CoreV1Api(api)
-        self._custom = client.CustomObjectsApi(api)
-        self._resource = client.ResourceV1Api(api)
         self._api = api
         self._pools = tuple(pools)
         self._clock = clock
@@ -89,19 +85,16 @@ class PoolSimulator:
     async def step(self, pool: SimulatedPool) -> float | None:
         """One reconcile of one pool; returns seconds until its next timed event."""
         try:
-            md = await self._custom.get_namespaced_custom_object(
-                capi.GROUP, capi.VERSION, pool.namespace, capi.MACHINE_DEPLOYMENTS, pool.name
-            )
-        except ApiException as e:
-            _ignore(404, e)
+            md = await self._api.get(_machine_deployment(pool))
+        except NotFound:
             return None
-        selector = f"{POOL_LABEL}={pool.name}"
-        listed = await self._core.list_node(label_selector=selector)
+        selector = {"labelSelector": f"{POOL_LABEL}={pool.name}"}
+        listed = (await self._api.get(NODES, selector)).get("items") or ()
         # A DRA node's GPUs are up once its driver published its slice (labelled like the node).
         sliced = (
             {
-                s.spec.node_name
-                for s in (await self._resource.list_resource_slice(label_selector=selector)).items
+                s["spec"]["nodeName"]
+                for s in (await self._api.get(dra.RESOURCE_SLICES_PATH, selector))["items"]
             }
             if pool.template.dra
             else set()
@@ -112,7 +105,7 @@ class PoolSimulator:
         p = plan(
             pool.name,
             desired,
-            [_pool_node(n, pool.template, sliced) for n in listed.items],
+            [_pool_node(n, pool.template, sliced) for n in listed],
             decode_boots(annotations.get(BOOTING_ANNOTATION)),
             pool.timing,
             now,
@@ -140,36 +133,28 @@ class PoolSimulator:
                 extra_labels={POOL_LABEL: pool.name},
             )
             try:
-                await self._core.create_node(body)
+                await self._api.post(NODES, body)
                 log.info("pool node joined", extra={"pool": pool.name, "node": name})
-            except ApiException as e:
-                _ignore(409, e)
+            except Conflict:
+                pass
             if p.join_with_gpus and pool.template.dra:
                 await self._publish(pool, name)
         for name in p.delete:
             try:
-                await self._core.delete_node(name)
+                await self._api.delete(f"{NODES}/{name}")
                 log.info("pool node deleted", extra={"pool": pool.name, "node": name})
-            except ApiException as e:
-                _ignore(404, e)
+            except NotFound:
+                pass
         for name in p.enable_gpus:
             if pool.template.dra:
                 await self._publish(pool, name)
                 continue
-            try:
-                await self._core.patch_node_status(name, nodes.gpus_allocatable_patch(pool.template))
-            except ApiException as e:
-                _ignore(404, e)
+            with contextlib.suppress(NotFound):
+                await self._api.patch(f"{NODES}/{name}/status", nodes.gpus_allocatable_patch(pool.template))
         booting = encode_boots(p.boots)
         if (md["metadata"].get("annotations") or {}).get(BOOTING_ANNOTATION) != booting:
-            await self._custom.patch_namespaced_custom_object(
-                capi.GROUP,
-                capi.VERSION,
-                pool.namespace,
-                capi.MACHINE_DEPLOYMENTS,
-                pool.name,
-                {"metadata": {"annotations": {BOOTING_ANNOTATION: booting}}},
-                _content_type=_MERGE_PATCH,
+            await self._api.patch(
+                _machine_deployment(pool), {"metadata": {"annotations": {BOOTING_ANNOTATION: booting}}}
             )
         status = capi.status(
             p.status,
@@ -179,22 +164,12 @@ class PoolSimulator:
         )
         current = md.get("status") or {}
         if any(current.get(k) != v for k, v in status.items()):
-            await self._custom.patch_namespaced_custom_object_status(
-                capi.GROUP,
-                capi.VERSION,
-                pool.namespace,
-                capi.MACHINE_DEPLOYMENTS,
-                pool.name,
-                {"status": status},
-                _content_type=_MERGE_PATCH,
-            )
+            await self._api.patch(_machine_deployment(pool) + "/status", {"status": status})
 
     async def _publish(self, pool: SimulatedPool, node: str) -> None:
         """The node's DRA driver registers: its slice appears (and goes with the node)."""
-        try:
+        with contextlib.suppress(NotFound):  # the node was deleted meanwhile
             await resourceslices.publish(self._api, node, pool.template, labels={POOL_LABEL: pool.name})
-        except ApiException as e:
-            _ignore(404, e)  # the node was deleted meanwhile
 
     async def run(self) -> None:
         """Reconcile every pool until cancelled; API errors are logged and retried."""
@@ -203,7 +178,7 @@ class PoolSimulator:
             for pool in self._pools:
                 try:
                     wake = await self.step(pool)
-                except (TimeoutError, ApiException, aiohttp.ClientError) as e:
+                except KubeError as e:
                     log.warning("pool simulator step failed", extra={"pool": pool.name, "error": str(e)})
                     continue
                 if wake is not None:

@@ -26,18 +26,17 @@ so the garbage collector deletes it with the node. Pure, but for :func:`publish`
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
-
-from gpumon import dra
 from gpumon.devcluster.nodes import GPU, NodeTemplate
-from gpumon.devices.model import MigInstance
 from gpumon.devices.simulated import FaultScenario, ScenarioMig, SimulatedBackend
+from gpumon.gpu.model import MigInstance
+from gpumon.k8s import dra
+from gpumon.kube.client import Conflict, KubeApi
 
 MIG_DEVICE_CLASS = "mig.nvidia.com"
 GPU_DEVICE_CLASS = "gpu.nvidia.com"  # the same name as the driver
@@ -305,26 +304,10 @@ def cdi_device(claim_uid: str, device: str) -> str:
 
 
 async def publish(
-    api: client.ApiClient, node: str, template: NodeTemplate, *, labels: Mapping[str, str] | None = None
+    api: KubeApi, node: str, template: NodeTemplate, *, labels: Mapping[str, str] | None = None
 ) -> None:
     """Publish the node's slice, as its plugin does once it registered; a slice already there
     is left as it is."""
-    uid = (await client.CoreV1Api(api).read_node(node)).metadata.uid
-    try:
-        await client.ResourceV1Api(api).create_resource_slice(
-            slice_manifest(node, uid, template, labels=labels)
-        )
-    except ApiException as e:
-        if e.status != 409:
-            raise
-
-
-async def install_device_classes(api: client.ApiClient) -> None:
-    """Create NVIDIA's DeviceClasses unless they exist."""
-    resource = client.ResourceV1Api(api)
-    for body in device_classes():
-        try:
-            await resource.create_device_class(body)
-        except ApiException as e:
-            if e.status != 409:
-                raise
+    uid = (await api.get(f"/api/v1/nodes/{node}"))["metadata"]["uid"]
+    with contextlib.suppress(Conflict):
+        await api.post(dra.RESOURCE_SLICES_PATH, slice_manifest(node, uid, template, labels=labels))

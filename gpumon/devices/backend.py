@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from gpumon.devices.model import DriverInfo, FastFields, GpuIdentity, RecoveryAction, SlowFields, XidEvent
+from gpumon.gpu.model import DriverInfo, FastFields, GpuIdentity, RecoveryAction, SlowFields, XidEvent
 
 ErrorSink = Callable[[str, str], None]
 """Called as ``sink(source, kind)`` for a failed field read that did not fail the whole read

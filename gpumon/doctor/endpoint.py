@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from gpumon.config import ExporterConfig
 from gpumon.doctor.result import CheckResult, Status
-from gpumon.kubeclient import CredentialsError, load_credentials
+from gpumon.kube.credentials import CredentialsError, load_credentials
 from gpumon.wire import v1 as wire
 
 FAMILY = "exporter"

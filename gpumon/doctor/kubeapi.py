@@ -4,15 +4,13 @@ kubeconfig), listing the pods of this node, and the node name itself."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import aiohttp
-
 from gpumon.doctor.result import CheckResult, Status
-from gpumon.kubeclient import CredentialsError, KubeClient, from_kubeconfig, load_credentials
+from gpumon.kube.client import KubeClient, KubeError, error_kind
+from gpumon.kube.credentials import CredentialsError, load_credentials
 
 FAMILY = "kube-api"
 NODE_NAME_FIX = (
@@ -63,40 +61,23 @@ def gather(
 
 
 async def _list_pods(base: KubeFacts, timeout_seconds: float, kubeconfig: Path | None) -> KubeFacts:
-    # The exporter's own client and credential order (gpumon.kubeclient), so what works here
-    # works for the exporter and what fails fails for it too.
+    # The exporter's own client and credential order (gpumon.kube), so what works here works
+    # for the exporter and what fails fails for it too.
     try:
-        credentials = load_credentials() if kubeconfig is None else from_kubeconfig(kubeconfig)
+        credentials = load_credentials(kubeconfig=kubeconfig)
     except CredentialsError as e:
         return replace(base, error_kind="no_credentials", error=str(e))
     params = {"fieldSelector": f"spec.nodeName={base.node}", "limit": "500"}
     try:
-        async with (
-            KubeClient(credentials) as api,
-            api.get("/api/v1/pods", params, aiohttp.ClientTimeout(total=timeout_seconds)) as resp,
-        ):
-            if resp.status >= 400:
-                kind = {401: "unauthorized", 403: "forbidden"}.get(resp.status, f"http_{resp.status}")
-                text = await resp.text(errors="replace")
-                return replace(base, error_kind=kind, error=_status_text(resp.status, text))
-            body = await resp.json(content_type=None)
-    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
-        return replace(base, error_kind="unreachable", error=str(e) or type(e).__name__)
-    if not isinstance(body, dict):
-        return replace(base, error_kind="unreachable", error="the answer to a pod list is no JSON object")
+        async with KubeClient(credentials, request_timeout=timeout_seconds, connections=1) as api:
+            body = await api.get("/api/v1/pods", params)
+    except KubeError as e:
+        kind = "unreachable" if e.status == 0 else error_kind(e)
+        return replace(base, error_kind=kind, error=e.message if e.status == 0 else str(e))
+    except ValueError as e:
+        return replace(base, error_kind="unreachable", error=str(e))
     more = bool((body.get("metadata") or {}).get("continue"))
     return replace(base, pods_on_node=len(body.get("items") or ()), more=more)
-
-
-def _status_text(status: int, text: str) -> str:
-    """The API server's Status object as ``403 Forbidden: <its message>``, else the raw text."""
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        doc = None
-    if isinstance(doc, dict) and doc.get("kind") == "Status":
-        return f"{status} {doc.get('reason', '')}: {doc.get('message', '')}"
-    return f"{status}: {text[:300]}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,9 +19,10 @@ from typing import Any
 import pynvml
 
 from gpumon.devices.backend import BackendUnavailable, DeviceCallError, GpuLostError
-from gpumon.devices.model import DriverInfo, GpuIdentity
-from gpumon.devices.nvml import NvmlBackend, error_kind
+from gpumon.devices.nvml import NvmlBackend
+from gpumon.devices.nvml.errors import error_kind
 from gpumon.doctor.result import CheckResult, Status
+from gpumon.gpu.model import DriverInfo, GpuIdentity
 
 FAMILY = "nvml"
 

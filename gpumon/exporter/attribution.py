@@ -24,15 +24,11 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from gpumon import sharing
 from gpumon.config import PodsConfig
-from gpumon.devices.model import GpuIdentity, GpuSample, MigInstance, PodGpuUsage, PodRef, ProcessSample
-from gpumon.dra import MIG_TYPE, ClaimDevice, DeviceRef, SliceDevice
 from gpumon.exporter.attribution_metrics import AttributionMetrics, SourceState
 from gpumon.exporter.cgroups import ContainerKey
 from gpumon.exporter.dra_slices import ResourceSliceWatch
-from gpumon.exporter.list_watch import KubeGet
-from gpumon.exporter.pod_metadata import PodMeta, PodMetadataWatch
+from gpumon.exporter.pod_metadata import PodMeta, pod_watch
 from gpumon.exporter.podresources_client import (
     Assignment,
     DeviceAssignment,
@@ -41,8 +37,13 @@ from gpumon.exporter.podresources_client import (
     PodResourcesView,
 )
 from gpumon.exporter.process_pods import ProcessPods
-from gpumon.kubeclient import CredentialsError, KubeClient, load_credentials
-from gpumon.tasks import cancel_and_wait
+from gpumon.gpu.model import GpuIdentity, GpuSample, MigInstance, PodGpuUsage, PodRef, ProcessSample
+from gpumon.k8s import sharing
+from gpumon.k8s.dra import MIG_TYPE, ClaimDevice, DeviceRef, SliceDevice
+from gpumon.kube.client import KubeApi, KubeClient
+from gpumon.kube.credentials import CredentialsError, load_credentials
+from gpumon.kube.informer import View
+from gpumon.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -391,11 +392,11 @@ class PodAttribution:
         metrics: AttributionMetrics,
         *,
         pod_resources: PodResourcesClient | None,
-        pods: PodMetadataWatch | None,
+        pods: View[PodMeta] | None,
         processes: ProcessPods | None,
         call_timeout_seconds: float,
         initial_states: Mapping[str, SourceState],
-        pods_api: KubeGet | None = None,
+        pods_api: KubeApi | None = None,
         slices: ResourceSliceWatch | None = None,
     ) -> None:
         self._config = config
@@ -405,7 +406,7 @@ class PodAttribution:
         self._slices = slices
         # Where and with what the slice watch starts, once a DRA claim shows up; None outside
         # lifespan, or without an API client.
-        self._slices_launch: tuple[contextlib.AsyncExitStack, KubeGet] | None = None
+        self._slices_launch: tuple[contextlib.AsyncExitStack, KubeApi] | None = None
         self._slices_needed = False
         self._reported_unresolved: frozenset[tuple[PodRef, ClaimDevice]] = frozenset()
         self._processes = processes
@@ -430,7 +431,7 @@ class PodAttribution:
             if self._pods is not None or self._slices is not None:
                 api = self._pods_api or await _api_client(stack, self.metrics)
             if self._pods is not None and api is not None:
-                task = asyncio.create_task(self._pods.run(api), name="gpumon-pod-watch")
+                task = asyncio.create_task(self._pods.informer.run(api), name="gpumon-pod-watch")
                 stack.push_async_callback(_cancel, task)
             if self._slices is not None and api is not None:
                 self._slices_launch = (stack, api)
@@ -465,7 +466,7 @@ class PodAttribution:
         if self._slices_launch is None:
             return  # no API client: the claims stay unresolved, the state says so
         stack, api = self._slices_launch
-        task = asyncio.create_task(self._slices.run(api), name="gpumon-resourceslice-watch")
+        task = asyncio.create_task(self._slices.view.informer.run(api), name="gpumon-resourceslice-watch")
         stack.push_async_callback(_cancel, task)
 
     async def _resolve_processes(self, processes: ProcessPods) -> None:
@@ -480,15 +481,15 @@ class PodAttribution:
             self.metrics.error("proc", "timeout")
 
     def _rebuild(self) -> None:
-        pods = self._pods.pods if self._pods is not None else {}
+        pods = self._pods.items() if self._pods is not None else {}
         pr = self._pod_resources
         # The pod-resources view is compared by content: each poll builds a new one.
         inputs = (
             self._pods.generation if self._pods is not None else None,
             pr.view if pr is not None else None,
             pr.fresh if pr is not None else None,
-            self._slices.generation if self._slices is not None else None,
-            self._slices.synced if self._slices is not None else None,
+            self._slices.view.generation if self._slices is not None else None,
+            self._slices.view.synced.is_set() if self._slices is not None else None,
         )
         if inputs == self._view_inputs:
             return
@@ -519,7 +520,7 @@ class PodAttribution:
         """Counts each claim device once when it becomes unresolved, once the slices are listed:
         before that, every claim device is merely not looked up yet."""
         self.metrics.dra_unresolved = len(unresolved)
-        if self._slices is None or not self._slices.synced:
+        if self._slices is None or not self._slices.view.synced.is_set():
             return
         for _ in unresolved - self._reported_unresolved:
             self.metrics.error("dra", "unknown_device")
@@ -530,13 +531,13 @@ class PodAttribution:
         if self._pod_resources is not None:
             states["pod_resources"] = SourceState.UP if self._pod_resources.fresh else SourceState.DOWN
         if self._pods is not None:
-            states["api"] = SourceState.UP if self._pods.up else SourceState.DOWN
+            states["api"] = SourceState.UP if self._pods.informer.up else SourceState.DOWN
         if self._slices is not None and self._slices_needed:
             states["dra"] = (
                 SourceState.UP
-                if self._slices.up
+                if self._slices.view.informer.up
                 else SourceState.UNSUPPORTED
-                if self._slices.failure == "not_found"  # resource.k8s.io/v1 not served
+                if self._slices.view.informer.failure == "not_found"  # resource.k8s.io/v1 not served
                 else SourceState.DOWN
             )
 
@@ -582,11 +583,11 @@ def build_attribution(
     node: str,
     *,
     call_timeout_seconds: float,
-    pods_api: KubeGet | None = None,
+    pods_api: KubeApi | None = None,
 ) -> PodAttribution:
     """The attributor and its sources, not started: run :meth:`PodAttribution.lifespan` (an
     aiohttp ``cleanup_ctx``) around its use. Without ``pods_api`` (a client the caller owns),
-    a :class:`~gpumon.kubeclient.KubeClient` is made from the pod's service account, else the
+    a :class:`~gpumon.kube.client.KubeClient` is made from the pod's service account, else the
     kubeconfig."""
     metrics = AttributionMetrics()
     processes, proc_state = _process_source(config, metrics)
@@ -609,7 +610,7 @@ def build_attribution(
             timeout_seconds=call_timeout_seconds,
             dra_drivers=dra_drivers,
         ),
-        pods=PodMetadataWatch(node, metrics.error) if config.api else None,
+        pods=pod_watch(node, metrics.error) if config.api else None,
         processes=processes,
         call_timeout_seconds=call_timeout_seconds,
         initial_states=initial_states,
@@ -618,14 +619,14 @@ def build_attribution(
     )
 
 
-async def _api_client(stack: contextlib.AsyncExitStack, metrics: AttributionMetrics) -> KubeGet | None:
+async def _api_client(stack: contextlib.AsyncExitStack, metrics: AttributionMetrics) -> KubeApi | None:
     try:
         credentials = load_credentials()
     except CredentialsError as e:
         log.warning("no Kubernetes credentials; pod names come from pod-resources only: %s", e)
         metrics.error("api", "no_credentials")
         return None
-    return await stack.enter_async_context(KubeClient(credentials))
+    return await stack.enter_async_context(KubeClient(credentials, connections=4))
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

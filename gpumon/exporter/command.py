@@ -120,10 +120,10 @@ def run(args: argparse.Namespace) -> int:
 
     from prometheus_client import CollectorRegistry
 
-    from gpumon import logs
     from gpumon.exporter.self_metrics import SelfMetrics
     from gpumon.exporter.server import STATE, make_app
     from gpumon.httpauth.tls import server_context
+    from gpumon.runtime import logs
 
     config = load_config(args)
     metrics = SelfMetrics(CollectorRegistry(auto_describe=True), backend=config.backend)
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(app: web.Application, config: ExporterConfig, ssl_context: ssl.SSLContext | None) -> int:
     import logging
 
-    from gpumon.serving import serve_until_signalled
+    from gpumon.runtime.serving import serve_until_signalled
 
     log = logging.getLogger(__name__)
     return await serve_until_signalled(

@@ -1,11 +1,11 @@
 """This node's ResourceSlices: which GPU or MIG device each DRA device (driver, pool, device) is.
 
-One list+watch (:mod:`list_watch`) with ``fieldSelector=spec.nodeName=<node>`` (a selectable
+One list+watch (:mod:`node_watch`) with ``fieldSelector=spec.nodeName=<node>`` (a selectable
 field of resource.k8s.io/v1 ResourceSlices, indexed by the API server), keeping the devices of
-the GPU drivers only (:func:`gpumon.dra.slice_devices`). Failures are counted as ``dra``; an API
+the GPU drivers only (:func:`gpumon.k8s.dra.slice_devices`). Failures are counted as ``dra``; an API
 server that does not serve resource.k8s.io/v1 answers 404 (``dra/not_found``).
 
-:func:`device_index` is pure: the devices by :class:`~gpumon.dra.DeviceRef`, from the newest
+:func:`device_index` is pure: the devices by :class:`~gpumon.k8s.dra.DeviceRef`, from the newest
 generation of each pool only. A driver that republishes a pool raises its generation and
 replaces its slices one by one, so for a moment both generations are listed; the older one
 describes devices that may be gone (the scheduler reads pools the same way).
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumon.devices.backend import ErrorSink
-from gpumon.dra import RESOURCE_SLICES_PATH, DeviceRef, SliceDevice, newest_generation, slice_devices
-from gpumon.exporter.list_watch import ListWatch
+from gpumon.exporter.node_watch import node_view
+from gpumon.k8s.dra import RESOURCE_SLICES_PATH, DeviceRef, SliceDevice, newest_generation, slice_devices
 
 SOURCE = "dra"
 
@@ -36,7 +36,7 @@ class PoolSlice:
 
 def project_slice(obj: Mapping[str, Any], drivers: frozenset[str]) -> PoolSlice | None:
     """The slice's devices if a GPU driver published it, else None. Raises KeyError/TypeError on
-    a slice without a driver, pool or generation (:class:`ListWatch` counts it malformed)."""
+    a slice without a driver, pool or generation (the informer counts it malformed)."""
     spec = obj["spec"]
     driver = spec["driver"]
     if driver not in drivers:
@@ -53,17 +53,17 @@ def device_index(slices: Iterable[PoolSlice]) -> dict[DeviceRef, SliceDevice]:
     return {d.ref: d for s in newest_generation(slices) for d in s.devices}
 
 
-class ResourceSliceWatch(ListWatch[PoolSlice]):
-    """This node's slices of the GPU drivers, by UID; :attr:`index` their devices."""
+class ResourceSliceWatch:
+    """This node's slices of the GPU drivers, by UID (:attr:`view`); :attr:`index` their devices."""
 
     def __init__(self, node: str, drivers: frozenset[str], errors: ErrorSink, **options: Any) -> None:
-        super().__init__(
+        self.view = node_view(
             RESOURCE_SLICES_PATH,
-            f"spec.nodeName={node}",
+            node,
             lambda obj: project_slice(obj, drivers),
             errors,
             source=SOURCE,
-            what="ResourceSlice watch",
+            name="ResourceSlice watch",
             **options,
         )
         self._index: tuple[int, dict[DeviceRef, SliceDevice]] = (0, {})
@@ -71,6 +71,6 @@ class ResourceSliceWatch(ListWatch[PoolSlice]):
     @property
     def index(self) -> Mapping[DeviceRef, SliceDevice]:
         """The devices of the current view, rebuilt only when the view changed."""
-        if self._index[0] != self.generation:
-            self._index = (self.generation, device_index(self.items.values()))
+        if self._index[0] != self.view.generation:
+            self._index = (self.view.generation, device_index(self.view.items().values()))
         return self._index[1]

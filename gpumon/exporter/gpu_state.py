@@ -3,8 +3,8 @@
 Pure: values in, values out, no clock (``now`` is a parameter), no I/O and no log. The sampler
 (:mod:`gpumon.exporter.sampler`) holds one :class:`GpuState` per GPU and replaces it with the
 functions here as reads, losses and Xid events arrive; :func:`to_sample` turns it into the
-:class:`~gpumon.devices.model.GpuSample` a snapshot carries, judged once by
-:func:`gpumon.gpu_health.judge`.
+:class:`~gpumon.gpu.model.GpuSample` a snapshot carries, judged once by
+:func:`gpumon.gpu.health.judge`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from gpumon.devices.model import (
+from gpumon.gpu.health import HealthPolicy, judge
+from gpumon.gpu.model import (
     XID_OTHER,
     FastFields,
     GpuIdentity,
@@ -23,7 +24,6 @@ from gpumon.devices.model import (
     XidEvent,
     documented_xid,
 )
-from gpumon.gpu_health import HealthPolicy, judge
 from gpumon.wire.v1 import MAX_XIDS_PER_GPU
 
 _NO_COUNTS: Mapping[int, int] = MappingProxyType({})

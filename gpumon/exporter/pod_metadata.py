@@ -1,5 +1,5 @@
 """This node's pods, kept current by one list+watch (``fieldSelector=spec.nodeName=<node>``,
-:mod:`list_watch`: resume, relist on 410, backoff, failures counted as ``api``).
+:mod:`node_watch`: resume, relist on 410, backoff, failures counted as ``api``).
 
 Only a slim projection of each pod is kept (:class:`PodMeta`): what attribution needs to name a
 container and read its shared-GPU allocation.
@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon import sharing
 from gpumon.devices.backend import ErrorSink
-from gpumon.exporter.list_watch import ListWatch
+from gpumon.exporter.node_watch import node_view
+from gpumon.k8s import sharing
+from gpumon.kube.informer import View
 
 SOURCE = "api"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
@@ -67,14 +68,6 @@ def project_pod(obj: Mapping[str, Any]) -> PodMeta | None:
 PODS = "/api/v1/pods"
 
 
-class PodMetadataWatch(ListWatch[PodMeta]):
-    """The pods of one node by UID (:attr:`pods`); ``generation`` moves whenever the view changes."""
-
-    def __init__(self, node: str, errors: ErrorSink, **options: Any) -> None:
-        super().__init__(
-            PODS, f"spec.nodeName={node}", project_pod, errors, source=SOURCE, what="pod watch", **options
-        )
-
-    @property
-    def pods(self) -> dict[str, PodMeta]:
-        return self.items
+def pod_watch(node: str, errors: ErrorSink, **options: Any) -> View[PodMeta]:
+    """The pods of one node by UID; the view's ``generation`` moves whenever it changes."""
+    return node_view(PODS, node, project_pod, errors, source=SOURCE, name="pod watch", **options)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpumon.devices.backend import ErrorSink
-from gpumon.exporter.podresources.grpc_unary import CallFailed, Status, UnaryCall
+from gpumon.exporter.podresources.grpc_unary import CallFailed, GrpcStatus, UnaryCall
 from gpumon.exporter.podresources.protowire import DecodeError
 from gpumon.exporter.podresources.view import (
     Assignment,
@@ -48,12 +48,12 @@ _MAX_MESSAGE_BYTES = 16 << 20  # what the kubelet itself allows for this API
 _READ_BYTES = 1 << 16
 
 
-def error_kind(status: Status) -> str:
+def error_kind(status: GrpcStatus) -> str:
     return {
-        Status.UNAVAILABLE: "unavailable",
-        Status.DEADLINE_EXCEEDED: "timeout",
-        Status.PERMISSION_DENIED: "forbidden",
-        Status.UNIMPLEMENTED: "unimplemented",
+        GrpcStatus.UNAVAILABLE: "unavailable",
+        GrpcStatus.DEADLINE_EXCEEDED: "timeout",
+        GrpcStatus.PERMISSION_DENIED: "forbidden",
+        GrpcStatus.UNIMPLEMENTED: "unimplemented",
     }.get(status, status.name.lower())
 
 
@@ -88,7 +88,7 @@ class PodResourcesClient:
             self._failed(e)
             return
         except DecodeError as e:  # grpcio gave INTERNAL for a reply protobuf would not parse
-            self._failed(CallFailed(Status.INTERNAL, f"the reply is no ListPodResourcesResponse: {e}"))
+            self._failed(CallFailed(GrpcStatus.INTERNAL, f"the reply is no ListPodResourcesResponse: {e}"))
             return
         self.view = view
         self.fresh = True
@@ -112,11 +112,11 @@ class PodResourcesClient:
                         await writer.drain()
                 return call.reply
         except TimeoutError as e:
-            raise CallFailed(Status.DEADLINE_EXCEEDED, f"no reply within {self._timeout} s") from e
+            raise CallFailed(GrpcStatus.DEADLINE_EXCEEDED, f"no reply within {self._timeout} s") from e
         except PermissionError as e:
-            raise CallFailed(Status.PERMISSION_DENIED, str(e)) from e
+            raise CallFailed(GrpcStatus.PERMISSION_DENIED, str(e)) from e
         except OSError as e:  # refused (nobody listening), reset, not a socket
-            raise CallFailed(Status.UNAVAILABLE, str(e) or type(e).__name__) from e
+            raise CallFailed(GrpcStatus.UNAVAILABLE, str(e) or type(e).__name__) from e
         finally:
             if writer is not None:
                 writer.close()

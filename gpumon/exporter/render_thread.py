@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client.registry import Collector
 
-from gpumon.devices.model import Snapshot
 from gpumon.exporter.exposition import (
     LineCache,
     Profile,
@@ -29,7 +28,8 @@ from gpumon.exporter.exposition import (
     prerender_variants,
     render,
 )
-from gpumon.threadnames import name_os_thread
+from gpumon.gpu.model import Snapshot
+from gpumon.runtime.threadnames import name_os_thread
 
 log = logging.getLogger(__name__)
 

@@ -34,14 +34,6 @@ from gpumon.devices.backend import (
     DeviceCallError,
     GpuLostError,
 )
-from gpumon.devices.model import (
-    DriverInfo,
-    FastFields,
-    PodGpuUsage,
-    SlowFields,
-    Snapshot,
-    XidEvent,
-)
 from gpumon.exporter.exposition import Profile, RenderedMetrics, Variant
 from gpumon.exporter.gpu_state import (
     GpuState,
@@ -59,8 +51,16 @@ from gpumon.exporter.sources import PodAttributor
 from gpumon.exporter.watch_events import HealthChange, watch_events
 from gpumon.exporter.watchers import Watcher
 from gpumon.exporter.xid_handover import Handover
-from gpumon.gpu_health import HealthPolicy
-from gpumon.threadnames import name_os_thread
+from gpumon.gpu.health import HealthPolicy
+from gpumon.gpu.model import (
+    DriverInfo,
+    FastFields,
+    PodGpuUsage,
+    SlowFields,
+    Snapshot,
+    XidEvent,
+)
+from gpumon.runtime.threadnames import name_os_thread
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ class Sampler:
 
     async def run(self) -> None:
         """Sample until cancelled. Slow fields first, so the first fast tick can be complete."""
-        # A restarted run (gpumon/tasks.py's Supervisor) keeps the Xid thread it already has.
+        # A restarted run (gpumon/runtime/tasks.py's Supervisor) keeps the Xid thread it already has.
         if self._xid_thread is None or not self._xid_thread.is_alive():
             self._xid_thread = threading.Thread(
                 target=self._pump_xids, args=(asyncio.get_running_loop(),), name="gpumon-xid", daemon=True

@@ -7,7 +7,8 @@ import platform
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpumon import __version__, build
+from gpumon import __version__
+from gpumon.runtime import build
 
 
 class SelfMetrics:

@@ -25,7 +25,6 @@ from prometheus_client import CollectorRegistry
 
 from gpumon.config import ExporterConfig
 from gpumon.devices.backend import DeviceBackend
-from gpumon.devices.model import Snapshot
 from gpumon.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from gpumon.exporter.render_thread import RENDER_SWITCH_INTERVAL
 from gpumon.exporter.sampler import Sampler, reopen_delay
@@ -33,10 +32,11 @@ from gpumon.exporter.self_metrics import SelfMetrics
 from gpumon.exporter.sources import PodAttributor
 from gpumon.exporter.watch_events import BackendChange, WatchEvent
 from gpumon.exporter.watchers import Watcher
+from gpumon.gpu.model import Snapshot
 from gpumon.httpauth.guard import Guard, guard
 from gpumon.httpauth.kubernetes import ReviewApi
-from gpumon.tasks import Supervisor
-from gpumon.threadnames import name_os_thread
+from gpumon.runtime.tasks import Supervisor
+from gpumon.runtime.threadnames import name_os_thread
 from gpumon.wire import v1 as wire
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class ExporterState:
     executor: ThreadPoolExecutor
     auth: Guard
     wall_clock: Callable[[], float]
-    # The sampler runs under it: restarted with backoff if it ever dies (gpumon/tasks.py).
+    # The sampler runs under it: restarted with backoff if it ever dies (gpumon/runtime/tasks.py).
     supervisor: Supervisor = field(default_factory=lambda: Supervisor(delay=reopen_delay))
     watch_tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     snapshot_json: tuple[Snapshot | None, bytes] = (None, b"")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from gpumon.devices.model import GpuSample, PodGpuUsage
+from gpumon.gpu.model import GpuSample, PodGpuUsage
 
 
 class PodAttributor(Protocol):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpumon.devices.model import GpuSample, HealthVerdict, PodRef, SlowFields, Snapshot
+from gpumon.gpu.model import GpuSample, HealthVerdict, PodRef, SlowFields, Snapshot
 from gpumon.wire.v1 import placement
 
 

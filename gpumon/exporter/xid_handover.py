@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpumon.devices.model import XidEvent
+from gpumon.gpu.model import XidEvent
 
 # At most this often while a storm lasts; well under the fast tick, which renders them.
 HANDOVER_INTERVAL_SECONDS = 0.1

@@ -16,10 +16,10 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from gpumon.config import AuthConfig
-from gpumon.configfile import ConfigError
+from gpumon.config.files import ConfigError
 from gpumon.httpauth.kubernetes import KubernetesReviewer, ReviewApi, connect_reviews, verb_of
 from gpumon.httpauth.static import Authenticator, authenticator
-from gpumon.tasks import Supervisor, cancel_and_wait
+from gpumon.runtime.tasks import Supervisor, cancel_and_wait
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,10 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpumon.config import KubernetesAuthConfig
-from gpumon.configfile import ConfigError
-from gpumon.kubeclient import CredentialsError, KubeClient, load_credentials
-from gpumon.tasks import cancel_and_wait
+from gpumon.config.files import ConfigError
+from gpumon.kube.client import KubeClient
+from gpumon.kube.credentials import CredentialsError, load_credentials
+from gpumon.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def review_path(path: str) -> str:
 
 class ReviewApi(Protocol):
     """POST a JSON object to an API path, returning the JSON answer; raises on any failure
-    (transport, timeout, an HTTP error status). The controller's ``KubeApi`` is one."""
+    (transport, timeout, an HTTP error status). gpumon.kube.client's ``KubeApi`` is one."""
 
     async def post(self, path: str, body: Mapping[str, Any]) -> Mapping[str, Any]: ...
 
@@ -213,10 +214,10 @@ class KubernetesReviewer:
 @asynccontextmanager
 async def connect_reviews() -> AsyncIterator[ReviewApi]:
     """An API client for a process that has none of its own (the exporter): the pod's service
-    account, else $KUBECONFIG or ~/.kube/config (:mod:`gpumon.kubeclient`)."""
+    account, else $KUBECONFIG or ~/.kube/config (:mod:`gpumon.kube.credentials`)."""
     try:
         credentials = load_credentials()
     except CredentialsError as e:
         raise ConfigError(f"auth.mode: kubernetes needs credentials for the API server: {e}") from None
-    async with KubeClient(credentials) as api:
+    async with KubeClient(credentials, connections=4) as api:
         yield api

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpumon.config import AuthConfig
-from gpumon.configfile import ConfigError, read_config_bytes
+from gpumon.config.files import ConfigError, read_config_bytes
 
 
 @dataclass(slots=True)

@@ -1,6 +1,6 @@
 """TLS for the servers (their certificate and key) and for the controller as a client of the
 exporters (the CA it trusts). Each file is read through the config reader first, so a missing,
-unreadable or wrong file is a :class:`~gpumon.configfile.ConfigError` naming its field: OpenSSL's
+unreadable or wrong file is a :class:`~gpumon.config.files.ConfigError` naming its field: OpenSSL's
 own errors (errno, "PEM lib") do not say which file it was reading."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import ssl
 from pathlib import Path
 
 from gpumon.config import TlsConfig
-from gpumon.configfile import field_error, read_config_bytes
+from gpumon.config.files import field_error, read_config_bytes
 
 
 def _pem_certificates(path: Path, field: str, what: str) -> None:

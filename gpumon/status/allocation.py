@@ -23,13 +23,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon import sharing
-from gpumon.resources import (
+from gpumon.k8s import sharing
+from gpumon.k8s.resources import (
     CGPU_CORE_RESOURCE,
     GPUSHARE_COUNT_RESOURCE,
     GPUSHARE_MEMORY_RESOURCE,
     NVIDIA_GPU_RESOURCE,
     NVIDIA_MIG_PREFIX,
+    whole_quantity,
 )
 from gpumon.wire.v1 import SnapshotDoc
 
@@ -110,7 +111,7 @@ class _Share:
 
 
 @dataclass(frozen=True, slots=True)
-class _Use:
+class _PodCardUse:
     memory_bytes: int | None
     utilization: float | None
 
@@ -194,8 +195,8 @@ def _shares(pod: _Pod, hami_node: bool) -> tuple[list[_Share], list[_Share]]:
         if a.core_ratio is not None:
             share.core_percent = (share.core_percent or 0) + round(a.core_ratio * 100)
     unplaced: list[_Share] = []
-    memory = sum(sharing.parse_quantity(c.limits.get(GPUSHARE_MEMORY_RESOURCE, "0")) or 0 for c in main)
-    core = sum(sharing.parse_quantity(c.limits.get(CGPU_CORE_RESOURCE, "0")) or 0 for c in main)
+    memory = sum(whole_quantity(c.limits.get(GPUSHARE_MEMORY_RESOURCE, "0")) or 0 for c in main)
+    core = sum(whole_quantity(c.limits.get(CGPU_CORE_RESOURCE, "0")) or 0 for c in main)
     if not placed and (memory or core):
         # Bound by the scheduler, not yet given a card by the extender (or the kubelet).
         unplaced.append(
@@ -293,13 +294,13 @@ def node_allocation(
                 requested[resource] = requested.get(resource, 0) + s.gpus
 
     # What the exporter saw: per (pod, card index) use, and whole-GPU / MIG holders by card.
-    uses: dict[tuple[str, int], _Use] = {}
+    uses: dict[tuple[str, int], _PodCardUse] = {}
     exporter_placed: dict[tuple[str, int, str | None], int] = {}
     if snapshot is not None:
         for p in snapshot.pods:
             key = (f"{p.ref.namespace}/{p.ref.pod}", p.gpu_index)
             prev = uses.get(key)
-            uses[key] = _Use(
+            uses[key] = _PodCardUse(
                 _sum(prev.memory_bytes if prev else None, p.used_memory_bytes),
                 _sum(prev.utilization if prev else None, p.utilization_ratio),
             )
@@ -382,7 +383,7 @@ def _sum(a: Any, b: Any) -> Any:
     return b if a is None else a if b is None else a + b
 
 
-def _holder(s: _Share, use: _Use | None) -> Holder:
+def _holder(s: _Share, use: _PodCardUse | None) -> Holder:
     flags: list[str] = []
     used = use.memory_bytes if use is not None else None
     util = use.utilization if use is not None else None

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from gpumon.config.controller import ControllerConfig
     from gpumon.controller.core.policy import Policy
-    from gpumon.controller.kube import KubeApi
+    from gpumon.kube.client import KubeApi
     from gpumon.status.allocation import AllocationView
     from gpumon.status.model import Explanation, FleetStatus
     from gpumon.status.read import Sources
@@ -208,21 +208,18 @@ async def _main(args: argparse.Namespace, config: ControllerConfig, node: str | 
     import contextlib
 
     import aiohttp
-    from kubernetes_asyncio.config import ConfigException
 
     from gpumon.config import ConfigError
-    from gpumon.controller.kube import connect
-    from gpumon.serving import stop_on_signals
+    from gpumon.kube.client import connect
+    from gpumon.runtime.serving import stop_on_signals
     from gpumon.status.explain import build_explanation
     from gpumon.status.fleet import build_fleet
     from gpumon.status.read import read_cluster
 
     try:
-        api = await connect(config.kubeconfig, args.context)
+        api = connect(config.kubeconfig, args.context)
     except ConfigError as e:
         return _fail(f"no Kubernetes credentials: {e.brief}")
-    except (ConfigException, OSError) as e:
-        return _fail(f"no Kubernetes credentials: {e}")
     src = sources(config, args)
     show = Shower(args.output, args.watch)
     try:
@@ -261,7 +258,7 @@ async def _main(args: argparse.Namespace, config: ControllerConfig, node: str | 
 def read_failures(node: str | None) -> Iterator[None]:
     """A round's reads failing as people are told: the API server unreachable or refusing, or
     an unknown node."""
-    from gpumon.controller.kube import KubeError, Unreachable
+    from gpumon.kube.client import KubeError, Unreachable
     from gpumon.status.read import NodeNotFound
 
     try:

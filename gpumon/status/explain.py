@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpumon.controller.core import contract as c
-from gpumon.controller.core.node_plan import is_quarantined
+from gpumon.controller.core.contract.node import is_quarantined
 from gpumon.controller.core.objects import to_rfc3339
 from gpumon.controller.core.policy import Policy
-from gpumon.gpu_health import Signal, recommended_action
+from gpumon.gpu.health import Signal, recommended_action
 from gpumon.status.fleet import blockers, breakers, moved_from, node_status
 from gpumon.status.metrics import controller_status
 from gpumon.status.model import (

@@ -8,11 +8,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import fields
 
 from gpumon.controller.core import contract as c
-from gpumon.controller.core.breaker import breakers_from_annotations
-from gpumon.controller.core.node_plan import is_excluded, is_quarantined, records_from_json
+from gpumon.controller.core.contract.breakers import breakers_from_annotations
+from gpumon.controller.core.contract.node import is_excluded, is_quarantined, node_records
 from gpumon.controller.core.objects import pdbs_covering, to_rfc3339
 from gpumon.controller.core.pools import pool_of
-from gpumon.gpu_health import Severity
+from gpumon.gpu.health import Severity
 from gpumon.status.metrics import controller_status
 from gpumon.status.model import (
     Blocker,
@@ -57,7 +57,7 @@ def problems_of(node: NodeInfo) -> tuple[GpuProblem, ...]:
             first_seen=to_rfc3339(r.first_seen),
             evidence=r.evidence,
         )
-        for r in records_from_json(node.view.annotations.get(c.ANNOTATION_UNHEALTHY_GPUS))
+        for r in node_records(node.view)
     )
 
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import aiohttp
 
-from gpumon.controller.act.scale import read_scale
-from gpumon.controller.core.node_plan import is_quarantined
+from gpumon.controller.core.contract.node import is_quarantined
 from gpumon.controller.core.objects import GpuResources, pdb_from_json
 from gpumon.controller.core.pools import Pool
-from gpumon.controller.kube import KubeApi, KubeError, NotFound, Unreachable
+from gpumon.controller.read import read_scale
+from gpumon.kube.client import KubeApi, KubeError, NotFound, Unreachable
 from gpumon.status.allocation import is_gpu_node
 from gpumon.status.state import (
     ClusterState,

@@ -6,8 +6,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpumon.controller.core import contract as c
+from gpumon.controller.core.contract.repair import (
+    LADDER,
+    AttemptOutcome,
+    LadderStep,
+    RepairRecord,
+    record_from_json,
+)
 from gpumon.controller.core.objects import to_rfc3339
-from gpumon.controller.core.repair_record import LADDER, Outcome, RepairRecord, Step, record_from_json
 from gpumon.status.model import RepairLadder, RepairStep
 
 
@@ -46,7 +52,7 @@ def next_move(record: RepairRecord) -> str:
         return f"nothing: the ladder gave up; a person's turn (remove {c.ANNOTATION_REPAIR} to start again)"
     running = record.running
     if running is not None:
-        if running.step is Step.REPLACE:
+        if running.step is LadderStep.REPLACE:
             return f"waiting for the replacement of attempt {running.number}"
         if running.work_done_at is None:
             return f"waiting for the {running.step.value} Job of attempt {running.number} to finish"
@@ -54,7 +60,7 @@ def next_move(record: RepairRecord) -> str:
     last = record.attempts[-1] if record.attempts else None
     if last is None:
         return "no step taken yet"
-    if last.outcome is Outcome.SUCCEEDED:
+    if last.outcome is AttemptOutcome.SUCCEEDED:
         if record.validate and record.validated_at is None and last.step in LADDER:
             return "the validation Job, then the quarantine lifts once the rules clear"
         return "waiting for the rules to clear; then the quarantine lifts and the ladder ends"

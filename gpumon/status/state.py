@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.controller.core.contract import DRY_RUN_PREFIX, TAINT_KEY
+from gpumon.controller.core.contract.autoscaler import Record, record_of
 from gpumon.controller.core.objects import (
     GpuResources,
     NodeView,
@@ -19,8 +20,8 @@ from gpumon.controller.core.objects import (
     node_from_json,
     pod_from_json,
 )
-from gpumon.controller.core.pools import RECORD_ANNOTATION, Pool, Record, ScaleState, record_from_annotation
-from gpumon.resources import GPU_COUNT_RESOURCES
+from gpumon.controller.core.pools import Pool, ScaleState
+from gpumon.k8s.resources import GPU_COUNT_RESOURCES
 from gpumon.wire.v1 import SnapshotDoc
 
 
@@ -192,6 +193,6 @@ def pool_target(pool: Pool, scale: ScaleState | None, error: str | None = None) 
         current=None if scale is None else scale.status_replicas,
         min_replicas=pool.min_replicas,
         max_replicas=pool.max_replicas,
-        record=None if scale is None else record_from_annotation(scale.annotations.get(RECORD_ANNOTATION)),
+        record=None if scale is None else record_of(scale.annotations),
         error=error,
     )

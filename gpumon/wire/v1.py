@@ -14,29 +14,32 @@ Choices, and why:
   :data:`MAX_DOCUMENT_BYTES`; at most :data:`MAX_GPUS` GPUs, :data:`MAX_PODS` pod entries per
   node and :data:`MAX_XIDS_PER_GPU` Xid codes per GPU. Readers reject anything larger with a
   :class:`WireError` naming the kind, which they count; writers truncate the collections that
-  can legitimately grow (pods, processes, Xid codes) so they never send what a reader refuses.
+  can legitimately grow (pods, processes, MIG instances, NVLink counters, DRA claims, Xid codes)
+  so they never send what a reader refuses.
+- **Checked against the device model.** Each wire model mirrors a frozen value of
+  :mod:`gpumon.gpu.model` field by field, under the same names, and the writer copies the
+  shared fields by name (:func:`_derived`); only fields whose wire form differs (bounded, sorted,
+  reshaped for JSON) are written out by hand. Every field of the device model's GPU shapes is on
+  the wire or in :data:`NOT_ON_THE_WIRE` with its reason: ``tests/unit/test_wire_coverage.py``
+  fails on a field that is neither.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Final, Literal
+from dataclasses import replace
+from typing import Annotated, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from gpumon.devices.model import (
-    DriverInfo,
+from gpumon.gpu.model import (
     FastFields,
-    GpuIdentity,
     GpuSample,
     HealthReason,
     HealthState,
     HealthVerdict,
-    MemoryInfo,
-    MigInstance,
     PodGpuUsage,
     PodRef,
-    ProcessSample,
     RecoveryAction,
     SlowFields,
     Snapshot,
@@ -54,7 +57,20 @@ MAX_XIDS_PER_GPU: Final = 64
 MAX_REASONS: Final = 32
 MAX_PROCESSES: Final = 1024
 MAX_MIG_INSTANCES: Final = 64
+# Names of one GPU or pod entry (throttle reasons, allocated resources, DRA claim devices) and
+# small maps keyed by a fixed vocabulary (violation policies, NVLink directions).
+MAX_NAMES: Final = 64
+# NVLink error counters of one GPU, by (link, kind): 18 links x 3 kinds on today's largest parts.
+MAX_NVLINK_COUNTERS: Final = 256
 MAX_TEXT: Final = 4096
+
+NOT_ON_THE_WIRE: Final[Mapping[str, str]] = {}
+"""Fields of the device model's GPU shapes (``Class.field`` of :mod:`gpumon.gpu.model` and
+the :mod:`gpumon.k8s.dra` values it holds) that the snapshot leaves out, each with why. Today every
+field travels (``GpuSample.xid_counts`` as the count of each code with an event; the XID_OTHER
+count is the exposition's alone). A field added to the model goes on the wire (an optional field
+of the same name on its wire model below, so older readers keep working) or here, with its
+reason: ``tests/unit/test_wire_coverage.py`` fails until one of them is done."""
 
 
 class WireError(ValueError):
@@ -205,6 +221,8 @@ class Process(_WireModel):
     sm_utilization_ratio: Number | None = None
     memory_utilization_ratio: Number | None = None
     name: Text | None = None
+    gpu_instance: Count | None = None
+    compute_instance: Count | None = None
 
 
 class Fast(_WireModel):
@@ -218,7 +236,7 @@ class Fast(_WireModel):
     energy_joules: Number | None = None
     sm_clock_hertz: Number | None = None
     memory_clock_hertz: Number | None = None
-    throttle_reasons: tuple[Text, ...] | None = Field(default=None, max_length=64)
+    throttle_reasons: tuple[Text, ...] | None = Field(default=None, max_length=MAX_NAMES)
     processes: tuple[Process, ...] = Field(default=(), max_length=MAX_PROCESSES)
 
 
@@ -228,6 +246,39 @@ class Mig(_WireModel):
     profile: Text
     uuid: Text
     memory: Memory | None = None
+    gpu_instance_profile: Text | None = None
+
+
+class Gpm(_WireModel):
+    """NVML GPM over the interval between two slow reads (gpu.model.Profiling)."""
+
+    graphics_active_ratio: Number | None = None
+    sm_active_ratio: Number | None = None
+    sm_occupancy_ratio: Number | None = None
+    tensor_active_ratio: Number | None = None
+    fp64_active_ratio: Number | None = None
+    fp32_active_ratio: Number | None = None
+    fp16_active_ratio: Number | None = None
+    dram_active_ratio: Number | None = None
+    pcie_tx_bytes_per_second: Number | None = None
+    pcie_rx_bytes_per_second: Number | None = None
+    nvlink_tx_bytes_per_second: Number | None = None
+    nvlink_rx_bytes_per_second: Number | None = None
+
+
+class MigGpm(_WireModel):
+    gpu_instance: Count
+    profile: Text
+    profiling: Gpm
+
+
+class NvlinkError(_WireModel):
+    """One NVLink error counter: JSON keys are strings, so the model's (link, kind) key is two
+    fields here."""
+
+    link: Index
+    kind: Text
+    count: Count
 
 
 class Slow(_WireModel):
@@ -239,6 +290,17 @@ class Slow(_WireModel):
     row_remap_pending: bool | None = None
     row_remap_failure: bool | None = None
     mig_instances: tuple[Mig, ...] = Field(default=(), max_length=MAX_MIG_INSTANCES)
+    profiling: Gpm | None = None
+    mig_profiling: tuple[MigGpm, ...] = Field(default=(), max_length=MAX_MIG_INSTANCES)
+    encoder_utilization_ratio: Number | None = None
+    decoder_utilization_ratio: Number | None = None
+    fan_speed_ratio: Number | None = None
+    performance_state: Count | None = None
+    violation_seconds: Mapping[Text, Number] = Field(default_factory=dict, max_length=MAX_NAMES)
+    nvlink_data_bytes: Mapping[Text, Count] = Field(default_factory=dict, max_length=MAX_NAMES)
+    nvlink_data_bytes_per_second: Number | None = None
+    nvlink_errors: tuple[NvlinkError, ...] = Field(default=(), max_length=MAX_NVLINK_COUNTERS)
+    vgpu_licensed: bool | None = None
     recovery_action: RecoveryAction | None = None
 
 
@@ -259,6 +321,24 @@ class GpuDoc(_WireModel):
     xids: tuple[Xid, ...] = Field(default=(), max_length=MAX_XIDS_PER_GPU)
 
 
+class ClaimName(_WireModel):
+    namespace: Text
+    name: Text
+
+
+class DeviceName(_WireModel):
+    driver: Text
+    pool: Text
+    device: Text
+
+
+class Claim(_WireModel):
+    """One device of one DRA claim that gives the container this GPU (gpumon.k8s.dra.ClaimDevice)."""
+
+    claim: ClaimName
+    device: DeviceName
+
+
 class PodUsage(_WireModel):
     ref: Pod
     gpu_index: Index
@@ -267,9 +347,10 @@ class PodUsage(_WireModel):
     utilization_ratio: Number | None = None
     allocated_memory_bytes: Count | None = None
     allocated_core_ratio: Number | None = None
-    allocated_resources: tuple[Text, ...] = Field(default=(), max_length=64)
+    allocated_resources: tuple[Text, ...] = Field(default=(), max_length=MAX_NAMES)
     unallocated: bool = False
     mig: Mig | None = None  # the MIG device on the card gpu_uuid names, when it is one
+    claims: tuple[Claim, ...] = Field(default=(), max_length=MAX_NAMES)
 
 
 class SnapshotDoc(_WireModel):
@@ -335,7 +416,7 @@ class LineSplitter:
 
 
 # ---------------------------------------------------------------------------------------------
-# Writing (the exporter): from the frozen values of gpumon.devices.model
+# Writing (the exporter): from the frozen values of gpumon.gpu.model
 
 
 def encode(model: BaseModel) -> bytes:
@@ -343,10 +424,22 @@ def encode(model: BaseModel) -> bytes:
     return model.model_dump_json().encode() + b"\n"
 
 
-def verdict(v: HealthVerdict) -> Verdict:
-    return Verdict(
-        state=v.state, reasons=tuple(Reason(code=r.code, detail=r.detail, state=r.state) for r in v.reasons)
-    )
+_Wire = TypeVar("_Wire", bound=_WireModel)
+
+
+def _wire(model: type[_Wire], /, **fields: object) -> _Wire:
+    """``model`` from ``fields``, which may hold values of the device model as they are: a wire
+    model takes each of its fields from the attribute of the same name (pydantic's
+    ``from_attributes``), all in one validation."""
+    return model.model_validate(fields, from_attributes=True)
+
+
+def _derived(model: type[_Wire], value: object, /, **differs: object) -> _Wire:
+    """``model`` from the device-model value ``value``, field by field under the same names,
+    except ``differs``: the fields whose wire form is not the model's. A wire field that is
+    neither fails here, loudly."""
+    shared = {name: getattr(value, name) for name in model.model_fields if name not in differs}
+    return _wire(model, **shared, **differs)
 
 
 def health_verdict(v: Verdict) -> HealthVerdict:
@@ -360,10 +453,6 @@ def xids(events: Iterable[XidEvent], counts: Mapping[int, int]) -> tuple[Xid, ..
         Xid(code=e.xid, at=e.timestamp, count=max(1, counts.get(e.xid, 1)))
         for e in sorted(latest, key=lambda e: e.xid)
     )
-
-
-def pod(ref: PodRef) -> Pod:
-    return Pod(namespace=ref.namespace, pod=ref.pod, container=ref.container, uid=ref.uid)
 
 
 def pod_ref(p: Pod) -> PodRef:
@@ -387,10 +476,11 @@ def _ref_key(r: PodRef) -> tuple[str, str, str, str]:
 
 def gpu_status(g: GpuSample, pods: tuple[PodRef, ...]) -> GpuStatus:
     fast, slow = g.fast, g.slow
-    return GpuStatus(
+    return _wire(
+        GpuStatus,
         gpu=g.identity.index,
         uuid=g.identity.uuid,
-        health=verdict(g.health),
+        health=g.health,
         temperature_celsius=None if fast is None else fast.temperature_gpu_celsius,
         ecc_uncorrected=None if slow is None else slow.ecc_uncorrected,
         row_remap_pending=None if slow is None else slow.row_remap_pending,
@@ -398,7 +488,7 @@ def gpu_status(g: GpuSample, pods: tuple[PodRef, ...]) -> GpuStatus:
         recovery_action=None if slow is None else slow.recovery_action,
         lost=g.lost,
         xids=xids(g.xids, g.xid_counts),
-        pods=tuple(pod(r) for r in pods),
+        pods=pods,
     )
 
 
@@ -431,124 +521,47 @@ def heartbeat_line(*, node: str, at: float) -> HeartbeatLine:
     return HeartbeatLine(schema_version=SCHEMA_VERSION, node=node, time=at)
 
 
-def _memory(m: MemoryInfo | None) -> Memory | None:
-    if m is None:
-        return None
-    return Memory(
-        total_bytes=m.total_bytes,
-        used_bytes=m.used_bytes,
-        free_bytes=m.free_bytes,
-        reserved_bytes=m.reserved_bytes,
-    )
-
-
-def _process(p: ProcessSample) -> Process:
-    return Process(
-        pid=p.pid,
-        used_memory_bytes=p.used_memory_bytes,
-        sm_utilization_ratio=p.sm_utilization_ratio,
-        memory_utilization_ratio=p.memory_utilization_ratio,
-        name=p.name,
-    )
-
-
-def _fast(f: FastFields | None) -> Fast | None:
-    if f is None:
-        return None
-    return Fast(
-        memory=_memory(f.memory),
-        utilization_ratio=f.utilization_ratio,
-        memory_utilization_ratio=f.memory_utilization_ratio,
-        temperature_gpu_celsius=f.temperature_gpu_celsius,
-        temperature_memory_celsius=f.temperature_memory_celsius,
-        power_watts=f.power_watts,
-        power_limit_watts=f.power_limit_watts,
-        energy_joules=f.energy_joules,
-        sm_clock_hertz=f.sm_clock_hertz,
-        memory_clock_hertz=f.memory_clock_hertz,
+def _fast(f: FastFields) -> Fast:
+    return _derived(
+        Fast,
+        f,
         throttle_reasons=None if f.throttle_reasons is None else tuple(sorted(f.throttle_reasons)),
-        processes=tuple(_process(p) for p in f.processes[:MAX_PROCESSES]),
+        processes=f.processes[:MAX_PROCESSES],
     )
 
 
-def _mig(m: MigInstance) -> Mig:
-    return Mig(
-        gpu_instance=m.gpu_instance,
-        compute_instance=m.compute_instance,
-        profile=m.profile,
-        uuid=m.uuid,
-        memory=_memory(m.memory),
+def _slow(s: SlowFields) -> Slow:
+    return _derived(
+        Slow,
+        s,
+        mig_instances=s.mig_instances[:MAX_MIG_INSTANCES],
+        mig_profiling=s.mig_profiling[:MAX_MIG_INSTANCES],
+        nvlink_errors=tuple(
+            NvlinkError(link=link, kind=kind, count=count)
+            for (link, kind), count in sorted(s.nvlink_errors.items())[:MAX_NVLINK_COUNTERS]
+        ),
     )
 
 
-def _slow(s: SlowFields | None) -> Slow | None:
-    if s is None:
-        return None
-    return Slow(
-        pcie_replays=s.pcie_replays,
-        ecc_corrected=s.ecc_corrected,
-        ecc_uncorrected=s.ecc_uncorrected,
-        remapped_rows_correctable=s.remapped_rows_correctable,
-        remapped_rows_uncorrectable=s.remapped_rows_uncorrectable,
-        row_remap_pending=s.row_remap_pending,
-        row_remap_failure=s.row_remap_failure,
-        mig_instances=tuple(_mig(m) for m in s.mig_instances[:MAX_MIG_INSTANCES]),
-        recovery_action=s.recovery_action,
+def _gpu_doc(g: GpuSample) -> GpuDoc:
+    return _derived(
+        GpuDoc,
+        g,
+        fast=None if g.fast is None else _fast(g.fast),
+        slow=None if g.slow is None else _slow(g.slow),
+        xids=xids(g.xids, g.xid_counts),
     )
 
 
-def _identity(i: GpuIdentity) -> Identity:
-    return Identity(
-        index=i.index,
-        uuid=i.uuid,
-        model=i.model,
-        pci_bus_id=i.pci_bus_id,
-        serial=i.serial,
-        mig_mode=i.mig_mode,
-    )
-
-
-def _driver(d: DriverInfo | None) -> Driver | None:
-    if d is None:
-        return None
-    return Driver(driver_version=d.driver_version, cuda_version=d.cuda_version, nvml_version=d.nvml_version)
-
-
-def _pod_usage(p: PodGpuUsage) -> PodUsage:
-    return PodUsage(
-        ref=pod(p.ref),
-        gpu_index=p.gpu_index,
-        gpu_uuid=p.gpu_uuid,
-        used_memory_bytes=p.used_memory_bytes,
-        utilization_ratio=p.utilization_ratio,
-        allocated_memory_bytes=p.allocated_memory_bytes,
-        allocated_core_ratio=p.allocated_core_ratio,
-        allocated_resources=p.allocated_resources,
-        unallocated=p.unallocated,
-        mig=None if p.mig is None else _mig(p.mig),
-    )
+def _claims_bounded(p: PodGpuUsage) -> PodGpuUsage:
+    return p if len(p.claims) <= MAX_NAMES else replace(p, claims=p.claims[:MAX_NAMES])
 
 
 def snapshot_document(s: Snapshot) -> SnapshotDoc:
-    return SnapshotDoc(
+    return _derived(
+        SnapshotDoc,
+        s,
         schema_version=SCHEMA_VERSION,
-        node=s.node,
-        driver=_driver(s.driver),
-        gpus=tuple(
-            GpuDoc(
-                identity=_identity(g.identity),
-                fast=_fast(g.fast),
-                slow=_slow(g.slow),
-                health=verdict(g.health),
-                sampled_at=g.sampled_at,
-                lost=g.lost,
-                last_xid=g.last_xid,
-                xids=xids(g.xids, g.xid_counts),
-            )
-            for g in s.gpus
-        ),
-        pods=tuple(_pod_usage(p) for p in s.pods[:MAX_PODS]),
-        taken_at=s.taken_at,
-        backend_up=s.backend_up,
-        complete=s.complete,
+        gpus=tuple(_gpu_doc(g) for g in s.gpus),
+        pods=tuple(_claims_bounded(p) for p in s.pods[:MAX_PODS]),
     )

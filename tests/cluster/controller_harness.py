@@ -34,17 +34,17 @@ from test_scheduling import gpu_deployment
 from gpumon.config import ExporterConfig, PodsConfig, SamplingConfig
 from gpumon.config.controller import ControllerConfig
 from gpumon.controller.app import CONTROLLER, Controller, make_app
-from gpumon.controller.kube import ApiClientKube, connect
 from gpumon.devcluster import nodes
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.podresources_server import PodResourcesFixture, serve
 from gpumon.devcluster.waiting import eventually
-from gpumon.devices.model import GpuSample, PodGpuUsage, PodRef
 from gpumon.devices.simulated import FaultScenario, SimulatedBackend, parse_fault
 from gpumon.exporter.attribution import build_attribution
 from gpumon.exporter.server import make_app as make_exporter_app
-from gpumon.kubeclient import KubeClient, from_kubeconfig
+from gpumon.gpu.model import GpuSample, PodGpuUsage, PodRef
+from gpumon.kube.client import KubeClient, connect
+from gpumon.kube.kubeconfig import from_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC = REPO / "deploy" / "rbac" / "controller.yaml"
@@ -309,7 +309,7 @@ def _merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
 class Running:
     controller: Controller
     url: str
-    api: ApiClientKube
+    api: KubeClient
     runner: web.AppRunner
     stopped: bool = field(default=False)
 
@@ -329,7 +329,7 @@ class Running:
 
 @asynccontextmanager
 async def running(config: ControllerConfig) -> AsyncIterator[Running]:
-    api = await connect(config.kubeconfig)
+    api = connect(config.kubeconfig)
     runner = web.AppRunner(make_app(config, api), handle_signals=False, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -18,13 +18,14 @@ from controller_harness import TEST_LABEL, exporters
 from kubernetes_asyncio import client
 from test_status import flat, gpumon
 
-from gpumon import sharing
 from gpumon.demo.agents import assign_gpus, assign_shared
 from gpumon.demo.views import pod_view
 from gpumon.devcluster import nodes
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker, node_ready
 from gpumon.devcluster.waiting import eventually
+from gpumon.k8s import sharing
+from gpumon.kube.client import KubeClient
 from gpumon.status.allocation import HAMI_REGISTER
 
 SCHEME = "test.gpumon.io/scheme"
@@ -59,10 +60,15 @@ def pod_body(name: str, test_id: str, limits: dict[str, str], scheme: str | None
 
 
 async def test_allocation_matches_what_was_placed(
-    api: client.ApiClient, devcluster: DevCluster, namespace: str, test_id: str, tmp_path: Path
+    api: client.ApiClient,
+    kube: KubeClient,
+    devcluster: DevCluster,
+    namespace: str,
+    test_id: str,
+    tmp_path: Path,
 ) -> None:
     core = client.CoreV1Api(api)
-    maker = NodeMaker(api, test_id)  # deletes what it made; the bodies are our own
+    maker = NodeMaker(kube, test_id)  # deletes what it made; the bodies are our own
     share, cgpu, hami, mig, whole = (f"{test_id}-{s}" for s in ("share", "cgpu", "hami", "mig", "whole"))
     register = "".join(
         f"{u},10,16384,100,NVIDIA-A100,0,true,{i},hami-core:" for i, u in enumerate(HAMI_UUIDS)
@@ -86,7 +92,7 @@ async def test_allocation_matches_what_was_placed(
             await core.create_node(body)
             maker.created.append(body["metadata"]["name"])
         for name in maker.created:
-            await eventually(lambda name=name: node_ready(core, name), what=f"node {name} Ready")
+            await eventually(lambda name=name: node_ready(kube, name), what=f"node {name} Ready")
 
         mem, core_pct = sharing.GPUSHARE_MEMORY_RESOURCE, sharing.CGPU_CORE_RESOURCE
         specs = {

@@ -28,13 +28,15 @@ from controller_harness import (  # noqa: F401 - fixtures
     sa_kubeconfig_for_fixture,
     wait_for_event,
 )
+from devcluster_fixtures import gpumon_credentials
 from kubernetes_asyncio import client, watch
 
-from gpumon.controller.core.pools import RECORD_ANNOTATION, REMOVING_ANNOTATION
+from gpumon.controller.core.contract import RECORD_ANNOTATION, REMOVING_ANNOTATION
 from gpumon.devcluster import capi, nodes
 from gpumon.devcluster.poolplan import POOL_LABEL, Timing
 from gpumon.devcluster.poolsim import PoolSimulator, SimulatedPool
 from gpumon.devcluster.waiting import eventually
+from gpumon.kube.client import KubeClient
 
 # cluster-autoscaler's node-group bounds on a Cluster API target.
 CA = {
@@ -137,12 +139,13 @@ async def autoscaling(
     cfg = controller_config(
         kubeconfig=kubeconfig, namespace=namespace, test_id=test_id, endpoints=endpoints or {}, pools=pools
     )
-    sim = PoolSimulator(api, [p.sim for p in simulate], interval_seconds=0.2)
-    async with sim.running(), running(cfg) as ctl:
-        autoscaler = ctl.controller.autoscaler
-        assert autoscaler is not None
-        await eventually(lambda: _true(autoscaler.rounds > 0), what="a first autoscaling round")
-        yield ctl
+    async with KubeClient(gpumon_credentials(api)) as kube:
+        sim = PoolSimulator(kube, [p.sim for p in simulate], interval_seconds=0.2)
+        async with sim.running(), running(cfg) as ctl:
+            autoscaler = ctl.controller.autoscaler
+            assert autoscaler is not None
+            await eventually(lambda: _true(autoscaler.rounds > 0), what="a first autoscaling round")
+            yield ctl
 
 
 async def _true(ok: bool) -> bool | None:
@@ -376,7 +379,12 @@ async def test_a_quarantined_node_gets_a_replacement_before_its_drain_finishes(
 
 
 async def test_idle_nodes_are_drained_respecting_pdbs_and_removed_down_to_min(
-    api: client.ApiClient, namespace: str, test_id: str, make_pool: PoolFactory, kubeconfig: Path
+    api: client.ApiClient,
+    kube: KubeClient,
+    namespace: str,
+    test_id: str,
+    make_pool: PoolFactory,
+    kubeconfig: Path,
 ) -> None:
     core, policy = client.CoreV1Api(api), client.PolicyV1Api(api)
     pool = await make_pool(replicas=2)
@@ -403,7 +411,7 @@ async def test_idle_nodes_are_drained_respecting_pdbs_and_removed_down_to_min(
             "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}},
         },
     )
-    async with PoolSimulator(api, [pool.sim], interval_seconds=0.2).running():
+    async with PoolSimulator(kube, [pool.sim], interval_seconds=0.2).running():
         await eventually(lambda: _len(pool_nodes(core, pool), 2), what="2 pool nodes", timeout_seconds=60)
         await core.create_namespaced_pod(namespace, cpu)
 

@@ -282,7 +282,7 @@ async def test_api_server_restart_mid_quarantine_loses_and_repeats_nothing(
                 f" seen during the outage written {resumed:.1f}s after the API server was started"
                 f" (leadership {leadership}; failed while it was down: {failed});"
                 f" {len(evicted)} pods evicted for 2 on bad GPUs;"
-                f" informer relists: { {i.name: i.relists for i in ctl.controller.informers} }"
+                f" informer relists: { {i.name: i.relists for i in ctl.controller.informers.informers} }"
             )
 
 

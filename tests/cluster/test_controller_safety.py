@@ -25,8 +25,8 @@ from controller_harness import (  # noqa: F401 - fixtures
 )
 from kubernetes_asyncio import client
 
-from gpumon.controller.kube import KubeError, connected
 from gpumon.devcluster.waiting import eventually
+from gpumon.kube.client import KubeError, connected
 
 
 async def _rounds_after(ctl: Running, rounds: int) -> bool | None:

@@ -43,8 +43,10 @@ from gpumon.devcluster.localservers import ControllerProcess, ExporterProcess, P
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
 from gpumon.devcluster.workloads import gpu_deployment
-from gpumon.resources import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
-from gpumon.sharing import GPUSHARE_ASSIGNED, GPUSHARE_INDEX, GPUSHARE_POD_MEMORY
+from gpumon.k8s.resources import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
+from gpumon.k8s.sharing import GPUSHARE_ASSIGNED, GPUSHARE_INDEX, GPUSHARE_POD_MEMORY
+from gpumon.kube.client import KubeClient
+from gpumon.kube.kubeconfig import from_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = {
@@ -218,21 +220,30 @@ async def fleet(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory
     test_id = f"dash-live-{secrets.token_hex(3)}"
     cfg = client.Configuration()
     await config.load_kube_config(config_file=str(devcluster.kubeconfig), client_configuration=cfg)
-    async with client.ApiClient(cfg) as api, contextlib.AsyncExitStack() as stack:
+    async with (
+        client.ApiClient(cfg) as api,
+        KubeClient(from_kubeconfig(devcluster.kubeconfig)) as kube,
+        contextlib.AsyncExitStack() as stack,
+    ):
         core = client.CoreV1Api(api)
         await core.create_namespace({"metadata": {"name": test_id}})
         stack.push_async_callback(core.delete_namespace, test_id)
-        yield await _build(api, stack, devcluster, test_id, tmp_path_factory.mktemp("dash-live"))
+        yield await _build(api, kube, stack, devcluster, test_id, tmp_path_factory.mktemp("dash-live"))
 
 
 async def _build(
-    api: client.ApiClient, stack: contextlib.AsyncExitStack, devcluster: DevCluster, test_id: str, root: Path
+    api: client.ApiClient,
+    kube: KubeClient,
+    stack: contextlib.AsyncExitStack,
+    devcluster: DevCluster,
+    test_id: str,
+    root: Path,
 ) -> Fleet:
     """Everything the fixture describes, each part stopped or deleted by ``stack``."""
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     kinds: dict[str, NodeKind] = {}
     for kind in KINDS:
-        maker = NodeMaker(api, f"{test_id}-{kind.name}")
+        maker = NodeMaker(kube, f"{test_id}-{kind.name}")
         stack.push_async_callback(maker.delete_all)
         kinds |= dict.fromkeys(await maker(kind.count, _labelled(kind, test_id)), kind)
 

@@ -26,11 +26,12 @@ from kubernetes_asyncio import client
 from metrics_text import Series, free_port, parse, select
 from podresources_server import FakeKubelet, serve, short_socket_dir
 
-from gpumon import dra
 from gpumon.devcluster import nodes, podresources_server, resourceslices, workloads
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
+from gpumon.k8s import dra
+from gpumon.kube.client import KubeClient
 
 TEST_LABEL = "test.gpumon.io/id"
 MIB = 1 << 20
@@ -273,6 +274,7 @@ def _check(series: Series, namespace: str, node: Node, workload: Workload) -> No
 
 async def test_dra_pods_use_is_on_the_gpu_or_mig_device_their_claims_hold(
     api: client.ApiClient,
+    kube: KubeClient,
     devcluster: DevCluster,
     namespace: str,
     make_nodes: NodeMaker,
@@ -315,7 +317,7 @@ async def test_dra_pods_use_is_on_the_gpu_or_mig_device_their_claims_hold(
     for node in (whole, mig):
         with short_socket_dir() as work:
             kubelet = FakeKubelet()
-            kubelet.pods = await podresources_server.node_pods(api, node.name)
+            kubelet.pods = await podresources_server.node_pods(kube, node.name)
             workload = loads[node.name]
             with (
                 serve(work / "kubelet.sock", kubelet),

@@ -20,10 +20,11 @@ import controller_harness as h
 from controller_harness import Exporter, Scene, sa_kubeconfig_for_fixture, scene_fixture  # noqa: F401 - fixtures
 from kubernetes_asyncio import client
 
-from gpumon.controller.core.device_taints import MANAGED_BY_LABEL, RESOURCE
+from gpumon.controller.core.contract import MANAGED_BY_LABEL
+from gpumon.controller.core.device_taints import RESOURCE
 from gpumon.devcluster import nodes, resourceslices, workloads
 from gpumon.devcluster.waiting import eventually
-from gpumon.dra import ClaimRef, claim_devices, pod_claims
+from gpumon.k8s.dra import ClaimRef, claim_devices, pod_claims
 
 APP = "dra-train"
 TEMPLATE = "one-gpu"

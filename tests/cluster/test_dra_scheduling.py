@@ -13,13 +13,14 @@ import grpc
 from kubernetes_asyncio import client
 from test_pool_simulator import _patch_scale
 
-from gpumon import dra
 from gpumon.devcluster import capi, nodes, podresources_server, resourceslices, workloads
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.poolplan import POOL_LABEL, Timing
 from gpumon.devcluster.poolsim import PoolSimulator, SimulatedPool
 from gpumon.devcluster.waiting import eventually
 from gpumon.exporter.podresources import api_pb2, api_pb2_grpc
+from gpumon.k8s import dra
+from gpumon.kube.client import KubeClient
 
 TEST_LABEL = "test.gpumon.io/id"
 
@@ -71,7 +72,7 @@ def _listed(socket: Path) -> dict[str, api_pb2.PodResources]:
 
 
 async def _check_pod_resources(
-    api: client.ApiClient,
+    kube: KubeClient,
     node: str,
     pods: Sequence[dict[str, Any]],
     claims: dict[dra.ClaimRef, dict[str, Any]],
@@ -79,7 +80,7 @@ async def _check_pod_resources(
 ) -> None:
     """The node's fixture serves each of its pods the device the scheduler allocated to it."""
     fixture = podresources_server.PodResourcesFixture()
-    fixture.pods = tuple(await podresources_server.node_pods(api, node))
+    fixture.pods = tuple(await podresources_server.node_pods(kube, node))
     with podresources_server.serve(tmp_path / f"{node[-12:]}.sock", fixture) as served:
         listed = _listed(tmp_path / f"{node[-12:]}.sock")
         assert served is fixture
@@ -102,7 +103,12 @@ async def _check_pod_resources(
 
 
 async def test_dra_deployment_gets_a_distinct_whole_gpu_per_pod_and_kubelet_serves_it(
-    api: client.ApiClient, namespace: str, make_nodes: NodeMaker, test_id: str, tmp_path: Path
+    api: client.ApiClient,
+    kube: KubeClient,
+    namespace: str,
+    make_nodes: NodeMaker,
+    test_id: str,
+    tmp_path: Path,
 ) -> None:
     names = await make_nodes(2, dra_nodes(test_id, 2))
     core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
@@ -138,11 +144,16 @@ async def test_dra_deployment_gets_a_distinct_whole_gpu_per_pod_and_kubelet_serv
         devices.append(allocated.ref)
     assert len(set(devices)) == 3, devices
     for name in names:
-        await _check_pod_resources(api, name, pods, claims, tmp_path)
+        await _check_pod_resources(kube, name, pods, claims, tmp_path)
 
 
 async def test_mig_claims_get_the_profile_they_select_and_the_rest_stays_pending(
-    api: client.ApiClient, namespace: str, make_nodes: NodeMaker, test_id: str, tmp_path: Path
+    api: client.ApiClient,
+    kube: KubeClient,
+    namespace: str,
+    make_nodes: NodeMaker,
+    test_id: str,
+    tmp_path: Path,
 ) -> None:
     # One GPU in MIG mode: two 3g.40gb and one 1g.10gb instance, no whole GPU to hand out.
     [name] = await make_nodes(1, dra_nodes(test_id, 1, mig={"3g.40gb": 1, "1g.10gb": 2}))
@@ -174,7 +185,7 @@ async def test_mig_claims_get_the_profile_they_select_and_the_rest_stays_pending
     got = [by_ref[dra.claim_devices(claims[dra.pod_claims(p)[0]])[0].ref] for p in pods]
     assert sorted(d.profile or "" for d in got) == ["1g.10gb", "1g.10gb"]
     assert len({d.uuid for d in got}) == 2 and {d.card_uuid for d in got} == {published[0].card_uuid}
-    await _check_pod_resources(api, name, pods, claims, tmp_path)
+    await _check_pod_resources(kube, name, pods, claims, tmp_path)
 
     # The third pod asks for a third 1g.10gb the node does not have (the 3g.40gb does not match):
     # the real scheduler leaves it Pending and says why.
@@ -185,7 +196,7 @@ async def test_mig_claims_get_the_profile_they_select_and_the_rest_stays_pending
 
 
 async def test_a_dra_pool_node_publishes_its_slice_when_its_gpus_come_up_and_takes_it_along(
-    api: client.ApiClient, namespace: str, test_id: str
+    api: client.ApiClient, kube: KubeClient, namespace: str, test_id: str
 ) -> None:
     core, resource, custom = client.CoreV1Api(api), client.ResourceV1Api(api), client.CustomObjectsApi(api)
     md = capi.machine_deployment(test_id, namespace, replicas=0)
@@ -211,7 +222,7 @@ async def test_a_dra_pool_node_publishes_its_slice_when_its_gpus_come_up_and_tak
         return listed[0].metadata.name if listed and not await pool_slices() else None
 
     try:
-        async with PoolSimulator(api, [pool]).running():
+        async with PoolSimulator(kube, [pool]).running():
             await _patch_scale(custom, pool, 1)
             # The node joins first, its driver publishes the devices a GPU delay later.
             name = await eventually(joined_without_slice, what="a pool node joined, no slice yet")
@@ -241,7 +252,7 @@ async def _none_left(listing: Any) -> bool | None:
 
 
 async def test_a_plain_nvidia_gpu_request_is_allocated_from_a_dra_node_and_served(
-    api: client.ApiClient, namespace: str, make_nodes: NodeMaker, test_id: str
+    api: client.ApiClient, kube: KubeClient, namespace: str, make_nodes: NodeMaker, test_id: str
 ) -> None:
     # DRAExtendedResource (beta, on in 1.36) with gpu.nvidia.com's extendedResourceName: the
     # scheduler satisfies nvidia.com/gpu from the DRA-only node's slice through a claim it makes.
@@ -256,14 +267,22 @@ async def test_a_plain_nvidia_gpu_request_is_allocated_from_a_dra_node_and_serve
         pods = await _json(
             api, (await core.list_namespaced_pod(namespace, label_selector="app=legacy")).items
         )
-        return next((p for p in pods if (p.get("status") or {}).get("extendedResourceClaimStatus")), None)
+        # The scheduler writes the claim status before it binds the pod: wait for both.
+        return next(
+            (
+                p
+                for p in pods
+                if (p.get("status") or {}).get("extendedResourceClaimStatus") and p["spec"].get("nodeName")
+            ),
+            None,
+        )
 
-    pod = await eventually(claimed, what="the scheduler's claim for the pod's nvidia.com/gpu")
+    pod = await eventually(claimed, what="the scheduler's claim for the pod's nvidia.com/gpu, and its node")
     assert pod["spec"]["nodeName"] == name
     [ref] = dra.pod_claims(pod)
 
     async def served() -> list[api_pb2.PodResources] | None:
-        listed = await podresources_server.node_pods(api, name)
+        listed = await podresources_server.node_pods(kube, name)
         return (
             listed if listed and listed[0].containers and listed[0].containers[0].dynamic_resources else None
         )

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from chart_render import render
 
-from gpumon.config import ExporterConfig, load
+from gpumon.config import ExporterConfig, HealthConfig, load
 from gpumon.config.controller import ControllerConfig
 from gpumon.devcluster.cluster import DevCluster
 
@@ -157,6 +157,18 @@ def test_helm_lint_passes(helm: Path, values: dict[str, str]) -> None:
             "9",
             "at '/exporter/server': additional properties 'maxConnnections'",
         ),
+        ("health.temperature", "90", "at '/health': additional properties 'temperature'"),
+        # One judgement of a GPU: the programs' own health sections are the top-level value's.
+        (
+            "exporter.config.health.xid_window_seconds",
+            "30",
+            "exporter.config.health: set the top-level value `health` instead",
+        ),
+        (
+            "controller.config.policy.health.xid_window_seconds",
+            "30",
+            "controller.config.policy.health: set the top-level value `health` instead",
+        ),
         # What a mode needs.
         ("auth.mode", "bearer", "at '/auth/secretName': minLength: got 0, want 1"),
         ("tls.certManager.enabled", "true", "at '/tls/certManager/issuerRef/name': minLength: got 0, want 1"),
@@ -208,6 +220,40 @@ def test_rendered_settings_load_in_gpumon(helm: Path, values: dict[str, str], tm
     ]
     deletes_pods = any("pods" in r.get("resources", ()) and "delete" in r["verbs"] for r in role["rules"])
     assert deletes_pods == escalating
+
+
+def test_one_health_value_judges_alike_in_every_program(
+    helm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chart's `health` is each exporter's verdict and the controller's rules: loaded as the
+    programs load their settings, all three hold the same policy, and the controller's thermal
+    rules fire at its thresholds."""
+    section = {
+        "xid_overrides": {"13": "unhealthy", "79": "healthy"},
+        "unknown_xid_state": "unhealthy",
+        "xid_window_seconds": 30,
+        "temperature_degraded_celsius": 80,
+        "temperature_unhealthy_celsius": 90,
+    }
+    rendered = render(helm, {"health": section, "exporter.windows.enabled": "true"}, release="h")
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in rendered}
+    exporter_file = tmp_path / "exporter.yaml"
+    exporter_file.write_text(docs["ConfigMap", "h-gpumon-exporter"]["data"]["exporter.yaml"])
+    controller_file = tmp_path / "controller.yaml"
+    controller_file.write_text(docs["ConfigMap", "h-gpumon-controller"]["data"]["controller.yaml"])
+    windows = docs["DaemonSet", "h-gpumon-exporter-windows"]["spec"]["template"]["spec"]["containers"][0]
+    for e in windows["env"]:
+        if e["name"].startswith("GPUMON_"):
+            monkeypatch.setenv(e["name"], e["value"])
+    windows_health = load(ExporterConfig).health.policy()
+    for e in windows["env"]:
+        monkeypatch.delenv(e["name"], raising=False)
+    exporter_health = load(ExporterConfig, config_file=exporter_file).health.policy()
+    controller = load(ControllerConfig, config_file=controller_file)
+    assert exporter_health == windows_health == controller.policy.health.policy()
+    assert exporter_health == HealthConfig.model_validate(section).policy()
+    thresholds = {r.name: r.threshold for r in controller.policy.effective_rules if r.signal == "temperature"}
+    assert thresholds == {"thermal-unhealthy": 90.0, "thermal-degraded": 80.0}
 
 
 @pytest.mark.parametrize("values", [EVERYTHING, *SECURED.values()], ids=["everything", *SECURED])

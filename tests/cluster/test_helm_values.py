@@ -84,6 +84,7 @@ CHANGES: dict[str, tuple[Any, Values]] = {
     "exporter.windows.image.tag": ("1.2.3", {"exporter.windows.enabled": True}),
     "exporter.windows.nodeSelector": ({"pool": "win"}, {"exporter.windows.enabled": True}),
     "exporter.windows.resources": ({"limits": {"memory": "1Gi"}}, {"exporter.windows.enabled": True}),
+    "health": ({"temperature_unhealthy_celsius": 90}, {}),
     "controller.enabled": (False, {}),
     "controller.replicas": (1, {}),
     "controller.dryRun": (False, {}),
@@ -192,6 +193,17 @@ def test_server_limits_reach_each_program_and_the_windows_exporter(helm: Path) -
     }
     controller = render(helm, {"controller.server": {**limits, "maxConnections": 8}})
     assert config_of(controller, "controller")["server"] == {**expected, "max_connections": 8}
+
+
+def test_health_reaches_every_program_from_the_one_value(helm: Path) -> None:
+    section = {"xid_overrides": {"13": "unhealthy"}, "temperature_unhealthy_celsius": 90}
+    docs = render(helm, {"health": section, "exporter.windows.enabled": True})
+    assert config_of(docs, "exporter")["health"] == section
+    assert config_of(docs, "controller")["policy"]["health"] == section
+    env = {e["name"]: e.get("value") for e in container(docs, "DaemonSet", "exporter-windows")["env"]}
+    assert yaml.safe_load(env["GPUMON_HEALTH"]) == section
+    policy = render(helm, {"health": section, "controller.config": {"policy": {"flap_max_onsets": 5}}})
+    assert config_of(policy, "controller")["policy"] == {"health": section, "flap_max_onsets": 5}
 
 
 # -- TLS ------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The exporter's pod list+watch on its own API client (gpumon.kubeclient) against the real API
+"""The exporter's pod list+watch (gpumon.kube.informer) on gpumon's API client against the real API
 server: this node's pods only, their sharing annotations, container IDs as the kubelet reports
 them, deletion, and an RBAC refusal that heals once the exporter's role is granted; credentials
 from a kubeconfig (client certificate; service account token) and as a pod finds them (the
@@ -13,17 +13,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
 import pytest
 import yaml
 from kubernetes_asyncio import client
 
-from gpumon import sharing
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
-from gpumon.exporter.pod_metadata import PodMetadataWatch
-from gpumon.kubeclient import Credentials, KubeClient, from_kubeconfig, in_cluster
+from gpumon.exporter.pod_metadata import PodMeta, pod_watch
+from gpumon.k8s import sharing
+from gpumon.kube.client import KubeClient, KubeError
+from gpumon.kube.credentials import Credentials, in_cluster
+from gpumon.kube.informer import View
+from gpumon.kube.kubeconfig import from_kubeconfig
 
 CONTAINER_ID = "4d" * 32
 
@@ -54,10 +56,10 @@ class Watches:
         self.tasks: list[asyncio.Task[None]] = []
         self.clients: list[KubeClient] = []
 
-    def start(self, node: str, credentials: Credentials) -> PodMetadataWatch:
+    def start(self, node: str, credentials: Credentials) -> View[PodMeta]:
         self.clients.append(KubeClient(credentials))
-        watch = PodMetadataWatch(node, lambda source, kind: self.errors.append((source, kind)), sleep=quick)
-        self.tasks.append(asyncio.create_task(watch.run(self.clients[-1])))
+        watch = pod_watch(node, lambda source, kind: self.errors.append((source, kind)), sleep=quick)
+        self.tasks.append(asyncio.create_task(watch.informer.run(self.clients[-1])))
         return watch
 
 
@@ -111,7 +113,7 @@ async def test_this_nodes_pods_with_annotations_ids_and_deletion(
     await core.create_namespaced_pod(namespace, gpu_pod("elsewhere", other, gpushare, {}))
 
     def by_name() -> dict[str, Any] | None:
-        pods = {p.name: p for p in watch.pods.values() if p.namespace == namespace}
+        pods = {p.name: p for p in watch.items().values() if p.namespace == namespace}
         return pods if set(pods) == {"share", "hami"} else None
 
     pods = await eventually(_async(by_name), what="both pods seen")
@@ -141,17 +143,17 @@ async def test_this_nodes_pods_with_annotations_ids_and_deletion(
     )
 
     def container_ids() -> dict[str, str] | None:
-        share = next((p for p in watch.pods.values() if p.name == "share"), None)
+        share = next((p for p in watch.items().values() if p.name == "share"), None)
         return dict(share.container_ids) if share is not None and share.container_ids else None
 
     assert await eventually(_async(container_ids), what="container ID seen") == {CONTAINER_ID: "main"}
 
     await core.delete_namespaced_pod("hami", namespace, grace_period_seconds=0)
     await eventually(
-        _async(lambda: True if all(p.name != "hami" for p in watch.pods.values()) else None),
+        _async(lambda: True if all(p.name != "hami" for p in watch.items().values()) else None),
         what="deleted pod gone from the view",
     )
-    assert watch.up and watch.synced
+    assert watch.informer.up and watch.synced.is_set()
 
 
 async def test_rbac_refusal_is_counted_and_heals_when_granted(
@@ -188,7 +190,7 @@ async def test_rbac_refusal_is_counted_and_heals_when_granted(
     await eventually(
         _async(lambda: True if ("api", "forbidden") in watches.errors else None), what="403 counted"
     )
-    assert not watch.synced
+    assert not watch.synced.is_set()
 
     rbac = client.RbacAuthorizationV1Api(api)
     role = f"{namespace}-pod-reader"
@@ -208,10 +210,10 @@ async def test_rbac_refusal_is_counted_and_heals_when_granted(
         )
         await core.create_namespaced_pod(namespace, gpu_pod("late", node, {}, {}))
         await eventually(
-            _async(lambda: True if any(p.name == "late" for p in watch.pods.values()) else None),
+            _async(lambda: True if any(p.name == "late" for p in watch.items().values()) else None),
             what="pods listed once the role is granted",
         )
-        assert watch.up
+        assert watch.informer.up
     finally:
         await rbac.delete_cluster_role_binding(role)
         await rbac.delete_cluster_role(role)
@@ -228,12 +230,11 @@ async def test_in_a_pod_the_service_account_and_the_service_address(
     env = {"KUBERNETES_SERVICE_HOST": str(server.hostname), "KUBERNETES_SERVICE_PORT": str(server.port)}
     credentials = in_cluster(env, account)
     assert credentials is not None
-    async with (
-        KubeClient(credentials) as kube,
-        kube.get("/api/v1/namespaces/" + namespace + "/pods", {}, aiohttp.ClientTimeout(total=10)) as r,
-    ):
-        assert r.status == 403
-        assert f"system:serviceaccount:{namespace}:exporter" in (await r.json())["message"]
+    async with KubeClient(credentials, request_timeout=10) as kube:
+        with pytest.raises(KubeError) as refused:
+            await kube.get("/api/v1/namespaces/" + namespace + "/pods")
+    assert refused.value.status == 403
+    assert f"system:serviceaccount:{namespace}:exporter" in refused.value.message
     # And the watch with those credentials counts the refusal, as the exporter's would.
     watches.start(node, credentials)
     await eventually(

@@ -16,6 +16,7 @@ from gpumon.devcluster.nodemaker import node_ready
 from gpumon.devcluster.poolplan import JOINED_AT_ANNOTATION, POOL_LABEL, Timing
 from gpumon.devcluster.poolsim import PoolSimulator, SimulatedPool
 from gpumon.devcluster.waiting import eventually
+from gpumon.kube.client import KubeClient
 
 TIMING = Timing(boot_delay_seconds=1.0, gpu_delay_seconds=2.0)
 TEMPLATE = nodes.NodeTemplate(gpus=4, product="NVIDIA-H100-80GB-HBM3", labels={"pool": "h100"})
@@ -70,7 +71,9 @@ async def test_scale_subresource_reads_and_patches_spec_replicas(
     assert md["spec"]["replicas"] == 3
 
 
-async def test_pool_simulator_follows_scale_up_and_down(api: client.ApiClient, pool: SimulatedPool) -> None:
+async def test_pool_simulator_follows_scale_up_and_down(
+    api: client.ApiClient, kube: KubeClient, pool: SimulatedPool
+) -> None:
     custom = client.CustomObjectsApi(api)
     core = client.CoreV1Api(api)
     seen_without_gpus: list[tuple[float, float]] = []  # (observed at, joined at)
@@ -86,7 +89,7 @@ async def test_pool_simulator_follows_scale_up_and_down(api: client.ApiClient, p
         ]
         return listed if len(listed) == count and len(ok) == count else None
 
-    async with PoolSimulator(api, [pool], interval_seconds=0.2).running():
+    async with PoolSimulator(kube, [pool], interval_seconds=0.2).running():
         requested_at = time.time()
         await _patch_scale(custom, pool, 2)
         joined = await eventually(lambda: pool_nodes(2, with_gpus=False), what="2 pool nodes joined")
@@ -96,7 +99,7 @@ async def test_pool_simulator_follows_scale_up_and_down(api: client.ApiClient, p
             assert joined_at >= requested_at + TIMING.boot_delay_seconds
             assert n.metadata.labels["pool"] == "h100"
             assert n.metadata.annotations["cluster.x-k8s.io/owner-name"] == pool.name
-            await eventually(functools.partial(node_ready, core, n.metadata.name), what="pool node Ready")
+            await eventually(functools.partial(node_ready, kube, n.metadata.name), what="pool node Ready")
 
         ready = await eventually(lambda: pool_nodes(2, with_gpus=True), what="GPUs allocatable on 2 nodes")
         assert all(n.status.allocatable[nodes.GPU] == "4" for n in ready)

@@ -44,8 +44,8 @@ from kubernetes_asyncio import client
 from test_autoscale_pools import PoolFactory, autoscaling, make_pool, pool_config  # noqa: F401
 
 from gpumon.controller.core import contract as c
-from gpumon.controller.core.repair_jobs import LABEL_REPAIR, node_key
-from gpumon.controller.core.repair_record import record_from_json
+from gpumon.controller.core.contract.repair import record_from_json
+from gpumon.controller.core.repair_jobs import node_key
 from gpumon.devcluster.waiting import eventually
 
 JOB = {"template": {"spec": {"containers": [{"name": "step", "image": "nvidia/cuda:12"}]}}}
@@ -71,7 +71,9 @@ def repair(**over: Any) -> dict[str, Any]:
 
 
 async def jobs(batch: client.BatchV1Api, namespace: str, node: str) -> list[client.V1Job]:
-    found = await batch.list_namespaced_job(namespace, label_selector=f"{LABEL_REPAIR}={node_key(node)}")
+    found = await batch.list_namespaced_job(
+        namespace, label_selector=f"{c.LABEL_REPAIR_NODE}={node_key(node)}"
+    )
     return sorted(found.items, key=lambda j: j.metadata.creation_timestamp)
 
 
@@ -79,7 +81,7 @@ async def succeeded_job(
     batch: client.BatchV1Api, namespace: str, node: str, step: str
 ) -> client.V1Job | None:
     for job in await jobs(batch, namespace, node):
-        if job.metadata.labels.get("gpumon.io/repair-step") == step and (job.status.succeeded or 0) > 0:
+        if job.metadata.labels.get(c.LABEL_REPAIR_STEP) == step and (job.status.succeeded or 0) > 0:
             return job
     return None
 
@@ -222,7 +224,7 @@ async def test_a_reset_that_never_finishes_times_out_and_a_reboot_follows(
         assert "now reboot" in escalated.message
         scene.exporter.fault(gpu=0, fault="clear")  # the reboot's effect
         await scene.ladder_done(uuid)
-        assert [j.metadata.labels["gpumon.io/repair-step"] for j in await scene.jobs()] == ["reset", "reboot"]
+        assert [j.metadata.labels[c.LABEL_REPAIR_STEP] for j in await scene.jobs()] == ["reset", "reboot"]
 
 
 async def test_a_new_controller_continues_the_ladder_without_repeating_a_step(
@@ -279,7 +281,7 @@ async def test_an_open_breaker_holds_new_repairs_but_not_the_validation(
         await breaker(opened)  # and it opens again before the validation
         scene.exporter.fault(gpu=3, fault="clear")
         validation = await scene.job_done("validate")
-        assert validation.metadata.labels["gpumon.io/repair-step"] == "validate"
+        assert validation.metadata.labels[c.LABEL_REPAIR_STEP] == "validate"
         # The quarantine lifted only after the validation, and the ladder ended.
         await scene.ladder_done(uuid)
         succeeded = {
@@ -290,7 +292,7 @@ async def test_an_open_breaker_holds_new_repairs_but_not_the_validation(
             succeeded,
             recovered,
         )
-        assert [j.metadata.labels["gpumon.io/repair-step"] for j in await scene.jobs()] == [
+        assert [j.metadata.labels[c.LABEL_REPAIR_STEP] for j in await scene.jobs()] == [
             "reset",
             "validate",
         ]

@@ -39,13 +39,13 @@ from kubernetes_asyncio import client
 from gpumon.config import ExporterConfig
 from gpumon.config.controller import ControllerConfig
 from gpumon.controller.app import CONTROLLER, make_app
-from gpumon.controller.kube import connect
 from gpumon.controller.shell.signal_sources.direct import DirectSource
 from gpumon.devcluster.cluster import DevCluster, free_ports
 from gpumon.devcluster.waiting import eventually
 from gpumon.doctor import endpoint
 from gpumon.doctor.result import Status
 from gpumon.httpauth.tls import server_context
+from gpumon.kube.client import connect
 
 RELEASE = "sa"
 EXPORTER_NAME = "sa-gpumon-exporter.test.svc"
@@ -282,7 +282,7 @@ async def test_exporter_and_controller_review_scrapers_on_the_real_api_server(
                 },
             }
         )
-        kube = await connect(kubeconfig)
+        kube = connect(kubeconfig)
         runner = web.AppRunner(make_app(config, kube), handle_signals=False, access_log=None)
         await runner.setup()
         try:

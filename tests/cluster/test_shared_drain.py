@@ -21,13 +21,13 @@ from gpumon.devcluster import nodes, workloads
 from gpumon.devcluster.podresources_server import pod_resources
 from gpumon.devcluster.waiting import eventually
 from gpumon.devices.simulated import FaultScenario, ScenarioMig
-from gpumon.resources import (
+from gpumon.k8s.resources import (
     CGPU_CORE_RESOURCE,
     DIRECTX_RESOURCE,
     GPUSHARE_MEMORY_RESOURCE,
     NVIDIA_MIG_PREFIX,
 )
-from gpumon.sharing import GPUSHARE_ASSIGNED, GPUSHARE_INDEX, GPUSHARE_POD_MEMORY, HAMI_ALLOCATED
+from gpumon.k8s.sharing import GPUSHARE_ASSIGNED, GPUSHARE_INDEX, GPUSHARE_POD_MEMORY, HAMI_ALLOCATED
 
 MERGE_PATCH = "application/merge-patch+json"
 MIG_PROFILE = "3g.40gb"

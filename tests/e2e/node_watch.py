@@ -1,6 +1,6 @@
-"""Reading what the controller wrote on Nodes (DESIGN.md's node health contract): its taint,
-its Events, and every change of the taint as a watch reports it, so that a test can count
-exactly how often a node was tainted and untainted."""
+"""Reading what the controller wrote on Nodes (docs/architecture.md, "The node-health
+contract"): its taint, its Events, and every change of the taint as a watch reports it, so that
+a test can count exactly how often a node was tainted and untainted."""
 
 from __future__ import annotations
 

@@ -27,7 +27,6 @@ import contextlib
 import io
 import json
 import shutil
-import ssl
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from devcluster_fixtures import gpumon_credentials
 from fake_host_proc import cgroup_file, container_path, write_process
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -49,7 +49,7 @@ from gpumon.devices.simulated import SimProcess, SimulatedBackend
 from gpumon.exporter.attribution import build_attribution
 from gpumon.exporter.self_metrics import SelfMetrics
 from gpumon.exporter.server import make_app
-from gpumon.kubeclient import Credentials, KubeClient
+from gpumon.kube.client import KubeClient
 
 GIB = 1 << 30
 POD_GPU_MEMORY = 16 * GIB
@@ -114,7 +114,7 @@ class PoolExporters:
 
     def __post_init__(self) -> None:
         self._core = client.CoreV1Api(self.api)
-        self._kube = KubeClient(_credentials(self.api))  # the exporters' own client, on our identity
+        self._kube = KubeClient(gpumon_credentials(self.api))  # the exporters' own client, on our identity
         self._sockets = Path(tempfile.mkdtemp(prefix="gpumon-e2e-"))  # a socket path holds 107 bytes
         self._write_targets()
 
@@ -238,11 +238,3 @@ class PoolExporters:
                 self.running.clear()
                 await self._kube.close()
                 shutil.rmtree(self._sockets, ignore_errors=True)
-
-
-def _credentials(api: client.ApiClient) -> Credentials:
-    """The test's own API identity (its client certificate and CA) for gpumon's client."""
-    c = api.configuration
-    context = ssl.create_default_context(cafile=c.ssl_ca_cert)
-    context.load_cert_chain(c.cert_file, c.key_file)
-    return Credentials(c.host, context)

@@ -19,7 +19,7 @@ from node_watch import NODE_EVENTS_NAMESPACE, metric, node_events
 
 from gpumon.controller.act.events import COMPONENT
 from gpumon.controller.core import contract
-from gpumon.controller.core.pools import DELETE_MACHINE_ANNOTATION
+from gpumon.controller.core.contract import DELETE_MACHINE_ANNOTATION
 from gpumon.devcluster import capi
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.localservers import ControllerProcess, ExporterProcess

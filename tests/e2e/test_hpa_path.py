@@ -31,6 +31,7 @@ from gpumon.devcluster.poolplan import POOL_LABEL, Timing
 from gpumon.devcluster.poolsim import PoolSimulator, SimulatedPool
 from gpumon.devcluster.waiting import eventually
 from gpumon.devcluster.workloads import gpu_deployment
+from gpumon.kube.client import KubeClient
 
 REPO = Path(__file__).resolve().parents[2]
 HPA_EXAMPLE = REPO / "deploy" / "examples" / "hpa-gpu-utilization.yaml"
@@ -211,7 +212,7 @@ class Milestones:
 
 
 @pytest.fixture
-async def pool(api: client.ApiClient, namespace: str, test_id: str) -> AsyncIterator[str]:
+async def pool(api: client.ApiClient, kube: KubeClient, namespace: str, test_id: str) -> AsyncIterator[str]:
     """A MachineDeployment of one-GPU kwok nodes (one node to begin with), simulated."""
     name = f"{test_id[:40]}-gpu"
     custom = client.CustomObjectsApi(api)
@@ -224,7 +225,7 @@ async def pool(api: client.ApiClient, namespace: str, test_id: str) -> AsyncIter
     )
     template = NodeTemplate(gpus=1, labels={TEST_LABEL: test_id})
     sim = PoolSimulator(
-        api, [SimulatedPool(namespace, name, template, Timing(1.0, 1.0))], interval_seconds=0.2
+        kube, [SimulatedPool(namespace, name, template, Timing(1.0, 1.0))], interval_seconds=0.2
     )
     try:
         async with sim.running():

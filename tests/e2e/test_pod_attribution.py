@@ -23,12 +23,12 @@ from kubernetes_asyncio import client
 from podresources_server import FakeKubelet, pod_resources, serve, short_socket_dir
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpumon import sharing
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.nodes import NodeTemplate
 from gpumon.devcluster.waiting import eventually
 from gpumon.devices.simulated import SimulatedBackend
+from gpumon.k8s import sharing
 
 MIB = 1 << 20
 GIB = 1 << 30

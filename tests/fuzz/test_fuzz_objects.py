@@ -28,8 +28,8 @@ from gpumon.controller.core.objects import (
     pod_from_json,
 )
 from gpumon.controller.core.pools import pool_node_from_json
-from gpumon.dra import DeviceRef, SliceDevice
-from gpumon.dra_cel import SelectorError, compile_selector
+from gpumon.k8s.dra import DeviceRef, SliceDevice
+from gpumon.k8s.dra_cel import SelectorError, compile_selector
 from gpumon.status.allocation import build_allocation
 
 NODE: dict[str, Any] = {

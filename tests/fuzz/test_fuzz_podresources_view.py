@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from protobuf_wire import field, length, varint
 from strategies import FUZZ
 
-from gpumon.dra import NVIDIA_GPU_DRIVER, ClaimDevice, ClaimRef, DeviceRef
 from gpumon.exporter.podresources import api_pb2
 from gpumon.exporter.podresources.view import Assignment, DeviceAssignment, PodKey, view_from_response
+from gpumon.k8s.dra import NVIDIA_GPU_DRIVER, ClaimDevice, ClaimRef, DeviceRef
 
 DRIVERS = frozenset({NVIDIA_GPU_DRIVER, "example.com/tpu"})
 

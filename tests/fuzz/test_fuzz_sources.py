@@ -21,11 +21,11 @@ from gpumon.controller.shell.signal_sources.prometheus import (
     queries_for,
     readings_from_results,
 )
-from gpumon.dra import NVIDIA_GPU_DRIVER, ClaimDevice
 from gpumon.exporter.cgroups import ContainerKey, Unmatched, parse_cgroup
 from gpumon.exporter.podresources import api_pb2
 from gpumon.exporter.podresources.protowire import DecodeError
 from gpumon.exporter.podresources_client import DeviceAssignment, view_from_response
+from gpumon.k8s.dra import NVIDIA_GPU_DRIVER, ClaimDevice
 
 RULES = build_policy(ControllerConfig()).rules
 QUERY_NAMES = [FRESHNESS, *queries_for(RULES, 600.0)]

@@ -11,10 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import FUZZ, json_objects, json_values
 
-from gpumon.devices.model import Snapshot
 from gpumon.devices.simulated import SimulatedBackend
 from gpumon.exporter.gpu_state import GpuState, to_sample, with_fast, with_slow
-from gpumon.gpu_health import HealthPolicy
+from gpumon.gpu.health import HealthPolicy
+from gpumon.gpu.model import Snapshot
 from gpumon.wire import v1 as wire
 
 

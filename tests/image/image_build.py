@@ -47,7 +47,7 @@ def build() -> BuiltImage:
     t1 = time.monotonic()
     env = os.environ | {"IMAGE": IMAGE, "BASE": base}
     if HOST_CA_BUNDLE.is_file():
-        # The registries are reached through a proxy whose CA only the host trusts (FACTS.md).
+        # The registries are reached through a proxy whose CA only the host trusts (docs/images.md).
         env["CA_BUNDLE"] = str(HOST_CA_BUNDLE)
     _run(["bash", str(REPO / "hack" / "build-image.sh")], "hack/build-image.sh", 1200, env)
     t2 = time.monotonic()

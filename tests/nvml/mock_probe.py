@@ -25,10 +25,10 @@ from typing import Any
 import pynvml
 
 from gpumon.devices.backend import BackendError
-from gpumon.devices.model import XidEvent
 from gpumon.devices.nvml import NvmlBackend
 from gpumon.exporter.gpu_state import GpuState, to_sample, with_xids
-from gpumon.gpu_health import HealthPolicy, judge
+from gpumon.gpu.health import HealthPolicy, judge
+from gpumon.gpu.model import XidEvent
 
 
 def plain(value: Any) -> Any:

@@ -43,8 +43,11 @@ from gpumon.devcluster.binaries import MockNvml
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import node_ready
 from gpumon.devcluster.waiting import eventually
-from gpumon.devices.model import CLOCK_EVENT_REASONS, RecoveryAction
-from gpumon.devices.nvml import canonical_bus_id
+from gpumon.devices.nvml.convert import canonical_bus_id
+from gpumon.gpu.model import CLOCK_EVENT_REASONS, RecoveryAction
+from gpumon.kube.client import KubeClient
+from gpumon.kube.kubeconfig import from_kubeconfig
+from gpumon.wire import v1 as wire
 
 NODE = "nvml-node"  # every exporter's --node-name (nvml_mock.Exporter)
 
@@ -297,6 +300,37 @@ def test_nvlink_field_values_per_link(name: str, mock: MockNvml, gpm_exporters: 
     assert dcgm == pytest.approx(2 * per_direction_kib / 1000, rel=0.05), (dcgm, per_direction_kib)
 
 
+@pytest.mark.parametrize("name", ["h100", "gb200"])
+def test_the_snapshot_carries_gpm_and_nvlink_as_read(
+    name: str, mock: MockNvml, gpm_exporters: dict[str, Exporter]
+) -> None:
+    """/api/v1/snapshot holds every slow field the scrape shows, as NVML answered it, within the
+    wire schema's strict types and limits (once it carried 8 of SlowFields' 19 fields)."""
+    profile = load_profile(mock, name)
+    gpus, links = len(device_configs(profile)), profile["nvlink"]["links_per_gpu"]
+    exporter = gpm_exporters[name]
+    exporter.until(
+        lambda s: len(select(s, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")) == gpus,
+        f"{name}: NVLink rate on every GPU",
+    )
+    status, body = exporter.get("/api/v1/snapshot")
+    assert status == 200, body
+    doc = wire.parse_snapshot(body.encode())
+    assert len(doc.gpus) == gpus
+    for g in doc.gpus:
+        slow = g.slow
+        assert slow is not None and slow.profiling is not None, g.identity.index
+        busy = g.identity.index == 0
+        assert slow.profiling.sm_active_ratio == pytest.approx(BUSY["gpu"] / 100 if busy else 0)
+        assert slow.profiling.pcie_tx_bytes_per_second == pytest.approx(0.8 * 2048 * MiB if busy else 0)
+        assert {(e.link, e.kind) for e in slow.nvlink_errors} == {
+            (link, kind) for link in range(links) for kind in ("replay", "recovery", "crc")
+        }
+        assert set(slow.nvlink_data_bytes) == {"tx", "rx"} and slow.nvlink_data_bytes["tx"] > 0
+        assert slow.nvlink_data_bytes_per_second is not None and slow.nvlink_data_bytes_per_second > 0
+        assert (slow.encoder_utilization_ratio, slow.decoder_utilization_ratio) == (0, 0)
+
+
 @pytest.mark.parametrize("name", ["t4", "b200"])
 def test_no_nvlink_no_series_and_no_error(
     name: str, mock: MockNvml, gpm_exporters: dict[str, Exporter]
@@ -392,11 +426,11 @@ async def pods(devcluster: DevCluster) -> AsyncIterator[dict[str, RunningPod]]:
     ``--node-name``, and PODS running on it with their containers' IDs in status."""
     cfg = client.Configuration()
     await config.load_kube_config(config_file=str(devcluster.kubeconfig), client_configuration=cfg)
-    async with client.ApiClient(cfg) as api:
+    async with client.ApiClient(cfg) as api, KubeClient(from_kubeconfig(devcluster.kubeconfig)) as kube:
         core = client.CoreV1Api(api)
         await core.create_node(nodes.manifest(NODE, nodes.NodeTemplate(gpus=8)))
         try:
-            await eventually(lambda: node_ready(core, NODE), what=f"node {NODE} Ready")
+            await eventually(lambda: node_ready(kube, NODE), what=f"node {NODE} Ready")
             await create_namespace(core, NAMESPACE)
             try:
                 yield await run_pods(

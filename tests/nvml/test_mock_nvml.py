@@ -31,8 +31,8 @@ from nvml_mock import (
 )
 
 from gpumon.devcluster.binaries import MockNvml
-from gpumon.devices.model import NVLINK_ERROR_KINDS, VIOLATION_POLICIES, XID_OTHER
-from gpumon.devices.nvml import canonical_bus_id
+from gpumon.devices.nvml.convert import canonical_bus_id
+from gpumon.gpu.model import NVLINK_ERROR_KINDS, VIOLATION_POLICIES, XID_OTHER
 
 PROBE = Path(__file__).with_name("mock_probe.py")
 

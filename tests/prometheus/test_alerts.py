@@ -35,8 +35,8 @@ from conftest import (
     http_post_json,
 )
 
-from gpumon.devices.model import HealthState
-from gpumon.gpu_health import ACTION_XIDS
+from gpumon.gpu.health import ACTION_XIDS
+from gpumon.gpu.model import HealthState
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "alerts" / "gpumon.rules.yml"
@@ -112,7 +112,7 @@ def test_every_alert_has_severity_summary_description_and_a_runbook_section() ->
 
 
 def test_fatal_xid_alert_matches_the_exporters_unhealthy_xids() -> None:
-    """The rule's Xid list and gpu_health.py's catalog are two copies of one decision."""
+    """The rule's Xid list and gpu/health.py's catalog are two copies of one decision."""
     expr = next(a["expr"] for a in _alerts() if a["alert"] == "GpuFatalXid")
     lists = set(re.findall(r'xid=~"([0-9|]+)"', expr))
     assert len(lists) == 1

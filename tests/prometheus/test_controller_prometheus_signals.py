@@ -30,8 +30,8 @@ from gpumon.controller.core.policy import EMPTY_NODE_STATE, NodeRuleState, Polic
 from gpumon.controller.core.signals import FleetSignals
 from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
 from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource
-from gpumon.devices.model import RecoveryAction
-from gpumon.gpu_health import Severity
+from gpumon.gpu.health import Severity
+from gpumon.gpu.model import RecoveryAction
 from gpumon.wire import v1 as wire
 
 JOB = "gpumon-exporter"

@@ -21,7 +21,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from self_metrics_in_use import self_metrics_in_use
 
-from gpumon.devices.model import (
+from gpumon.exporter.exposition import Profile, render
+from gpumon.gpu.model import (
     DriverInfo,
     FastFields,
     GpuIdentity,
@@ -38,7 +39,6 @@ from gpumon.devices.model import (
     SlowFields,
     Snapshot,
 )
-from gpumon.exporter.exposition import Profile, render
 
 if TYPE_CHECKING:
     from conftest import ExporterProcess, PrometheusProcess

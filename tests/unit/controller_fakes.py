@@ -17,8 +17,8 @@ from gpumon.config.controller import ControllerConfig, PolicyConfig
 from gpumon.controller.configure import build_policy
 from gpumon.controller.core.policy import Rule
 from gpumon.controller.core.verdicts import Finding, GpuVerdict, NodeVerdict, SignalStatus
-from gpumon.controller.kube import Conflict, KubeError, NotFound
-from gpumon.gpu_health import Severity
+from gpumon.gpu.health import Severity
+from gpumon.kube.client import Conflict, KubeError, NotFound
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -132,7 +132,9 @@ class FakeKube:
             raise NotFound(404, "NotFound", path)
         return {"kind": "Status", "status": "Success"}
 
-    async def lines(self, path: str, params: Mapping[str, str]) -> AsyncIterator[bytes]:
+    async def lines(
+        self, path: str, params: Mapping[str, str], *, opened: Callable[[], None] | None = None
+    ) -> AsyncIterator[bytes]:
         raise KubeError(501, "NotImplemented", "FakeKube does not stream")
         yield b""  # pragma: no cover
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpumon.demo.views import ClusterView, cluster_view
-from gpumon.devices.model import (
+from gpumon.gpu.model import (
     FastFields,
     GpuIdentity,
     GpuSample,

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpumon.controller.core.node_plan import records_to_json
+from gpumon.controller.core.contract.node import GpuRecord, records_to_json
 from gpumon.controller.core.objects import GpuResources, to_rfc3339
-from gpumon.controller.core.verdicts import GpuRecord
-from gpumon.devices.model import (
+from gpumon.gpu.health import Severity
+from gpumon.gpu.model import (
     FastFields,
     GpuIdentity,
     GpuSample,
@@ -20,7 +20,6 @@ from gpumon.devices.model import (
     Snapshot,
     XidEvent,
 )
-from gpumon.gpu_health import Severity
 from gpumon.status.state import ClusterState, EventInfo, event_info, node_info, pod_info
 from gpumon.wire import v1 as wire
 

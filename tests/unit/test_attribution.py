@@ -12,20 +12,7 @@ from fake_host_proc import cgroup_file, container_path, write_process
 from podresources_server import FakeKubelet, pod_resources, serve, short_socket_dir
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpumon import sharing
 from gpumon.config import PodsConfig
-from gpumon.devices.model import (
-    HEALTHY,
-    FastFields,
-    GpuIdentity,
-    GpuSample,
-    MigInstance,
-    PodGpuUsage,
-    PodRef,
-    ProcessSample,
-    SlowFields,
-    Snapshot,
-)
 from gpumon.devices.simulated import FaultScenario, SimulatedBackend, SimulationError
 from gpumon.exporter import exposition
 from gpumon.exporter.attribution import (
@@ -40,10 +27,24 @@ from gpumon.exporter.attribution import (
 )
 from gpumon.exporter.attribution_metrics import AttributionMetrics, SourceState
 from gpumon.exporter.cgroups import ContainerKey
-from gpumon.exporter.pod_metadata import PodMeta, PodMetadataWatch
+from gpumon.exporter.pod_metadata import PodMeta, pod_watch
 from gpumon.exporter.podresources_client import DeviceAssignment, PodResourcesClient
 from gpumon.exporter.process_pods import ProcessPods
-from gpumon.sharing import ContainerLimits
+from gpumon.gpu.model import (
+    HEALTHY,
+    FastFields,
+    GpuIdentity,
+    GpuSample,
+    MigInstance,
+    PodGpuUsage,
+    PodRef,
+    ProcessSample,
+    SlowFields,
+    Snapshot,
+)
+from gpumon.k8s import sharing
+from gpumon.k8s.sharing import ContainerLimits
+from gpumon.kube.informer import View
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -333,17 +334,16 @@ def test_cap_keeps_busy_series_first() -> None:
     assert len(dropped) == 2
 
 
-def pod_source(*pods: PodMeta) -> PodMetadataWatch:
+def pod_source(*pods: PodMeta) -> View[PodMeta]:
     """A pod watch holding ``pods``, as if listed from the API (its loop is tested on its own)."""
-    watch = PodMetadataWatch("node-a", lambda source, kind: None)
+    watch = pod_watch("node-a", lambda source, kind: None)
     set_pods(watch, *pods)
-    watch.up = True
+    watch.informer.up = True
     return watch
 
 
-def set_pods(watch: PodMetadataWatch, *pods: PodMeta) -> None:
-    watch.items = {p.uid: p for p in pods}
-    watch.generation += 1
+def set_pods(watch: View[PodMeta], *pods: PodMeta) -> None:
+    watch._listed({p.uid: p for p in pods})  # what a list does
 
 
 @pytest.fixture

@@ -20,15 +20,6 @@ from podresources_server import FakeKubelet, short_socket_dir
 from test_attribution import MIB, UUIDS, gpu, meta, pod_source, proc, render, shares
 
 from gpumon.config import PodsConfig
-from gpumon.devices.model import GpuSample, MemoryInfo, MigInstance, PodGpuUsage, PodRef, SlowFields, Snapshot
-from gpumon.dra import (
-    NVIDIA_GPU_DRIVER,
-    RESOURCE_SLICES_PATH,
-    ClaimDevice,
-    ClaimRef,
-    DeviceRef,
-    slice_devices,
-)
 from gpumon.exporter import exposition
 from gpumon.exporter.attribution import PodAttribution, build_view, resolve_grants, usages, watched_resource
 from gpumon.exporter.attribution_metrics import AttributionMetrics, SourceState
@@ -37,7 +28,16 @@ from gpumon.exporter.dra_slices import PoolSlice, ResourceSliceWatch, device_ind
 from gpumon.exporter.pod_metadata import PodMeta
 from gpumon.exporter.podresources import api_pb2
 from gpumon.exporter.podresources_client import Assignment, DeviceAssignment, PodKey, PodResourcesClient
-from gpumon.kubeclient import KubeClient
+from gpumon.gpu.model import GpuSample, MemoryInfo, MigInstance, PodGpuUsage, PodRef, SlowFields, Snapshot
+from gpumon.k8s.dra import (
+    NVIDIA_GPU_DRIVER,
+    RESOURCE_SLICES_PATH,
+    ClaimDevice,
+    ClaimRef,
+    DeviceRef,
+    slice_devices,
+)
+from gpumon.kube.client import KubeClient
 
 NODE = "node-a"
 DRIVERS = frozenset({NVIDIA_GPU_DRIVER})
@@ -437,8 +437,8 @@ async def test_slices_are_watched_from_the_first_claim_and_late_devices_resolve(
 
         kubelet[0].pods = [claim_pod("train-0", "train-0-gpu", "gpu-2")]
         await attributor.refresh()
-        await until(lambda: slices.synced)
-        assert api.requests[0] == {"fieldSelector": f"spec.nodeName={NODE}"}
+        await until(lambda: slices.view.synced.is_set())
+        assert api.requests[0] == {"fieldSelector": f"spec.nodeName={NODE}", "limit": "500"}
         await attributor.refresh()
         assert attributor.attribute(gpus()) == ()  # gpu-2 is in no slice yet
         assert metrics.dra_unresolved == 1
@@ -483,7 +483,7 @@ async def test_an_api_without_resource_slices_is_unsupported_and_device_plugins_
     async with attributor.running():
         kubelet[0].pods = [plugin]
         await attributor.refresh()
-        await until(lambda: slices.failure == "not_found")
+        await until(lambda: slices.view.informer.failure == "not_found")
         await attributor.refresh()
         assert metrics.states["dra"] is SourceState.UNSUPPORTED
         assert metrics.errors()[("dra", "not_found")] >= 1

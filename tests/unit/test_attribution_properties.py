@@ -7,12 +7,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from metrics_text import parse, select
 
-from gpumon.devices.model import HEALTHY, FastFields, GpuIdentity, GpuSample, ProcessSample, Snapshot
 from gpumon.exporter.attribution import build_view, usages
 from gpumon.exporter.cgroups import ContainerKey
 from gpumon.exporter.exposition import render
 from gpumon.exporter.pod_metadata import PodMeta
-from gpumon.sharing import ContainerLimits
+from gpumon.gpu.model import HEALTHY, FastFields, GpuIdentity, GpuSample, ProcessSample, Snapshot
+from gpumon.k8s.sharing import ContainerLimits
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Float sums of scaled shares may pass the card by rounding, never by more.

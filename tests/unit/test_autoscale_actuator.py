@@ -21,21 +21,21 @@ from gpumon.controller.act.evict import Evictor
 from gpumon.controller.act.retry import RetryPolicy
 from gpumon.controller.configure import pool_from_config
 from gpumon.controller.core.backoff import Backoff
-from gpumon.controller.core.demand import PodDemand
-from gpumon.controller.core.objects import GpuResources, PdbView, PodView, from_rfc3339
-from gpumon.controller.core.pools import (
+from gpumon.controller.core.contract import (
     CA_MAX_ANNOTATION,
     DELETE_MACHINE_ANNOTATION,
     RECORD_ANNOTATION,
     REMOVING_ANNOTATION,
-    Pool,
-    PoolNode,
+)
+from gpumon.controller.core.contract.autoscaler import (
     Record,
     Removal,
     record_from_annotation,
     record_to_annotation,
 )
-from gpumon.controller.kube import Conflict, TooManyRequests
+from gpumon.controller.core.demand import PodDemand
+from gpumon.controller.core.objects import GpuResources, PdbView, PodView, from_rfc3339
+from gpumon.controller.core.pools import Pool, PoolNode
 from gpumon.controller.shell.autoscaler_loop import (
     AutoscaleMetrics,
     Autoscaler,
@@ -43,7 +43,9 @@ from gpumon.controller.shell.autoscaler_loop import (
     gpu_resources,
     set_replicas,
 )
-from gpumon.controller.shell.informer import Informer
+from gpumon.kube.client import Conflict, TooManyRequests
+from gpumon.kube.informer import Selection, View
+from gpumon.kube.registry import Informers
 
 GPU = "nvidia.com/gpu"
 NOW = 1_800_000_000.0
@@ -148,15 +150,17 @@ def autoscaler(
 ) -> Autoscaler:
     resources = gpu_resources(GpuResources(), [pool])
     clock = clock or Clock()
-    pods: Informer[PodView] = Informer(
-        kube, "/api/v1/pods", lambda o: None, name="pods", index=lambda p: p.node_name
+    informers = Informers()
+    pods: View[PodView] = informers.informer(Selection("/api/v1/pods")).view(
+        lambda o: None, name="pods", index=lambda p: p.node_name
     )
-    pdbs: Informer[PdbView] = Informer(
-        kube, "/apis/policy/v1/poddisruptionbudgets", lambda o: None, name="pdbs"
+    pdbs: View[PdbView] = informers.informer(Selection("/apis/policy/v1/poddisruptionbudgets")).view(
+        lambda o: None, name="pdbs"
     )
     return Autoscaler(
         kube,
         [pool],
+        informers=informers,
         pods=pods,
         pdbs=pdbs,
         recorder=EventRecorder(kube, instance="t", wall_clock=clock),
@@ -468,8 +472,8 @@ def test_pending_pods_informer_keeps_only_unschedulable_gpu_pods() -> None:
     obj = unschedulable(containers({GPU: "1"}))
     view = a.pending._convert(obj)
     assert view is not None and view.pending_since == from_rfc3339("2026-01-01T00:00:10Z")
-    assert a.pending._params == {"fieldSelector": "spec.nodeName=,status.phase=Pending"}
-    assert a.nodes["a"]._params == {"labelSelector": "pool=a"}
+    assert a.pending.informer.selection.params() == {"fieldSelector": "spec.nodeName=,status.phase=Pending"}
+    assert a.nodes["a"].informer.selection.params() == {"labelSelector": "pool=a"}
     assert a.pending._convert({**obj, "status": {"phase": "Pending"}}) is None
 
 
@@ -478,8 +482,8 @@ async def test_the_loop_stops_when_cancelled_as_a_change_wakes_it() -> None:
     # a controller stopping at that moment never did.
     pool = make_pool()
     a = autoscaler(ScaleKube(pool), pool)
-    for informer in (*a.informers, a._pods, a._pdbs):
-        informer.synced.set()
+    for view in (*a.views, a._pods, a._pdbs):
+        view.synced.set()
     task = asyncio.create_task(a.run())
     for _ in range(5):  # into its wait for a change
         await asyncio.sleep(0)

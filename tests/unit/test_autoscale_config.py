@@ -14,7 +14,7 @@ from gpumon.config.pools import PoolConfig
 from gpumon.controller.configure import pool_from_config
 from gpumon.controller.core.objects import Taint, from_rfc3339
 from gpumon.controller.core.pools import ScaleTarget, pool_node_from_json, scale_state
-from gpumon.selectors import Requirement, parse_selector
+from gpumon.k8s.selectors import Requirement, parse_selector
 
 GPU = "nvidia.com/gpu"
 

@@ -24,8 +24,8 @@ from gpumon.controller.core.demand import (
 )
 from gpumon.controller.core.objects import GpuResources, Taint, from_rfc3339
 from gpumon.controller.core.scale_plan import PoolInput, plan_pools
-from gpumon.resources import milli, units
-from gpumon.selectors import Requirement
+from gpumon.k8s.resources import milli, units
+from gpumon.k8s.selectors import Requirement
 
 GPU = "nvidia.com/gpu"
 MEM = "aliyun.com/gpu-mem"

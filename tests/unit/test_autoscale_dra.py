@@ -1,6 +1,6 @@
 """DRA demand: pending pods' ResourceClaims allocated on the devices a pool's template publishes
 (gpumon.controller.core.device_claims, gpumon.controller.core.demand), CEL selectors through
-gpumon.dra_cel, and what the planner makes of them. API objects are shaped as resource.k8s.io/v1
+gpumon.k8s.dra_cel, and what the planner makes of them. API objects are shaped as resource.k8s.io/v1
 answers them (defaults filled in by the API server: allocationMode, count)."""
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from gpumon.controller.core.device_claims import (
 )
 from gpumon.controller.core.objects import GpuResources
 from gpumon.controller.core.scale_plan import Action
-from gpumon.dra import DeviceRef, SliceDevice
-from gpumon.dra_cel import SelectorError, compile_selector
-from gpumon.resources import GPU_RESOURCE_NAMES, GPU_RESOURCE_PREFIXES
+from gpumon.k8s.dra import DeviceRef, SliceDevice
+from gpumon.k8s.dra_cel import SelectorError, compile_selector
+from gpumon.k8s.resources import GPU_RESOURCE_NAMES, GPU_RESOURCE_PREFIXES
 
 NS = "ml"
 GIB = 2**30
@@ -507,7 +507,7 @@ def test_without_dra_templates_claims_are_not_watched() -> None:
     from test_autoscale_actuator import ScaleKube, autoscaler
 
     a = autoscaler(ScaleKube(make_pool()), make_pool())
-    assert a.claims is None and a.device_classes is None and len(a.informers) == 2
+    assert a.claims is None and a.device_classes is None and len(a.views) == 2
 
 
 async def test_a_dra_node_has_its_gpus_once_its_slice_is_published() -> None:
@@ -518,14 +518,14 @@ async def test_a_dra_node_has_its_gpus_once_its_slice_is_published() -> None:
 
     from gpumon.controller.core.claims import PlacedDevice, SliceView
     from gpumon.controller.shell.autoscaler_loop import gpu_resources
-    from gpumon.controller.shell.informer import Informer
+    from gpumon.kube.informer import Informer, Selection, View
 
     pool = dra_pool(driver="example.com")
     assert "example.com" in gpu_resources(RESOURCES, [pool]).drivers
     kube = ScaleKube(pool, replicas=1)
     a = autoscaler(kube, pool)
-    slices: Informer[SliceView] = Informer(
-        kube, "/slices", lambda o: None, name="slices", index=lambda s: s.node
+    slices: View[SliceView] = Informer(Selection("/slices")).view(
+        lambda o: None, name="slices", index=lambda s: s.node
     )
     a._slices = slices
     node(a, "n0", created_at=actuator_now - 5)
@@ -547,7 +547,7 @@ def test_the_local_drivers_slice_as_a_pool_template(mig: dict[str, int]) -> None
     declares the devices a node of it publishes, with their attributes and capacities but not
     their UUIDs nor versions."""
     from gpumon.devcluster import nodes, resourceslices
-    from gpumon.dra import slice_devices
+    from gpumon.k8s.dra import slice_devices
 
     template = nodes.NodeTemplate(gpus=2, dra=True, mig=mig)
     pool = make_pool(template={"dra": resourceslices.pool_dra(template)})

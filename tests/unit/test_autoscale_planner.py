@@ -10,19 +10,15 @@ import pytest
 
 from gpumon.config.pools import PoolConfig
 from gpumon.controller.configure import pool_from_config
-from gpumon.controller.core.demand import PodDemand, Toleration
-from gpumon.controller.core.pools import (
-    CA_MAX_ANNOTATION,
-    CA_MIN_ANNOTATION,
-    RECORD_ANNOTATION,
-    Pool,
-    PoolNode,
+from gpumon.controller.core.contract import CA_MAX_ANNOTATION, CA_MIN_ANNOTATION, RECORD_ANNOTATION
+from gpumon.controller.core.contract.autoscaler import (
     Record,
     Removal,
-    ScaleState,
     record_from_annotation,
     record_to_annotation,
 )
+from gpumon.controller.core.demand import PodDemand, Toleration
+from gpumon.controller.core.pools import Pool, PoolNode, ScaleState
 from gpumon.controller.core.scale_plan import (
     SETTLE_SECONDS,
     Action,

@@ -9,8 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_autoscale_planner import NOW, make_pool, node, scale
 
+from gpumon.controller.core.contract.autoscaler import Record
 from gpumon.controller.core.demand import Packer, PodDemand, why_not_hosted
-from gpumon.controller.core.pools import Pool, PoolNode, Record
+from gpumon.controller.core.pools import Pool, PoolNode
 from gpumon.controller.core.scale_plan import Action, PoolInput, PoolPlan, plan_pools
 
 GPU = "nvidia.com/gpu"

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from gpumon.cli import main
-from gpumon.configfile import MAX_FILE_BYTES
+from gpumon.config.files import MAX_FILE_BYTES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -513,6 +513,13 @@ CASES: list[Case] = [
         "policy.rules[0]",
         "threshold: Input should be a number, not a boolean",
     ),
+    controller_config(
+        "controller-config-builtin-thermal-threshold",
+        y("policy:\n  rules:\n    - {name: thermal-degraded, threshold: 85}\n"),
+        "'thermal-degraded'",
+        "policy.rules[0]",
+        "threshold: a built-in rule judges a GPU as the exporters do, from policy.health",
+    ),
     controller(
         "controller-config-token-fifo",
         ("--config", C),
@@ -726,14 +733,7 @@ def test_bad_input_in_process(
         if name.startswith(("GPUMON_", "KUBERNETES_")) or name == "KUBECONFIG":
             monkeypatch.delenv(name)
     for name, value in case.env.items():
-        if name == "KUBECONFIG":
-            # The library reads $KUBECONFIG once, at import: set what it read.
-            monkeypatch.setattr(
-                "kubernetes_asyncio.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION",
-                _fill(value, tmp_path, 0),
-            )
-        else:
-            monkeypatch.setenv(name, _fill(value, tmp_path, busy_port))
+        monkeypatch.setenv(name, _fill(value, tmp_path, busy_port))
     monkeypatch.setattr("aiohttp.web.AppRunner", _tripwire)
     _materialise(case, tmp_path, busy_port, pem)
     argv = [_fill(a, tmp_path, busy_port) for a in case.full_argv()]

@@ -40,7 +40,7 @@ from bench.scale_fleet import GPUS_PER_NODE, NAMESPACE, bound_pods, gpu_pod_name
 from bench.signal_farm import Farm, make_app, node_snapshot, with_xid
 from gpumon.controller.shell.signal_sources.direct import DirectSettings, DirectSource
 from gpumon.controller.shell.signal_sources.endpoints import StaticEndpoints
-from gpumon.devices.model import HealthState, PodRef
+from gpumon.gpu.model import HealthState, PodRef
 
 
 async def wait_for(predicate: Callable[[], bool], what: str, seconds: float = 30.0) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumon import __version__, build, cli
+from gpumon import __version__, cli
+from gpumon.runtime import build
 
 
 def test_from_source_the_package_version_alone(tmp_path: Path) -> None:

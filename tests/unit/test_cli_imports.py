@@ -48,7 +48,7 @@ _NOT_IN_THE_RUNNING_EXPORTER = (
     "gpumon.config.controller",
     "gpumon.config.pools",
     "gpumon.config.rules",
-    "gpumon.dra_cel",
+    "gpumon.k8s.dra_cel",
     "celpy",
     "pydantic_settings",
     "dotenv",

@@ -9,7 +9,7 @@ import pytest
 
 from gpumon.config import ConfigError, ExporterConfig, load
 from gpumon.config.controller import ControllerConfig
-from gpumon.devices.model import HealthState
+from gpumon.gpu.model import HealthState
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ from controller_fakes import load_rules
 from gpumon.config import ConfigError, HealthConfig, load
 from gpumon.config.controller import ControllerConfig
 from gpumon.config.rules import builtin_rules, parse_duration
-from gpumon.gpu_health import HealthPolicy, Op, Scope, Severity, Signal
+from gpumon.gpu.health import HealthPolicy, Op, Scope, Severity, Signal
 
 
 def by_name(rules):
@@ -49,7 +49,7 @@ def test_builtin_override_is_merged_by_name_and_can_disable():
     rules = by_name(
         load_rules(
             inline=[
-                {"name": "thermal-degraded", "threshold": 80, "recoverAfter": "2m"},
+                {"name": "thermal-degraded", "for": "1m", "recoverAfter": "2m"},
                 {"name": "xid-degraded", "enabled": False},
             ]
         )
@@ -57,8 +57,8 @@ def test_builtin_override_is_merged_by_name_and_can_disable():
     assert "xid-degraded" not in rules
     t = rules["thermal-degraded"]
     assert (t.threshold, t.for_seconds, t.recover_after_seconds, t.signal) == (
-        80.0,
-        300.0,
+        87.0,
+        60.0,
         120.0,
         Signal.TEMPERATURE,
     )
@@ -161,6 +161,48 @@ def test_bad_rule_names_rule_and_field(rule, field, words):
 def test_bad_override_of_builtin_names_the_builtin():
     with pytest.raises(ConfigError, match=r"rule 'thermal-degraded'.*\n  threshold: "):
         load_rules(inline=[{"name": "thermal-degraded", "threshold": "warm"}])
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "value"),
+    [
+        ("thermal-degraded", "threshold", 85),
+        ("thermal-unhealthy", "op", ">"),
+        ("thermal-unhealthy", "severity", "degraded"),
+        ("xid-degraded", "severity", "unhealthy"),
+        ("xid-unhealthy", "xids", [79]),
+        ("gpu-lost", "scope", "node"),
+        ("ecc-uncorrectable", "signal", "gpu_lost"),
+    ],
+)
+def test_what_a_builtin_judges_is_the_health_section(tmp_path: Path, name: str, key: str, value: object):
+    # The exporters judge with policy.health too: a built-in re-judged by name would be a second
+    # judgement of one GPU. Refused wherever the override is written.
+    with pytest.raises(ConfigError, match=rf"rule {name!r} \(policy.rules\[0\]\):\n  {key}: .*policy.health"):
+        load_rules(inline=[{"name": name, key: value}])
+    f = tmp_path / "rules.yaml"
+    f.write_text(f"rules:\n  - {{name: {name}, {key}: {value!r}}}\n".replace("'", '"'))
+    with pytest.raises(ConfigError, match=rf"rule {name!r} \({f}: rules\[0\]\):\n  {key}: "):
+        load_rules(rules_file=f)
+
+
+def test_when_where_and_how_a_builtin_speaks_stay_the_controllers():
+    override = {"for": "10m", "recoverAfter": "1h", "nodeSelector": {"a": "b"}, "pools": ["p"]}
+    words = {"reason": "TooHot", "action": "check the fans"}
+    (rule,) = [
+        r
+        for r in load_rules(inline=[{"name": "thermal-degraded", **override, **words}])
+        if r.name == "thermal-degraded"
+    ]
+    assert (rule.threshold, rule.for_seconds, rule.reason) == (87.0, 600.0, "TooHot")
+    # Without the built-ins the name is free: the rule is the config's own.
+    (own,) = load_rules(
+        builtin=False,
+        inline=[
+            {"name": "thermal-degraded", "signal": "temperature", "threshold": 80, "severity": "degraded"}
+        ],
+    )
+    assert own.threshold == 80.0
 
 
 def test_unnamed_and_duplicate_rules(tmp_path: Path):

@@ -1,4 +1,4 @@
-"""gpumon.configfile reads a YAML document that is plain JSON with :mod:`json`, so a process whose
+"""gpumon.config.files reads a YAML document that is plain JSON with :mod:`json`, so a process whose
 only file is such a document (the exporter, as the Helm chart configures it) never imports yaml;
 anything JSON and YAML would read differently goes to YAML's parser and its messages."""
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from gpumon.configfile import ConfigError, parse_yaml
+from gpumon.config.files import ConfigError, parse_yaml
 
 SAME_EITHER_WAY = [
     '{"port": 9842, "pods": {"enabled": true, "resource_names": ["nvidia.com/gpu"]}}',
@@ -50,7 +50,7 @@ def test_what_json_and_yaml_read_differently_is_read_as_yaml() -> None:
 def test_reading_a_json_document_imports_no_yaml() -> None:
     probe = (
         "import sys\n"
-        "from gpumon.configfile import parse_yaml\n"
+        "from gpumon.config.files import parse_yaml\n"
         "assert parse_yaml('{\"port\": 1}', 'test') == {'port': 1}\n"
         "print('yaml' in sys.modules)\n"
     )

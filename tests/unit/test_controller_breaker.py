@@ -2,14 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpumon.controller.core.breaker import (
+from gpumon.controller.core.breaker import Candidate, PoolView, SafetyPolicy, admit, breaker_limit
+from gpumon.controller.core.contract.breakers import (
     BreakerTrip,
-    Candidate,
-    PoolView,
-    SafetyPolicy,
-    admit,
     breaker_key,
-    breaker_limit,
     breaker_to_annotation,
     breakers_from_annotations,
 )

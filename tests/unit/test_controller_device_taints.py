@@ -18,7 +18,7 @@ from gpumon.controller.core.device_taints import (
     wanted_rules,
 )
 from gpumon.controller.core.objects import NodeView
-from gpumon.dra import NVIDIA_GPU_DRIVER, DeviceRef
+from gpumon.k8s.dra import NVIDIA_GPU_DRIVER, DeviceRef
 
 
 def ref(device: str, pool: str = "n1") -> DeviceRef:

@@ -21,7 +21,7 @@ from gpumon.controller.core.drain_plan import DrainPolicy, plan_drain
 from gpumon.controller.core.objects import GpuResources, PodView, pod_from_json
 from gpumon.controller.core.plans import DrainPlan
 from gpumon.controller.core.verdicts import NodeVerdict
-from gpumon.dra import NVIDIA_GPU_DRIVER, ClaimRef, DeviceRef
+from gpumon.k8s.dra import NVIDIA_GPU_DRIVER, ClaimRef, DeviceRef
 
 DRIVERS = frozenset({NVIDIA_GPU_DRIVER})
 NODE = "n1"

@@ -11,11 +11,11 @@ from gpumon.controller.core.drain_plan import DrainPolicy, needs_drain, plan_dra
 from gpumon.controller.core.objects import GpuResources, PdbView, PodView, pdb_from_json, pod_from_json
 from gpumon.controller.core.plans import DrainTarget
 from gpumon.controller.core.signals import GpuReading, NodeReading
-from gpumon.controller.kube import KubeError, TooManyRequests
-from gpumon.devices.model import PodRef
-from gpumon.gpu_health import Severity
-from gpumon.selectors import LabelSelector
-from gpumon.sharing import CardRef
+from gpumon.gpu.health import Severity
+from gpumon.gpu.model import PodRef
+from gpumon.k8s.selectors import LabelSelector
+from gpumon.k8s.sharing import CardRef
+from gpumon.kube.client import KubeError, TooManyRequests
 
 
 def pod(name: str, *, uses_gpu: bool = True, phase: str = "Running", **kw) -> PodView:

@@ -5,7 +5,7 @@ from controller_fakes import FakeKube
 from gpumon.controller.act.events import MAX_TRIES, EventRecorder
 from gpumon.controller.core.objects import to_rfc3339
 from gpumon.controller.core.plans import Event, ObjectRef
-from gpumon.controller.kube import KubeError, Unreachable
+from gpumon.kube.client import KubeError, Unreachable
 
 
 class Clock:

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 from controller_fakes import FakeKube
 
-from gpumon.controller.kube import Conflict
 from gpumon.controller.shell.leader import LeaderElector, LeaderSettings, LeaseRecord, Step, decide
+from gpumon.kube.client import Conflict
 
 S = LeaderSettings(lease_duration_seconds=15, renew_deadline_seconds=10, retry_period_seconds=2)
 NS = "/apis/coordination.k8s.io/v1/namespaces/gpumon/leases"
@@ -151,7 +151,7 @@ async def test_a_failed_round_keeps_leadership_until_the_deadline():
     del api.objects[LEASE]  # gone: the next round creates it again
 
     def down(body):
-        from gpumon.controller.kube import Unreachable
+        from gpumon.kube.client import Unreachable
 
         raise Unreachable("connection refused")
 

@@ -7,6 +7,7 @@ from types import MappingProxyType
 import pytest
 from controller_fakes import load_rules
 
+from gpumon.controller.core.contract.node import GpuRecord
 from gpumon.controller.core.policy import (
     EMPTY_NODE_STATE,
     NODE_TARGET,
@@ -18,9 +19,9 @@ from gpumon.controller.core.policy import (
     signal_status,
 )
 from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading, XidSeen
-from gpumon.controller.core.verdicts import GpuRecord, SignalStatus
-from gpumon.devices.model import HealthReason, HealthState, HealthVerdict, RecoveryAction
-from gpumon.gpu_health import HealthPolicy, Severity
+from gpumon.controller.core.verdicts import SignalStatus
+from gpumon.gpu.health import HealthPolicy, Severity
+from gpumon.gpu.model import HealthReason, HealthState, HealthVerdict, RecoveryAction
 
 
 def gpu(index: int = 0, at: float = 0.0, **kw) -> GpuReading:

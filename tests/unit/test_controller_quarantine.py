@@ -8,18 +8,13 @@ from controller_fakes import FakeKube, finding, gpu_verdict, healthy, verdict
 from gpumon.controller.act.node_write import apply_node_write
 from gpumon.controller.act.retry import RetryPolicy
 from gpumon.controller.core import contract as c
-from gpumon.controller.core.node_plan import (
-    QuarantinePolicy,
-    drain_started_at,
-    plan_node,
-    records_from_json,
-    records_to_json,
-)
+from gpumon.controller.core.contract.node import GpuRecord, records_from_json, records_to_json
+from gpumon.controller.core.node_plan import QuarantinePolicy, drain_started_at, plan_node
 from gpumon.controller.core.objects import NodeView, node_from_json, to_rfc3339
 from gpumon.controller.core.plans import PlanKind
-from gpumon.controller.core.verdicts import GpuRecord, SignalStatus
-from gpumon.controller.kube import Conflict
-from gpumon.gpu_health import Severity
+from gpumon.controller.core.verdicts import SignalStatus
+from gpumon.gpu.health import Severity
+from gpumon.kube.client import Conflict
 
 PATH = "/api/v1/nodes/n1"
 OTHER_TAINT = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}

@@ -24,12 +24,13 @@ from gpumon.controller.core.node_plan import QuarantinePolicy
 from gpumon.controller.core.objects import PodView, node_from_json, to_rfc3339
 from gpumon.controller.core.policy import Policy
 from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading, XidSeen
-from gpumon.controller.kube import TooManyRequests
-from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
-from gpumon.controller.shell.remediation_loop import Reconciler, Settings
-from gpumon.devices.model import PodRef
-from gpumon.dra import NVIDIA_GPU_DRIVER, ClaimRef, DeviceRef
+from gpumon.controller.shell.remediation_loop import Reconciler, ReconcilerSettings
+from gpumon.gpu.model import PodRef
+from gpumon.k8s.dra import NVIDIA_GPU_DRIVER, ClaimRef, DeviceRef
+from gpumon.kube.client import TooManyRequests
+from gpumon.kube.informer import Selection, View
+from gpumon.kube.registry import Informers
 
 NS = "gpumon"
 CM = f"/api/v1/namespaces/{NS}/configmaps/gpumon-controller"
@@ -67,22 +68,29 @@ class World:
         self.api.add(CM, {"metadata": {"name": "gpumon-controller", "namespace": NS, "annotations": {}}})
         self.source = StaticSource()
         self.leader = leader
-        self.nodes: Informer[Any] = Informer(self.api, "/api/v1/nodes", node_from_json, name="nodes")
-        self.pods: Informer[PodView] = Informer(
-            self.api, "/p", lambda o: None, name="pods", index=lambda p: p.node_name
+        informers = Informers()
+        self.nodes: View[Any] = informers.informer(Selection("/api/v1/nodes")).view(
+            node_from_json, name="nodes"
         )
-        self.pdbs: Informer[Any] = Informer(self.api, "/b", lambda o: None, name="pdbs")
-        self.state: Informer[Any] = Informer(self.api, "/s", lambda o: None, name="state")
+        self.pods: View[PodView] = informers.informer(Selection("/p")).view(
+            lambda o: None, name="pods", index=lambda p: p.node_name
+        )
+        self.pdbs: View[Any] = informers.informer(Selection("/b")).view(lambda o: None, name="pdbs")
+        self.state: View[Any] = informers.informer(Selection("/s")).view(lambda o: None, name="state")
         self.state.update_local(f"{NS}/gpumon-controller", {}, "")
-        self.claims: Informer[Any] = Informer(self.api, "/c", lambda o: None, name="resourceclaims")
-        self.slices: Informer[Any] = Informer(
-            self.api, "/r", lambda o: None, name="resourceslices", index=lambda s: s.node
+        self.claims: View[Any] = informers.informer(Selection("/c")).view(
+            lambda o: None, name="resourceclaims"
+        )
+        self.slices: View[Any] = informers.informer(Selection("/r")).view(
+            lambda o: None, name="resourceslices", index=lambda s: s.node
         )
         self.metrics = ControllerMetrics(CollectorRegistry())
-        self.rules: Informer[RuleView] | None = None
+        self.rules: View[RuleView] | None = None
         if rules:
             self.api.creatable.add(RULES_PATH)
-            self.rules = Informer(self.api, RULES_PATH, rule_from_json, name="devicetaintrules")
+            self.rules = informers.informer(Selection(RULES_PATH)).view(
+                rule_from_json, name="devicetaintrules"
+            )
         self.reconciler = Reconciler(
             api=self.api,
             nodes=self.nodes,
@@ -96,7 +104,7 @@ class World:
             recorder=EventRecorder(self.api, instance="t", wall_clock=self.clock),
             evictor=Evictor(self.api, Backoff(jitter=0)),
             metrics=self.metrics,
-            settings=Settings(
+            settings=ReconcilerSettings(
                 policy=Policy(rules=load_rules(), stale_after_seconds=30),
                 quarantine=QuarantinePolicy(),
                 drain=DrainPolicy(),

@@ -43,7 +43,10 @@ from gpumon.controller.shell.signal_sources.prometheus import (
     queries_for,
     readings_from_results,
 )
-from gpumon.devices.model import (
+from gpumon.devices.simulated import SimulatedBackend, parse_fault
+from gpumon.exporter.server import make_app
+from gpumon.gpu.health import Op, Scope, Severity, Signal
+from gpumon.gpu.model import (
     FastFields,
     GpuIdentity,
     GpuSample,
@@ -57,9 +60,6 @@ from gpumon.devices.model import (
     Snapshot,
     XidEvent,
 )
-from gpumon.devices.simulated import SimulatedBackend, parse_fault
-from gpumon.exporter.server import make_app
-from gpumon.gpu_health import Op, Scope, Severity, Signal
 from gpumon.wire import v1 as wire
 
 # --- direct: pure ------------------------------------------------------------------------------

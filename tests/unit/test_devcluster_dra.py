@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gpumon import dra
 from gpumon.devcluster import nodes, podresources_server, resourceslices
+from gpumon.k8s import dra
 
 A100 = nodes.NodeTemplate(gpus=2, dra=True)
 MIG = nodes.NodeTemplate(gpus=1, dra=True, mig={"1g.10gb": 2, "3g.40gb": 1})

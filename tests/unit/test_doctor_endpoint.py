@@ -12,12 +12,12 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from gpumon.config import AuthConfig, ExporterConfig, SamplingConfig
-from gpumon.devices.model import Snapshot
 from gpumon.devices.simulated import SimulatedBackend
 from gpumon.doctor import endpoint
 from gpumon.doctor.endpoint import EndpointFacts, Reply
 from gpumon.doctor.result import CheckResult, Status
 from gpumon.exporter.server import make_app
+from gpumon.gpu.model import Snapshot
 from gpumon.wire import v1 as wire
 
 FAST = 0.1

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.devices.model import DriverInfo, GpuIdentity
 from gpumon.doctor import nvml
 from gpumon.doctor.nvml import GpuFacts, NvmlFacts
 from gpumon.doctor.result import Status
+from gpumon.gpu.model import DriverInfo, GpuIdentity
 
 has_driver = ctypes.util.find_library("nvidia-ml") is not None
 

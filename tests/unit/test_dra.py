@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon.dra import (
+from gpumon.k8s.dra import (
     GPU_TYPE,
     MIG_TYPE,
     NVIDIA_GPU_DRIVER,

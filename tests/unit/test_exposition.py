@@ -17,7 +17,18 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from self_metrics_in_use import self_metrics_in_use
 
-from gpumon.devices.model import (
+from gpumon.exporter.exposition import (
+    CONTENT_TYPE_OPENMETRICS,
+    CONTENT_TYPE_TEXT,
+    VARIANTS,
+    LineCache,
+    Profile,
+    Variant,
+    prerender_variants,
+    render,
+    snapshot_families,
+)
+from gpumon.gpu.model import (
     CLOCK_EVENT_REASONS,
     HEALTHY,
     DriverInfo,
@@ -34,17 +45,6 @@ from gpumon.devices.model import (
     RecoveryAction,
     SlowFields,
     Snapshot,
-)
-from gpumon.exporter.exposition import (
-    CONTENT_TYPE_OPENMETRICS,
-    CONTENT_TYPE_TEXT,
-    VARIANTS,
-    LineCache,
-    Profile,
-    Variant,
-    prerender_variants,
-    render,
-    snapshot_families,
 )
 
 GiB = 1024**3

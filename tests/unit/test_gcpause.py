@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from gpumon.gcpause import gc_paused
+from gpumon.runtime.gcpause import gc_paused
 
 
 def test_held_off_inside_given_back_after_even_on_error_and_left_to_the_outermost() -> None:

@@ -1,19 +1,18 @@
-"""The one judgement of a GPU (gpumon/gpu_health.py): its tables, its one converter from config,
-and that the exporter's verdict and the controller's rules agree on every Xid of the catalog
-under the same configuration."""
+"""The one judgement of a GPU (gpumon/gpu/health.py): its tables, its one converter from config,
+and that the exporter's verdict and the controller's rules agree on every Xid of the catalog and
+on a temperature under the same configuration."""
 
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_controller_policy import gpu, node
+from test_controller_policy import Run, gpu, node
 
 from gpumon.config import ExporterConfig, HealthConfig
 from gpumon.config.controller import ControllerConfig, PolicyConfig
 from gpumon.controller.configure import build_policy
 from gpumon.controller.core.policy import EMPTY_NODE_STATE, evaluate_node
-from gpumon.devices.model import HealthState, RecoveryAction, SlowFields, XidEvent
-from gpumon.gpu_health import (
+from gpumon.gpu.health import (
     ACTION_XIDS,
     INFORMATIONAL_XIDS,
     REASONS,
@@ -29,6 +28,7 @@ from gpumon.gpu_health import (
     judge,
     recommended_action,
 )
+from gpumon.gpu.model import FastFields, HealthState, RecoveryAction, SlowFields, XidEvent
 from gpumon.wire import v1 as wire
 
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -135,6 +135,33 @@ def test_exporter_verdict_and_controller_rules_agree_on_every_catalog_xid(
     assert named == {int(c) for r in exporter.reasons for c in r.detail.removeprefix("Xid ").split(", ")}
 
 
+@PROPERTY
+@given(
+    degraded=st.integers(min_value=60, max_value=100),
+    gap=st.integers(min_value=0, max_value=20),
+    temperature=st.integers(min_value=40, max_value=130),
+)
+def test_exporter_verdict_and_controller_rules_agree_on_a_temperature(
+    degraded: int, gap: int, temperature: int
+):
+    # The thermal thresholds, like the Xid classes, come from one health section: the exporter
+    # judges a temperature at once, the controller's thermal rules once it held for their `for`
+    # (5 minutes at most), and both then name the same severity.
+    health = HealthConfig(temperature_degraded_celsius=degraded, temperature_unhealthy_celsius=degraded + gap)
+    exporter = judge(
+        fast=FastFields(temperature_gpu_celsius=float(temperature)),
+        slow=None,
+        recent_xids=(),
+        lost=False,
+        now=0.0,
+        policy=health.policy(),
+    )
+    run = Run(build_policy(ControllerConfig(policy=PolicyConfig(health=health))))
+    for t in range(0, 361, 30):
+        controller = run(float(t), node(float(t), gpu(at=float(t), temperature_celsius=float(temperature))))
+    assert controller.verdict.severity is Severity.of(exporter.state)
+
+
 def test_a_storm_of_distinct_codes_gives_one_reason_per_class_within_the_wire_limit():
     # Issue #18: 64 distinct codes in the window gave 64 reasons, one gpumon_gpu_health_info
     # series each (507 on a stormed node), and a verdict the wire refused (MAX_REASONS = 32),
@@ -147,7 +174,9 @@ def test_a_storm_of_distinct_codes_gives_one_reason_per_class_within_the_wire_li
     ]
     assert verdict.reasons[0].detail == "Xid 74, 79"
     assert verdict.reasons[1].detail == "Xid " + ", ".join(map(str, range(200, 262)))
-    assert wire.verdict(verdict).reasons[0].detail == "Xid 74, 79", "within the wire's limits"
+    assert wire.Verdict.model_validate(verdict, from_attributes=True).reasons[0].detail == "Xid 74, 79", (
+        "within the wire's limits"
+    )
 
 
 @PROPERTY

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpumon.devices.model import MAX_DOCUMENTED_XID, XID_OTHER, GpuIdentity, HealthState, XidEvent
 from gpumon.exporter.gpu_state import GpuState, carry_over, to_sample, with_xids
-from gpumon.gpu_health import HealthPolicy
+from gpumon.gpu.health import HealthPolicy
+from gpumon.gpu.model import MAX_DOCUMENTED_XID, XID_OTHER, GpuIdentity, HealthState, XidEvent
 from gpumon.wire.v1 import MAX_XIDS_PER_GPU
 
 POLICY = HealthPolicy()

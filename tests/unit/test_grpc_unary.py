@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpumon.exporter.podresources import h2
-from gpumon.exporter.podresources.grpc_unary import CallFailed, Status, UnaryCall, grpc_timeout
+from gpumon.exporter.podresources.grpc_unary import CallFailed, GrpcStatus, UnaryCall, grpc_timeout
 from gpumon.exporter.podresources.h2 import ErrorCode, FrameType, frame
 from gpumon.exporter.podresources.hpack import Decoder, encode_literals
 
@@ -119,12 +119,12 @@ def test_an_empty_reply_is_a_message_of_no_bytes() -> None:
 @pytest.mark.parametrize(
     ("status", "text", "want"),
     [
-        (12, b"unknown service v1.PodResourcesLister", Status.UNIMPLEMENTED),
-        (7, b"refused%20by%20the%20test", Status.PERMISSION_DENIED),
-        (99, b"", Status.UNKNOWN),
+        (12, b"unknown service v1.PodResourcesLister", GrpcStatus.UNIMPLEMENTED),
+        (7, b"refused%20by%20the%20test", GrpcStatus.PERMISSION_DENIED),
+        (99, b"", GrpcStatus.UNKNOWN),
     ],
 )
-def test_trailers_only_carry_the_status(status: int, text: bytes, want: Status) -> None:
+def test_trailers_only_carry_the_status(status: int, text: bytes, want: GrpcStatus) -> None:
     fields = [
         (b":status", b"200"),
         (b"content-type", b"application/grpc"),
@@ -145,63 +145,72 @@ def test_trailers_only_carry_the_status(status: int, text: bytes, want: Status) 
     ("chunks", "want"),
     [
         # The server breaks HTTP/2.
-        ([b"HTTP/1.1 400 Bad Request\r\n\r\n"], Status.INTERNAL),  # a 4-MiB "frame": refused unread
-        ([OK_HEADERS], Status.INTERNAL),  # no SETTINGS first
-        ([SETTINGS + frame(FrameType.PUSH_PROMISE, h2.END_HEADERS, 1, b"\x00\x00\x00\x02")], Status.INTERNAL),
-        ([SETTINGS + frame(FrameType.DATA, 0, 3, b"x")], Status.INTERNAL),  # a stream nobody opened
-        ([SETTINGS + frame(FrameType.PING, 0, 0, b"short")], Status.INTERNAL),
-        ([SETTINGS + frame(FrameType.HEADERS, h2.END_HEADERS, 1, b"\x80")], Status.INTERNAL),  # HPACK index 0
-        ([SETTINGS + frame(FrameType.HEADERS, 0, 1, b"") + OK_HEADERS], Status.INTERNAL),  # no CONTINUATION
+        ([b"HTTP/1.1 400 Bad Request\r\n\r\n"], GrpcStatus.INTERNAL),  # a 4-MiB "frame": refused unread
+        ([OK_HEADERS], GrpcStatus.INTERNAL),  # no SETTINGS first
+        (
+            [SETTINGS + frame(FrameType.PUSH_PROMISE, h2.END_HEADERS, 1, b"\x00\x00\x00\x02")],
+            GrpcStatus.INTERNAL,
+        ),
+        ([SETTINGS + frame(FrameType.DATA, 0, 3, b"x")], GrpcStatus.INTERNAL),  # a stream nobody opened
+        ([SETTINGS + frame(FrameType.PING, 0, 0, b"short")], GrpcStatus.INTERNAL),
+        (
+            [SETTINGS + frame(FrameType.HEADERS, h2.END_HEADERS, 1, b"\x80")],  # HPACK index 0
+            GrpcStatus.INTERNAL,
+        ),
+        (
+            [SETTINGS + frame(FrameType.HEADERS, 0, 1, b"") + OK_HEADERS],  # no CONTINUATION
+            GrpcStatus.INTERNAL,
+        ),
         # The server breaks gRPC.
-        ([SETTINGS + message(b"x")], Status.INTERNAL),  # DATA before HEADERS
-        ([SETTINGS + OK_HEADERS + message(b"x", h2.END_STREAM)], Status.INTERNAL),  # no trailers
-        ([SETTINGS + OK_HEADERS + trailers(0)], Status.INTERNAL),  # OK without a message
-        ([SETTINGS + OK_HEADERS + message(b"x") + message(b"y")], Status.INTERNAL),  # two messages
-        ([SETTINGS + OK_HEADERS + frame(FrameType.DATA, 0, 1, b"\x01\x00\x00\x00\x00")], Status.INTERNAL),
-        ([SETTINGS + OK_HEADERS + message(b"x") + trailers(0, flags=h2.END_HEADERS)], Status.INTERNAL),
+        ([SETTINGS + message(b"x")], GrpcStatus.INTERNAL),  # DATA before HEADERS
+        ([SETTINGS + OK_HEADERS + message(b"x", h2.END_STREAM)], GrpcStatus.INTERNAL),  # no trailers
+        ([SETTINGS + OK_HEADERS + trailers(0)], GrpcStatus.INTERNAL),  # OK without a message
+        ([SETTINGS + OK_HEADERS + message(b"x") + message(b"y")], GrpcStatus.INTERNAL),  # two messages
+        ([SETTINGS + OK_HEADERS + frame(FrameType.DATA, 0, 1, b"\x01\x00\x00\x00\x00")], GrpcStatus.INTERNAL),
+        ([SETTINGS + OK_HEADERS + message(b"x") + trailers(0, flags=h2.END_HEADERS)], GrpcStatus.INTERNAL),
         (
             [SETTINGS + frame(FrameType.HEADERS, h2.END_HEADERS, 1, encode_literals([(b":status", b"200")]))],
-            Status.INTERNAL,  # no content-type
+            GrpcStatus.INTERNAL,  # no content-type
         ),
         (
             [
                 SETTINGS
                 + frame(FrameType.HEADERS, h2.END_HEADERS, 1, encode_literals([(b":status", b"9" * 5000)]))
             ],
-            Status.INTERNAL,  # a status int() would refuse: more digits than Python converts
+            GrpcStatus.INTERNAL,  # a status int() would refuse: more digits than Python converts
         ),
         # HTTP statuses and resets as gRPC maps them.
         (
             [SETTINGS + frame(FrameType.HEADERS, h2.END_HEADERS, 1, encode_literals([(b":status", b"404")]))],
-            Status.UNIMPLEMENTED,
+            GrpcStatus.UNIMPLEMENTED,
         ),
         (
             [SETTINGS + frame(FrameType.RST_STREAM, 0, 1, ErrorCode.REFUSED_STREAM.to_bytes(4, "big"))],
-            Status.UNAVAILABLE,
+            GrpcStatus.UNAVAILABLE,
         ),
         (
             [SETTINGS + frame(FrameType.RST_STREAM, 0, 1, ErrorCode.CANCEL.to_bytes(4, "big"))],
-            Status.CANCELLED,
+            GrpcStatus.CANCELLED,
         ),
-        ([SETTINGS + frame(FrameType.RST_STREAM, 0, 1, (0x77).to_bytes(4, "big"))], Status.INTERNAL),
+        ([SETTINGS + frame(FrameType.RST_STREAM, 0, 1, (0x77).to_bytes(4, "big"))], GrpcStatus.INTERNAL),
         # Going away: before our stream, or leaving it unfinished.
-        ([SETTINGS + frame(FrameType.GOAWAY, 0, 0, bytes(8) + b"shutting down")], Status.UNAVAILABLE),
+        ([SETTINGS + frame(FrameType.GOAWAY, 0, 0, bytes(8) + b"shutting down")], GrpcStatus.UNAVAILABLE),
         (
             [SETTINGS + frame(FrameType.GOAWAY, 0, 0, b"\x00\x00\x00\x01" + bytes(4)) + OK_HEADERS],
-            Status.UNAVAILABLE,
+            GrpcStatus.UNAVAILABLE,
         ),
-        ([SETTINGS + OK_HEADERS + message(b"abc")[:-1]], Status.UNAVAILABLE),  # closed mid-message
-        ([], Status.UNAVAILABLE),  # closed before anything
+        ([SETTINGS + OK_HEADERS + message(b"abc")[:-1]], GrpcStatus.UNAVAILABLE),  # closed mid-message
+        ([], GrpcStatus.UNAVAILABLE),  # closed before anything
     ],
 )
-def test_what_a_broken_server_sends_fails_the_call(chunks: list[bytes], want: Status) -> None:
+def test_what_a_broken_server_sends_fails_the_call(chunks: list[bytes], want: GrpcStatus) -> None:
     assert failure(*chunks).status == want
 
 
 def test_a_reply_beyond_the_bound_is_refused_at_its_prefix() -> None:
     prefix = frame(FrameType.DATA, 0, 1, b"\x00" + (MAX + 1).to_bytes(4, "big"))
     e = failure(SETTINGS + OK_HEADERS + prefix)
-    assert e.status == Status.RESOURCE_EXHAUSTED
+    assert e.status == GrpcStatus.RESOURCE_EXHAUSTED
 
 
 def test_data_beyond_the_window_is_refused() -> None:
@@ -214,7 +223,7 @@ def test_data_beyond_the_window_is_refused() -> None:
     with pytest.raises(CallFailed) as e:
         for _ in range(MAX // h2.MAX_FRAME_SIZE + 2):
             c.receive(chunk)
-    assert e.value.status == Status.RESOURCE_EXHAUSTED
+    assert e.value.status == GrpcStatus.RESOURCE_EXHAUSTED
     assert "window" in e.value.message
 
 
@@ -224,7 +233,7 @@ def test_endless_continuation_is_bounded() -> None:
     with pytest.raises(CallFailed) as e:
         for _ in range(100):
             c.receive(frame(FrameType.CONTINUATION, 0, 1, b"\x82" * 1000))
-    assert e.value.status == Status.RESOURCE_EXHAUSTED
+    assert e.value.status == GrpcStatus.RESOURCE_EXHAUSTED
 
 
 def test_an_oversized_frame_is_refused_from_its_header() -> None:
@@ -234,5 +243,5 @@ def test_an_oversized_frame_is_refused_from_its_header() -> None:
         c.receive(
             (h2.MAX_FRAME_SIZE + 1).to_bytes(3, "big") + bytes([FrameType.DATA, 0]) + b"\x00\x00\x00\x01"
         )
-    assert e.value.status == Status.INTERNAL
+    assert e.value.status == GrpcStatus.INTERNAL
     assert "16384" in e.value.message

@@ -38,8 +38,8 @@ from gpumon.controller.shell.signal_sources.direct import (
     spend_line,
 )
 from gpumon.controller.shell.signal_sources.endpoints import StaticEndpoints, _exporter_endpoint
-from gpumon.devices.model import GpuIdentity, GpuSample, HealthState, HealthVerdict, Snapshot
-from gpumon.tasks import cancel_and_wait
+from gpumon.gpu.model import GpuIdentity, GpuSample, HealthState, HealthVerdict, Snapshot
+from gpumon.runtime.tasks import cancel_and_wait
 from gpumon.wire import v1 as wire
 
 QUICK = Backoff(initial_seconds=0.01, max_seconds=0.01)

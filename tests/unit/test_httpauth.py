@@ -17,13 +17,13 @@ from aiohttp.test_utils import TestClient
 
 from gpumon.config import AuthConfig, KubernetesAuthConfig, TlsConfig
 from gpumon.config.controller import ControllerConfig
-from gpumon.configfile import ConfigError
+from gpumon.config.files import ConfigError
 from gpumon.httpauth import guard as guard_module
 from gpumon.httpauth import static as static_module
 from gpumon.httpauth.guard import guard
 from gpumon.httpauth.kubernetes import ACCESS_REVIEWS, TOKEN_REVIEWS, KubernetesReviewer, review_path, verb_of
 from gpumon.httpauth.tls import client_context, server_context
-from gpumon.tasks import Supervisor
+from gpumon.runtime.tasks import Supervisor
 
 Client = TestClient[Any, Any]
 MakeClient = Callable[..., Awaitable[Client]]
@@ -287,7 +287,7 @@ async def test_a_dying_token_reload_is_logged_counted_and_restarted(
         return read(path, what)
 
     monkeypatch.setattr(static_module, "read_config_bytes", broken_once)
-    caplog.set_level(logging.ERROR, logger="gpumon.tasks")
+    caplog.set_level(logging.ERROR, logger="gpumon.runtime.tasks")
     lifespan = g.lifespan(web.Application())
     await anext(lifespan)
     try:

@@ -1,38 +1,27 @@
-"""The NVML backend's functional core, fed with nvidia-ml-py's own constants and ctypes structs."""
+"""The NVML backend's functional core (convert, errors), fed with nvidia-ml-py's own constants and
+ctypes structs."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pynvml
 import pytest
 
 from gpumon.devices.backend import BackendUnavailable, GpuLostError
-from gpumon.devices.model import (
-    GpuIdentity,
-    MemoryInfo,
-    MigInstance,
-    ProcessSample,
-    Profiling,
-    RecoveryAction,
-    XidEvent,
-)
-from gpumon.devices.nvml import (
+from gpumon.devices.nvml.convert import (
     FI_GPU_RECOVERY_ACTION,
     GPM_METRICS,
     GPM_MIG_METRICS,
     THROTTLE_REASONS,
-    ErrorClass,
     canonical_bus_id,
-    classify_error,
     cuda_version,
-    error_kind,
     field_value,
     fold_process_utilization,
     gpm_value,
     gpu_instance_profiles,
     hertz,
-    init_failure_message,
     joules,
     memory_info,
     merge_enumeration,
@@ -46,7 +35,6 @@ from gpumon.devices.nvml import (
     process_samples,
     profiling,
     ratio,
-    read_failure,
     recovery_action,
     seconds,
     text,
@@ -54,6 +42,22 @@ from gpumon.devices.nvml import (
     vgpu_licensed,
     watts,
     xid_event,
+)
+from gpumon.devices.nvml.errors import (
+    ErrorClass,
+    classify_error,
+    error_kind,
+    init_failure_message,
+    read_failure,
+)
+from gpumon.gpu.model import (
+    GpuIdentity,
+    MemoryInfo,
+    MigInstance,
+    ProcessSample,
+    Profiling,
+    RecoveryAction,
+    XidEvent,
 )
 
 GiB = 2**30
@@ -555,6 +559,19 @@ def test_profiling_leaves_unanswered_metrics_out_and_names_them() -> None:
         "fp64_active_ratio": pynvml.NVML_ERROR_NOT_SUPPORTED,
         "fp16_active_ratio": pynvml.NVML_ERROR_UNKNOWN,
     }
+
+
+def test_profiling_leaves_non_finite_answers_out() -> None:
+    """NaN or infinity answered with success is no reading: the snapshot's strict JSON refuses it."""
+    ok = pynvml.NVML_SUCCESS
+    answer = [
+        ("sm_active_ratio", ok, math.nan),
+        ("dram_active_ratio", ok, math.inf),
+        ("tensor_active_ratio", ok, 25.0),
+    ]
+    result, failed = profiling(answer)
+    assert result == Profiling(tensor_active_ratio=0.25)
+    assert failed == {}
 
 
 @pytest.mark.parametrize(

@@ -12,10 +12,11 @@ from typing import Any
 from aiohttp import web
 from api_stand_in import until
 
-from gpumon import sharing
-from gpumon.exporter.list_watch import watch_wait
-from gpumon.exporter.pod_metadata import PodMetadataWatch, project_pod
-from gpumon.kubeclient import Credentials, KubeClient
+from gpumon.exporter.pod_metadata import pod_watch, project_pod
+from gpumon.k8s import sharing
+from gpumon.kube.client import KubeClient
+from gpumon.kube.credentials import Credentials
+from gpumon.kube.informer import watch_wait
 
 NODE = "gpu-node-1"
 
@@ -173,9 +174,9 @@ async def test_list_watch_resume_bookmark_and_relist_on_410(api_stand_in: Any) -
     )
     core = await api_stand_in(api)
     errors = Errors()
-    watch = PodMetadataWatch(NODE, errors, sleep=Delays().sleep)
+    watch = pod_watch(NODE, errors, sleep=Delays().sleep)
     generations = []
-    task = asyncio.create_task(watch.run(core))
+    task = asyncio.create_task(watch.informer.run(core))
     try:
         await until(lambda: len(api.requests) == 6)
         generations.append(watch.generation)
@@ -188,11 +189,11 @@ async def test_list_watch_resume_bookmark_and_relist_on_410(api_stand_in: Any) -
     assert [r.get("watch", "") for r in api.requests] == ["", "true", "true", "", "true", "true"]
     assert api.requests[1]["allowWatchBookmarks"] == "true"
     assert set(api.auth) == {"Bearer t0ken"}
-    assert sorted(p.name for p in watch.pods.values()) == ["b", "c"]
+    assert sorted(p.name for p in watch.items().values()) == ["b", "c"]
     # list, ADDED b, (MODIFIED a changed nothing), relist adds c, DELETED a
     assert generations == [4]
     assert errors == [("api", "expired")]
-    assert watch.synced
+    assert watch.synced.is_set()
 
 
 class Warnings(logging.Handler):
@@ -202,7 +203,7 @@ class Warnings(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.messages: list[str] = []
-        self.logger = logging.getLogger("gpumon.exporter.list_watch")
+        self.logger = logging.getLogger("gpumon.kube.informer")
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
@@ -225,21 +226,21 @@ async def test_rbac_refusal_backs_off_and_keeps_the_last_view(api_stand_in: Any)
     core = await api_stand_in(api)
     errors = Errors()
     delays = Delays(park_after=3)
-    watch = PodMetadataWatch(NODE, errors, sleep=delays.sleep)
+    watch = pod_watch(NODE, errors, sleep=delays.sleep)
     with Warnings() as warnings:
-        task = asyncio.create_task(watch.run(core))
+        task = asyncio.create_task(watch.informer.run(core))
         try:
             await until(lambda: len(delays) == 3)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-    # The watch is refused, then each relist: forbidden each time, 1 s, 2 s, 4 s apart.
+    # The watch is refused, then each watch again: forbidden each time, 1 s, 2 s, 4 s apart.
     assert errors == [("api", "forbidden")] * 3
     assert delays == [1.0, 2.0, 4.0]
-    assert not watch.up and watch.failure == "forbidden"
+    assert not watch.informer.up and watch.informer.failure == "forbidden"
     # One warning for the outage, not one per retry.
     assert warnings.messages == ["pod watch failed; retrying with backoff"]
-    assert list(watch.pods) == ["u1"]
+    assert list(watch.items()) == ["u1"]
 
 
 async def test_unreachable_api_is_counted() -> None:
@@ -252,30 +253,30 @@ async def test_unreachable_api_is_counted() -> None:
         await parked.wait()
 
     async with KubeClient(Credentials("http://127.0.0.1:9", None)) as api:
-        watch = PodMetadataWatch(NODE, errors, sleep=sleep)
-        task = asyncio.create_task(watch.run(api))
+        watch = pod_watch(NODE, errors, sleep=sleep)
+        task = asyncio.create_task(watch.informer.run(api))
         try:
             await until(lambda: len(delays) == 1)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
     assert errors == [("api", "unreachable")]
-    assert not watch.synced and watch.pods == {}
+    assert not watch.synced.is_set() and watch.items() == {}
 
 
 async def test_malformed_objects_are_skipped(api_stand_in: Any) -> None:
     api = FakeApi([listing("10", pod("a", "u1"), {"metadata": {"name": "no-uid"}})])
     core = await api_stand_in(api)
     errors = Errors()
-    watch = PodMetadataWatch(NODE, errors)
-    task = asyncio.create_task(watch.run(core))
+    watch = pod_watch(NODE, errors)
+    task = asyncio.create_task(watch.informer.run(core))
     try:
         await until(lambda: len(api.requests) == 2)
     finally:
         api.release.set()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-    assert list(watch.pods) == ["u1"]
+    assert list(watch.items()) == ["u1"]
     assert errors == [("api", "malformed_object")]
 
 
@@ -294,10 +295,8 @@ async def test_a_watch_that_ends_at_once_is_not_rewatched_in_a_tight_loop(api_st
     core = await api_stand_in(api)
     errors = Errors()
     delays = Delays(park_after=3)
-    watch = PodMetadataWatch(
-        NODE, errors, min_watch_interval_seconds=2.0, sleep=delays.sleep, clock=lambda: 50.0
-    )
-    task = asyncio.create_task(watch.run(core))
+    watch = pod_watch(NODE, errors, min_watch_interval_seconds=2.0, sleep=delays.sleep, clock=lambda: 50.0)
+    task = asyncio.create_task(watch.informer.run(core))
     try:
         await until(lambda: len(delays) == 3 or len(api.requests) > 4, within=5.0)
     finally:
@@ -308,3 +307,22 @@ async def test_a_watch_that_ends_at_once_is_not_rewatched_in_a_tight_loop(api_st
     assert [r.get("watch", "") for r in api.requests] == ["", "true", "true", "true"]
     assert delays == [2.0, 2.0, 2.0]
     assert errors == []
+
+
+async def test_a_watch_answered_again_is_up_before_any_event(api_stand_in: Any) -> None:
+    # Refused, then answered but quiet: the pod source is up again without waiting for an event
+    # (a quiet node's watch may carry none for minutes).
+    api = FakeApi([listing("10", pod("a", "u1")), status(403), events()])
+    core = await api_stand_in(api)
+    errors = Errors()
+    watch = pod_watch(NODE, errors, sleep=Delays().sleep)
+    task = asyncio.create_task(watch.informer.run(core))
+    try:
+        await until(lambda: len(api.requests) == 4)  # the one after the quiet watch hangs
+    finally:
+        api.release.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert errors == [("api", "forbidden")]
+    assert [r.get("resourceVersion") for r in api.requests] == [None, "10", "10", "10"]
+    assert watch.informer.up and watch.informer.failure is None

@@ -13,10 +13,10 @@ import pytest
 from podresources_server import pod_resources, serve, short_socket_dir
 
 from gpumon.config import PodsConfig
-from gpumon.dra import NVIDIA_GPU_DRIVER, ClaimDevice, ClaimRef, DeviceRef
 from gpumon.exporter.attribution import watched_resource
 from gpumon.exporter.podresources import api_pb2, api_pb2_grpc
 from gpumon.exporter.podresources_client import DeviceAssignment, PodResourcesClient, view_from_response
+from gpumon.k8s.dra import NVIDIA_GPU_DRIVER, ClaimDevice, ClaimRef, DeviceRef
 
 GPU0 = "GPU-7c1f2a9e-0d3b-4c5a-8e6f-1a2b3c4d5e6f"
 MIG = "MIG-3a2b1c0d-9e8f-4a7b-b6c5-d4e3f2a1b0c9"

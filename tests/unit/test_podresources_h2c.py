@@ -15,11 +15,11 @@ import grpc
 import pytest
 from podresources_server import pod_resources, serve, short_socket_dir
 
-from gpumon.dra import NVIDIA_GPU_DRIVER
 from gpumon.exporter.podresources import api_pb2, h2
 from gpumon.exporter.podresources.h2 import FrameType, frame
 from gpumon.exporter.podresources.hpack import encode_literals
 from gpumon.exporter.podresources_client import DeviceAssignment, PodResourcesClient
+from gpumon.k8s.dra import NVIDIA_GPU_DRIVER
 
 TIMEOUT = 0.5
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from protobuf_wire import field, length, varint
 
-from gpumon.dra import NVIDIA_GPU_DRIVER
 from gpumon.exporter.podresources import api_pb2
 from gpumon.exporter.podresources.protowire import DecodeError
 from gpumon.exporter.podresources.view import view_from_response
+from gpumon.k8s.dra import NVIDIA_GPU_DRIVER
 
 
 def watched(resource: str) -> bool:

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from gpumon.devices.model import Snapshot
 from gpumon.exporter.exposition import PRERENDER_SECONDS, RenderedMetrics, Variant
 from gpumon.exporter.render_thread import RenderThread
+from gpumon.gpu.model import Snapshot
 
 
 def snapshot(at: float) -> Snapshot:

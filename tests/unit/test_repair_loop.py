@@ -16,24 +16,25 @@ from gpumon.controller.act.evict import Evictor
 from gpumon.controller.act.retry import DEFAULT_RETRY
 from gpumon.controller.configure import pool_from_config
 from gpumon.controller.core import contract as c
-from gpumon.controller.core.breaker import BreakerTrip, SafetyPolicy
-from gpumon.controller.core.node_plan import records_to_json
-from gpumon.controller.core.objects import PodView, node_from_json, to_rfc3339
-from gpumon.controller.core.policy import Policy
-from gpumon.controller.core.repair_record import (
+from gpumon.controller.core.breaker import SafetyPolicy
+from gpumon.controller.core.contract.breakers import BreakerTrip
+from gpumon.controller.core.contract.node import GpuRecord, records_to_json
+from gpumon.controller.core.contract.repair import (
     Attempt,
-    Outcome,
+    AttemptOutcome,
+    LadderStep,
     RepairRecord,
-    Step,
     record_from_json,
     record_to_json,
 )
+from gpumon.controller.core.objects import PodView, node_from_json, to_rfc3339
+from gpumon.controller.core.policy import Policy
 from gpumon.controller.core.signals import GpuReading, NodeReading
-from gpumon.controller.core.verdicts import GpuRecord
-from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.repair_loop import RepairLoop, RepairMetrics, RepairSettings
-from gpumon.devices.model import HealthReason, HealthState, HealthVerdict, RecoveryAction
-from gpumon.gpu_health import Severity
+from gpumon.gpu.health import Severity
+from gpumon.gpu.model import HealthReason, HealthState, HealthVerdict, RecoveryAction
+from gpumon.kube.informer import Selection, View
+from gpumon.kube.registry import Informers
 
 T = 1_800_000_000.0
 NS = "gpumon-system"
@@ -65,9 +66,10 @@ def world(
 ) -> tuple[FakeKube, RepairLoop]:
     api = FakeKube()
     api.creatable.add(f"/apis/batch/v1/namespaces/{NS}/jobs")
-    nodes: Informer[Any] = Informer(api, "/api/v1/nodes", node_from_json, name="nodes")
-    pods_informer: Informer[PodView] = Informer(
-        api, "/p", lambda o: None, name="pods", index=lambda p: p.node_name
+    informers = Informers()
+    nodes: View[Any] = informers.informer(Selection("/api/v1/nodes")).view(node_from_json, name="nodes")
+    pods_informer: View[PodView] = informers.informer(Selection("/p")).view(
+        lambda o: None, name="pods", index=lambda p: p.node_name
     )
     record = GpuRecord("GPU-1", 1, "RecoveryGpuReset", Severity.UNHEALTHY, ("recovery-action",), T - 60, "")
     obj = api.add(
@@ -142,7 +144,13 @@ async def test_the_leader_writes_the_record_then_the_job_and_a_standby_nothing()
 
 def _failed_reset() -> dict[str, str]:
     attempt = Attempt(
-        Step.RESET, 1, ("GPU-1",), T - 50, Outcome.FAILED, ended_at=T - 10, detail="its Job failed"
+        LadderStep.RESET,
+        1,
+        ("GPU-1",),
+        T - 50,
+        AttemptOutcome.FAILED,
+        ended_at=T - 10,
+        detail="its Job failed",
     )
     return {c.ANNOTATION_REPAIR: record_to_json(RepairRecord((attempt,)))}
 
@@ -153,7 +161,7 @@ async def test_the_next_step_of_a_ladder_is_not_counted_again_but_an_open_breake
     api, loop = world(dry_run=False, annotations=_failed_reset(), safety=SafetyPolicy(breaker_min_nodes=1))
     await loop.round()
     posted = [b for m, p, b in api.calls if m == "POST" and p.endswith("/jobs")]
-    assert [j["metadata"]["labels"]["gpumon.io/repair-step"] for j in posted] == ["reboot"]
+    assert [j["metadata"]["labels"][c.LABEL_REPAIR_STEP] for j in posted] == ["reboot"]
     trip = {"h100": BreakerTrip("h100", T - 600, "a person said so")}
     api, loop = world(dry_run=False, annotations=_failed_reset(), breakers=trip)
     await loop.round()

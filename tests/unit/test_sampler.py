@@ -14,7 +14,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpumon.config import SamplingConfig
-from gpumon.devices.model import (
+from gpumon.devices.simulated import SimulatedBackend, parse_fault
+from gpumon.exporter.exposition import Profile
+from gpumon.exporter.sampler import XID_LOG_BURST, XID_LOG_WINDOW_SECONDS, Sampler, reopen_delay
+from gpumon.exporter.self_metrics import SelfMetrics
+from gpumon.exporter.watch_events import BackendChange, HealthChange
+from gpumon.gpu.health import HealthPolicy
+from gpumon.gpu.model import (
     DriverInfo,
     GpuSample,
     HealthState,
@@ -28,12 +34,6 @@ from gpumon.devices.model import (
     Snapshot,
     XidEvent,
 )
-from gpumon.devices.simulated import SimulatedBackend, parse_fault
-from gpumon.exporter.exposition import Profile
-from gpumon.exporter.sampler import XID_LOG_BURST, XID_LOG_WINDOW_SECONDS, Sampler, reopen_delay
-from gpumon.exporter.self_metrics import SelfMetrics
-from gpumon.exporter.watch_events import BackendChange, HealthChange
-from gpumon.gpu_health import HealthPolicy
 from gpumon.wire.v1 import MAX_XIDS_PER_GPU
 
 T0 = 1_800_000_000.0

@@ -21,13 +21,13 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpumon.config import AuthConfig, ConfigError, ExporterConfig, SamplingConfig
-from gpumon.devices.model import HealthState, XidEvent
 from gpumon.devices.nvml import NvmlBackend
 from gpumon.devices.simulated import SimulatedBackend, parse_fault
 from gpumon.devices.simulated_http import fault_routes
 from gpumon.exporter.command import build_backend
 from gpumon.exporter.self_metrics import SelfMetrics
 from gpumon.exporter.server import STATE, accepts_gzip, choose_format, make_app
+from gpumon.gpu.model import HealthState, XidEvent
 from gpumon.wire import v1 as wire
 
 Client = TestClient[Any, Any]

@@ -1,4 +1,4 @@
-"""Slow and greedy clients against the server both commands run (gpumon.serving), over raw
+"""Slow and greedy clients against the server both commands run (gpumon.runtime.serving), over raw
 sockets: issue #18 found 50 half-sent requests held open for 15 s and more, with no header
 timeout and no connection cap."""
 
@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from gpumon.config import ConfigError, ExporterConfig, ServerConfig, load
-from gpumon.serving import GuardedSite, app_runner, bind
+from gpumon.runtime.serving import GuardedSite, app_runner, bind
 
 HALF_SENT = b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: "
 

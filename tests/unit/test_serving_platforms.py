@@ -20,7 +20,7 @@ import pytest
 from metrics_text import free_port
 
 from gpumon import cli
-from gpumon.serving import STOP_SIGNALS, bind, stop_on_signals
+from gpumon.runtime.serving import STOP_SIGNALS, bind, stop_on_signals
 
 
 def _no_loop_signals(*_args: Any) -> None:

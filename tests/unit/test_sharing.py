@@ -7,15 +7,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gpumon.resources import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
-from gpumon.sharing import (
+from gpumon.k8s.resources import CGPU_CORE_RESOURCE, GPUSHARE_MEMORY_RESOURCE
+from gpumon.k8s.sharing import (
     GPUSHARE_ASSIGNED,
     GPUSHARE_INDEX,
     GPUSHARE_POD_MEMORY,
     HAMI_ALLOCATED,
     CardRef,
     SharedAllocation,
-    parse_quantity,
     pod_cards,
     shared_allocations,
 )
@@ -188,21 +187,17 @@ def test_empty_hami_annotation_is_no_allocation() -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "value"),
-    [
-        ("4", 4),
-        ("0", 0),
-        ("2k", 2000),
-        ("1Ki", 1024),
-        ("3Gi", 3 << 30),
-        (" 7 ", 7),
-        ("1.5", None),
-        ("x", None),
-        ("-1", None),
-    ],
+    ("limit", "gib"),
+    [("16", 16), ("+4", 4), ("4000m", 4), ("1e1", 10), ("1k", 1000), (" 7 ", 7)],
 )
-def test_parse_quantity(text: str, value: int | None) -> None:
-    assert parse_quantity(text) == value
+def test_a_gpushare_limit_is_read_in_the_one_quantity_grammar(limit: str, gib: int) -> None:
+    allocations, problems = gpushare({GPUSHARE_INDEX: "0"}, C("main", {MEM: limit}))
+    assert problems == [] and [a.memory_bytes for a in allocations] == [gib * GIB]
+
+
+@pytest.mark.parametrize("limit", ["1.5", "500m", "-1", "1e-3", "Gi", "16 Gi", "x"])
+def test_a_gpushare_limit_that_is_no_whole_number_of_units_is_a_problem(limit: str) -> None:
+    assert gpushare({GPUSHARE_INDEX: "0"}, C("main", {MEM: limit})) == ([], ["invalid_quantity"])
 
 
 def _pod(annotations: Mapping[str, str], *containers: tuple[str, Mapping[str, str]]) -> dict:

@@ -15,11 +15,11 @@ from aiohttp.web import RouteDef
 from gpumon.cli import main
 from gpumon.config import ExporterConfig
 from gpumon.devices.backend import DeviceBackend
-from gpumon.devices.model import RecoveryAction
 from gpumon.devices.nvml import NvmlBackend
 from gpumon.devices.simulated import SimulatedBackend
 from gpumon.devices.simulated_http import fault_routes
 from gpumon.exporter.server import make_app
+from gpumon.gpu.model import RecoveryAction
 
 MakeClient = Callable[..., Awaitable[TestClient[Any, Any]]]
 

@@ -9,7 +9,6 @@ import pytest
 
 from gpumon.config import ConfigError
 from gpumon.devices.backend import BackendUnavailable, GpuLostError
-from gpumon.devices.model import RecoveryAction
 from gpumon.devices.simulated import (
     MODELS,
     LostFault,
@@ -19,6 +18,7 @@ from gpumon.devices.simulated import (
     load_scenario,
     parse_fault,
 )
+from gpumon.gpu.model import RecoveryAction
 
 MiB = 1 << 20
 T0 = 1_800_000_000.0

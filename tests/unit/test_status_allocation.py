@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpumon import sharing
-from gpumon.devices.model import (
+from gpumon.gpu.model import (
     HEALTHY,
     FastFields,
     GpuIdentity,
@@ -18,6 +17,7 @@ from gpumon.devices.model import (
     PodRef,
     Snapshot,
 )
+from gpumon.k8s import sharing
 from gpumon.status import render
 from gpumon.status.allocation import (
     IDLE,

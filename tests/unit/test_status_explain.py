@@ -9,9 +9,9 @@ from status_builders import at, event, node, pod, record, snapshot_doc, state
 
 from gpumon.config.controller import ControllerConfig
 from gpumon.controller.configure import build_policy
-from gpumon.controller.core.breaker import BreakerTrip, breaker_to_annotation
+from gpumon.controller.core.contract.breakers import BreakerTrip, breaker_to_annotation
 from gpumon.controller.core.objects import pdb_from_json
-from gpumon.gpu_health import Severity
+from gpumon.gpu.health import Severity
 from gpumon.status.explain import build_explanation
 from gpumon.status.model import Explanation
 
@@ -173,7 +173,13 @@ def test_latest_signals_from_the_exporters_snapshot() -> None:
 def test_the_repair_ladder_tried_so_far_and_what_comes_next() -> None:
     from rich.console import Console
 
-    from gpumon.controller.core.repair_record import Attempt, Outcome, RepairRecord, Step, record_to_json
+    from gpumon.controller.core.contract.repair import (
+        Attempt,
+        AttemptOutcome,
+        LadderStep,
+        RepairRecord,
+        record_to_json,
+    )
     from gpumon.status import render
 
     n = node(NAME, records=(record(1),), quarantined_ago=900, state="rebooting")
@@ -181,9 +187,15 @@ def test_the_repair_ladder_tried_so_far_and_what_comes_next() -> None:
     ladder = RepairRecord(
         (
             Attempt(
-                Step.RESET, 1, ("GPU-1",), t0, Outcome.TIMED_OUT, ended_at=t0 + 600, detail="not finished"
+                LadderStep.RESET,
+                1,
+                ("GPU-1",),
+                t0,
+                AttemptOutcome.TIMED_OUT,
+                ended_at=t0 + 600,
+                detail="not finished",
             ),
-            Attempt(Step.REBOOT, 2, ("",), t0 + 610),
+            Attempt(LadderStep.REBOOT, 2, ("",), t0 + 610),
         )
     )
     n["metadata"]["annotations"]["gpumon.io/repair"] = record_to_json(ladder)

@@ -9,11 +9,13 @@ from status_builders import NOW, RESOURCES, at, event, node, pod, record, state
 
 from gpumon.config.pools import PoolConfig, TargetConfig, TemplateConfig
 from gpumon.controller.configure import pool_from_config
-from gpumon.controller.core.breaker import BreakerTrip, breaker_to_annotation
+from gpumon.controller.core.contract import RECORD_ANNOTATION
+from gpumon.controller.core.contract.autoscaler import Record, record_to_annotation
+from gpumon.controller.core.contract.breakers import BreakerTrip, breaker_to_annotation
 from gpumon.controller.core.objects import pdb_from_json
-from gpumon.controller.core.pools import RECORD_ANNOTATION, Record, ScaleState, record_to_annotation
+from gpumon.controller.core.pools import ScaleState
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
-from gpumon.gpu_health import Severity
+from gpumon.gpu.health import Severity
 from gpumon.status.fleet import build_fleet, gpu_counts, problems_of
 from gpumon.status.metrics import controller_status
 from gpumon.status.model import GpuCounts

@@ -4,7 +4,7 @@ from collections.abc import Callable
 
 import pytest
 
-from gpumon.tasks import Supervisor, cancel_and_wait
+from gpumon.runtime.tasks import Supervisor, cancel_and_wait
 
 
 async def test_cancels_and_waits_for_every_task() -> None:
@@ -65,7 +65,7 @@ async def _until(predicate: Callable[[], bool]) -> None:
 async def test_a_task_that_dies_is_logged_counted_restarted_and_shown(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="gpumon.tasks")
+    caplog.set_level(logging.ERROR, logger="gpumon.runtime.tasks")
     clock = Clock()
     restarts: list[str] = []
     runs: list[int] = []

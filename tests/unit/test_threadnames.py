@@ -1,4 +1,4 @@
-"""Threads named at the OS level (gpumon/threadnames.py), so per-thread CPU can be read from
+"""Threads named at the OS level (gpumon/runtime/threadnames.py), so per-thread CPU can be read from
 /proc/PID/task/*/stat: the exporter's threads are told apart there by name."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.threadnames import name_os_thread
+from gpumon.runtime.threadnames import name_os_thread
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc names are Linux's")
 

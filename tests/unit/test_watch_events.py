@@ -3,7 +3,9 @@ it falls behind (gpumon.exporter.watchers)."""
 
 from __future__ import annotations
 
-from gpumon.devices.model import (
+from gpumon.exporter.watch_events import BackendChange, HealthChange, watch_events
+from gpumon.exporter.watchers import Watcher
+from gpumon.gpu.model import (
     FastFields,
     GpuIdentity,
     GpuSample,
@@ -15,8 +17,6 @@ from gpumon.devices.model import (
     Snapshot,
     XidEvent,
 )
-from gpumon.exporter.watch_events import BackendChange, HealthChange, watch_events
-from gpumon.exporter.watchers import Watcher
 
 
 def _xid13(at: float) -> XidEvent:

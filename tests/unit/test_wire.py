@@ -4,11 +4,12 @@ outside the schema or its limits is refused with a kind to count, never half-rea
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from gpumon.devices.model import (
+from gpumon.gpu.model import (
     DriverInfo,
     FastFields,
     GpuIdentity,
@@ -26,6 +27,7 @@ from gpumon.devices.model import (
     Snapshot,
     XidEvent,
 )
+from gpumon.k8s.dra import ClaimDevice, ClaimRef, DeviceRef
 from gpumon.wire import v1 as wire
 
 BAD = HealthVerdict(
@@ -134,7 +136,7 @@ def test_a_gpu_line_carries_the_numbers_the_policy_reads() -> None:
         False,
     )
     assert [(x.code, x.at) for x in g.xids] == [(13, 1699999990.5), (79, 1699999999.75)]
-    assert g.pods == (wire.pod(POD.ref),) and wire.health_verdict(g.health) == BAD
+    assert tuple(map(wire.pod_ref, g.pods)) == (POD.ref,) and wire.health_verdict(g.health) == BAD
     assert lost.lost and lost.temperature_celsius is None and lost.ecc_uncorrected is None and lost.pods == ()
     # NVML's number, as a number; unknown (not NONE) for the lost GPU.
     assert (g.recovery_action, lost.recovery_action) == (RecoveryAction.DRAIN_AND_RESET, None)
@@ -214,6 +216,37 @@ def test_writers_truncate_what_can_grow_so_readers_never_refuse_it() -> None:
     assert wire.parse_watch_line(wire.encode(line)) == line
     doc = wire.snapshot_document(big)
     assert len(doc.pods) == wire.MAX_PODS and wire.parse_snapshot(wire.encode(doc)) == doc
+
+
+def test_the_snapshot_bounds_nvlink_counters_and_claims_and_its_writer_keeps_within_them() -> None:
+    counters = {(link, kind): 1 for link in range(100) for kind in ("replay", "recovery", "crc")}
+    device = DeviceRef("gpu.nvidia.com", "n1", "gpu-0")
+    claims = tuple(ClaimDevice(ClaimRef("ml", f"c{i}"), device) for i in range(99))
+    big = Snapshot(
+        "n1",
+        None,
+        (sample(0, slow=SlowFields(nvlink_errors=counters)),),
+        (replace(POD, claims=claims),),
+        1.0,
+        True,
+        True,
+    )
+    doc = wire.snapshot_document(big)
+    slow = doc.gpus[0].slow
+    assert slow is not None and len(slow.nvlink_errors) == wire.MAX_NVLINK_COUNTERS
+    assert (slow.nvlink_errors[0].link, slow.nvlink_errors[0].kind) == (0, "crc"), "sorted by link, kind"
+    assert doc.pods[0].claims == tuple(
+        wire.Claim.model_validate(c, from_attributes=True) for c in claims[: wire.MAX_NAMES]
+    )
+    assert wire.parse_snapshot(wire.encode(doc)) == doc
+    raw = json.loads(wire.encode(doc))
+    raw["gpus"][0]["slow"]["nvlink_errors"] *= 2
+    with pytest.raises(wire.WireError, match="nvlink_errors"):
+        wire.parse_snapshot(json.dumps(raw).encode())
+    raw = json.loads(wire.encode(doc))
+    raw["pods"][0]["claims"] *= 2
+    with pytest.raises(wire.WireError, match="claims"):
+        wire.parse_snapshot(json.dumps(raw).encode())
 
 
 def test_lines_are_split_without_buffering_past_the_limit() -> None:

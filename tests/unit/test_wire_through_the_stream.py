@@ -16,10 +16,10 @@ from gpumon.config import ExporterConfig, HealthConfig, SamplingConfig
 from gpumon.controller.core.policy import EMPTY_NODE_STATE, Policy, evaluate_node
 from gpumon.controller.core.signals import NodeReading, XidSeen
 from gpumon.controller.shell.signal_sources.direct import DirectSettings, DirectSource
-from gpumon.devices.model import HealthState
 from gpumon.devices.simulated import SimulatedBackend, parse_fault
 from gpumon.exporter.server import make_app
-from gpumon.gpu_health import HealthPolicy, Severity
+from gpumon.gpu.health import HealthPolicy, Severity
+from gpumon.gpu.model import HealthState
 
 # The backend's clock runs two minutes behind the exporter's: an Xid keeps the backend's time,
 # and the exporter's 60 s window (its own verdict) no longer decides what the controller does.

@@ -3,8 +3,8 @@ interval during a storm, nothing lost or reordered (issue #18)."""
 
 from __future__ import annotations
 
-from gpumon.devices.model import XidEvent
 from gpumon.exporter.xid_handover import Handover
+from gpumon.gpu.model import XidEvent
 
 INTERVAL = 0.1
 

@@ -19,7 +19,7 @@ python -m venv .build-windows
 & .build-windows\Scripts\python -m pip install --quiet . "pyinstaller>=6.10,<7"
 if ($LASTEXITCODE -ne 0) { throw "pip install failed" }
 
-# What `gpumon version` reports (gpumon/build.py), as deploy/image/Containerfile bakes it on Linux.
+# What `gpumon version` reports (gpumon/runtime/build.py), as deploy/image/Containerfile bakes it on Linux.
 # WriteAllText: UTF-8 without a byte-order mark, which Windows PowerShell's Set-Content would add.
 $BuildDir = New-Item -ItemType Directory -Force (Join-Path $env:TEMP "gpumon-build")
 $Build = Join-Path $BuildDir "build.json"
@@ -30,7 +30,7 @@ $Build = Join-Path $BuildDir "build.json"
 & .build-windows\Scripts\pyinstaller --noconfirm --clean --console --name gpumon `
   --distpath dist --workpath build\pyinstaller `
   --collect-submodules gpumon --collect-data gpumon `
-  --collect-submodules kubernetes_asyncio --collect-submodules pynvml `
+  --collect-submodules pynvml `
   --add-data "$Build;gpumon" `
   deploy\image\windows\entry.py
 if ($LASTEXITCODE -ne 0) { throw "pyinstaller failed" }

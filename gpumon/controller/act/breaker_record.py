@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpumon.controller.core.breaker import BreakerTrip, breaker_to_annotation
-from gpumon.controller.kube import KubeApi, NotFound
+from gpumon.controller.core.contract.breakers import BreakerTrip, breaker_to_annotation
+from gpumon.kube.client import KubeApi, NotFound
 
 
 async def record_breaker(api: KubeApi, namespace: str, name: str, trip: BreakerTrip) -> Mapping[str, Any]:

@@ -14,7 +14,7 @@ from gpumon.controller.core.device_taints import (
     RuleView,
     rule_from_json,
 )
-from gpumon.controller.kube import Conflict, KubeApi, NotFound
+from gpumon.kube.client import Conflict, KubeApi, NotFound
 
 
 async def served(api: KubeApi) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from gpumon.controller.core.objects import to_rfc3339
 from gpumon.controller.core.plans import Event
-from gpumon.controller.kube import KubeApi, KubeError
+from gpumon.kube.client import KubeApi, KubeError
 
 log = logging.getLogger(__name__)
 

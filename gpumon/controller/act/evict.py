@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from gpumon.controller.act.retry import DEFAULT_RETRY, Outcome, RetryPolicy, outcome
 from gpumon.controller.core.plans import DrainTarget
-from gpumon.controller.kube import KubeApi, KubeError
+from gpumon.kube.client import KubeApi, KubeError
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 
-from gpumon.controller.core.pools import DELETE_MACHINE_ANNOTATION, PoolNode, ScaleTarget
-from gpumon.controller.kube import KubeApi, NotFound
+from gpumon.controller.core.contract import DELETE_MACHINE_ANNOTATION
+from gpumon.controller.core.pools import PoolNode, ScaleTarget
+from gpumon.kube.client import KubeApi, NotFound
 
 
 async def mark_for_deletion(api: KubeApi, node: PoolNode, target: ScaleTarget) -> None:

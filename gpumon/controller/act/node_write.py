@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpumon.controller.act.retry import DEFAULT_RETRY, RetryPolicy, write_replanned
+from gpumon.controller.core import contract as c
 from gpumon.controller.core.objects import NodeView, node_from_json, to_rfc3339
 from gpumon.controller.core.plans import NodeWrite
-from gpumon.controller.core.pools import REMOVING_ANNOTATION
-from gpumon.controller.kube import KubeApi
+from gpumon.kube.client import KubeApi
 
 
 def node_path(name: str) -> str:
@@ -42,12 +42,12 @@ async def apply_node_write(
 
 async def cordon_for_removal(api: KubeApi, node: str, now: float) -> None:
     body = {
-        "metadata": {"annotations": {REMOVING_ANNOTATION: to_rfc3339(now)}},
+        "metadata": {"annotations": {c.REMOVING_ANNOTATION: to_rfc3339(now)}},
         "spec": {"unschedulable": True},
     }
     await api.patch(node_path(node), body)
 
 
 async def uncordon(api: KubeApi, node: str) -> None:
-    body = {"metadata": {"annotations": {REMOVING_ANNOTATION: None}}, "spec": {"unschedulable": None}}
+    body = {"metadata": {"annotations": {c.REMOVING_ANNOTATION: None}}, "spec": {"unschedulable": None}}
     await api.patch(node_path(node), body)

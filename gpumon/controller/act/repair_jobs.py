@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpumon.controller.core import contract as c
-from gpumon.controller.core.repair_record import RepairRecord, record_to_json
-from gpumon.controller.kube import Conflict, Json, KubeApi, NotFound
+from gpumon.controller.core.contract.repair import RepairRecord, record_to_json
+from gpumon.kube.client import Conflict, Json, KubeApi, NotFound
 
 
 def jobs_path(namespace: str) -> str:

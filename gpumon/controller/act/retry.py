@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from gpumon.controller.core.backoff import Backoff
-from gpumon.controller.kube import Conflict, KubeError
+from gpumon.kube.client import Conflict, KubeError
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""A pool target's ``/scale``: read it, set its replicas, and keep the autoscaler's record on it.
+"""A pool target's ``/scale``: set its replicas, and keep the autoscaler's record on it (both
+read back by :func:`gpumon.controller.read.read_scale`).
 
 Both writes are JSON merge patches guarded by the resourceVersion that was read, so a
 concurrent change answers 409 and the round is planned again (:mod:`.retry`); replicas are
@@ -7,20 +8,10 @@ written as an explicit integer, so 0 is written, not dropped.
 
 from __future__ import annotations
 
-from gpumon.controller.core.pools import (
-    RECORD_ANNOTATION,
-    Record,
-    ScaleState,
-    ScaleTarget,
-    record_to_annotation,
-    scale_state,
-)
-from gpumon.controller.kube import KubeApi
-
-
-async def read_scale(api: KubeApi, target: ScaleTarget) -> ScaleState:
-    obj = await api.get(target.path)
-    return scale_state(obj, await api.get(target.scale_path))
+from gpumon.controller.core.contract import RECORD_ANNOTATION
+from gpumon.controller.core.contract.autoscaler import Record, record_to_annotation
+from gpumon.controller.core.pools import ScaleTarget
+from gpumon.kube.client import KubeApi
 
 
 async def set_replicas(api: KubeApi, target: ScaleTarget, replicas: int, resource_version: str) -> str:

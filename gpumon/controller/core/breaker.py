@@ -10,13 +10,12 @@ refused: updates and recovery of quarantined nodes always proceed.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpumon.controller.core.contract import BREAKER_ANNOTATION_PREFIX
-from gpumon.controller.core.objects import from_rfc3339, to_rfc3339
+from gpumon.controller.core.contract.breakers import BreakerTrip
+from gpumon.controller.core.objects import to_rfc3339
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,13 +27,6 @@ class SafetyPolicy:
     breaker_window_seconds: float = 3600.0
     rate_limit_max: int = 5
     rate_limit_window_seconds: float = 600.0
-
-
-@dataclass(frozen=True, slots=True)
-class BreakerTrip:
-    pool: str
-    opened_at: float
-    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,29 +107,3 @@ def admit(
         admitted.append(cand.node)
         per_pool[cand.pool] = per_pool.get(cand.pool, 0) + 1
     return Admission(frozenset(admitted), refused, tuple(tripped.values()), retry_at)
-
-
-def breaker_key(pool: str) -> str:
-    return BREAKER_ANNOTATION_PREFIX + pool
-
-
-def breaker_to_annotation(trip: BreakerTrip) -> tuple[str, str]:
-    value = json.dumps({"openedAt": to_rfc3339(trip.opened_at), "reason": trip.reason}, separators=(",", ":"))
-    return breaker_key(trip.pool), value
-
-
-def breakers_from_annotations(annotations: Mapping[str, str]) -> dict[str, BreakerTrip]:
-    """Open breakers recorded on the ConfigMap; an unreadable value still counts as open."""
-    out: dict[str, BreakerTrip] = {}
-    for key, value in annotations.items():
-        if not key.startswith(BREAKER_ANNOTATION_PREFIX):
-            continue
-        pool = key.removeprefix(BREAKER_ANNOTATION_PREFIX)
-        try:
-            doc = json.loads(value)
-            opened = from_rfc3339(str(doc["openedAt"])) or 0.0
-            reason = str(doc.get("reason", ""))
-        except (ValueError, KeyError, TypeError):
-            opened, reason = 0.0, f"recorded as {value!r}"
-        out[pool] = BreakerTrip(pool, opened, reason)
-    return out

@@ -1,9 +1,9 @@
 """Which pods hold which GPUs through Dynamic Resource Allocation. Pure: no I/O.
 
-A pod names its ResourceClaims (:func:`gpumon.dra.pod_claims`); the scheduler writes each
-claim's allocation as (driver, pool, device) triples (:func:`gpumon.dra.claim_devices`); the
+A pod names its ResourceClaims (:func:`gpumon.k8s.dra.pod_claims`); the scheduler writes each
+claim's allocation as (driver, pool, device) triples (:func:`gpumon.k8s.dra.claim_devices`); the
 driver's ResourceSlices say which GPU each device is or is carved from
-(:attr:`gpumon.dra.SliceDevice.card_uuid`). Put together, a pod *holds* a GPU when one of its
+(:attr:`gpumon.k8s.dra.SliceDevice.card_uuid`). Put together, a pod *holds* a GPU when one of its
 claims is allocated a device on it: a whole GPU, or a MIG device whose parent it is. Every pod
 naming a claim holds its devices, so a claim shared by several pods takes all of them along.
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumon.controller.core.objects import PodView
-from gpumon.dra import ClaimRef, DeviceRef, claim_devices, newest_generation, slice_devices
+from gpumon.k8s.dra import ClaimRef, DeviceRef, claim_devices, newest_generation, slice_devices
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +125,7 @@ def pod_holds(
     allocated: Mapping[str, ClaimView],
     devices: Mapping[DeviceRef, PlacedDevice],
 ) -> tuple[DeviceHold, ...]:
-    """The GPU devices a pod holds through ``claims`` (its :func:`gpumon.dra.pod_claims`);
+    """The GPU devices a pod holds through ``claims`` (its :func:`gpumon.k8s.dra.pod_claims`);
     ``allocated`` holds the claims' views by ``namespace/name`` (``str(ClaimRef)``), as the
     cache keys them. A claim missing there holds no GPU device (yet)."""
     out: list[DeviceHold] = []

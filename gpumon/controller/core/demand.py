@@ -29,8 +29,8 @@ from gpumon.controller.core.device_claims import (
     resolve,
 )
 from gpumon.controller.core.objects import GpuResources, Taint
-from gpumon.dra import ClaimRef, pod_claims
-from gpumon.resources import (
+from gpumon.k8s.dra import ClaimRef, pod_claims
+from gpumon.k8s.resources import (
     CGPU_CORE_RESOURCE,
     CGPU_CORE_STEP,
     GPUSHARE_MEMORY_RESOURCE,
@@ -40,7 +40,7 @@ from gpumon.resources import (
     milli,
     units,
 )
-from gpumon.selectors import Requirement
+from gpumon.k8s.selectors import Requirement
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -151,7 +151,7 @@ class PodDemand:
     claim_refs: tuple[ClaimRef, ...] = ()
     claims_missing: bool = False
     claims: tuple[ClaimDemand, ...] = ()
-    refused: Refusal | None = None
+    refused: SchedulerRefusal | None = None
 
     @property
     def key(self) -> str:
@@ -167,7 +167,7 @@ class PodDemand:
 
 
 @dataclass(frozen=True, slots=True)
-class Refusal:
+class SchedulerRefusal:
     """Why no GPU scheduler would ever place a pod, whatever the node: never demand, reported."""
 
     kind: str  # a metric label, one of REFUSAL_KINDS
@@ -177,7 +177,7 @@ class Refusal:
 REFUSAL_KINDS = ("cgpu_core_step", "dra_unsupported", "dra_unevaluable")
 
 
-def refusal(pod: PodDemand, templates: Iterable[Template] = ()) -> Refusal | None:
+def refusal(pod: PodDemand, templates: Iterable[Template] = ()) -> SchedulerRefusal | None:
     """Why the pod is never demand, or None.
 
     - Its DRA claims use a form the planner does not evaluate, or a selector that does not
@@ -193,10 +193,10 @@ def refusal(pod: PodDemand, templates: Iterable[Template] = ()) -> Refusal | Non
         for template in templates:
             why = template.dra.unevaluable(pod.claims) if template.dra is not None else None
             if why is not None:
-                return Refusal("dra_unevaluable", why + ": not counted as demand")
+                return SchedulerRefusal("dra_unevaluable", why + ": not counted as demand")
     core = pod.card_core
     if core and core % (CGPU_CORE_STEP * 1000):
-        return Refusal(
+        return SchedulerRefusal(
             REFUSAL_KINDS[0],
             f"asks {units(core)} % of a card's cores ({CGPU_CORE_RESOURCE}); cGPU only takes multiples "
             f"of {CGPU_CORE_STEP}, so no node would run it: not counted as demand",
@@ -393,7 +393,7 @@ def with_claims(
     resolved = resolve(present, classes)
     if resolved and isinstance(resolved[0], str):
         kind, why = resolved
-        return replace(pod, refused=Refusal(str(kind), f"{why}: not counted as demand"))
+        return replace(pod, refused=SchedulerRefusal(str(kind), f"{why}: not counted as demand"))
     return replace(pod, claims=tuple(c for c in resolved if isinstance(c, ClaimDemand)))
 
 

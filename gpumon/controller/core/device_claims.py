@@ -1,7 +1,7 @@
 """What pending pods ask for through Dynamic Resource Allocation, and whether a node template's
 devices give it to them. Pure: no I/O.
 
-A pod names ResourceClaims (:func:`gpumon.dra.pod_claims`); each claim asks for devices in
+A pod names ResourceClaims (:func:`gpumon.k8s.dra.pod_claims`); each claim asks for devices in
 requests, each request for ``count`` devices of a DeviceClass (``allocationMode: ExactCount``)
 or for all of them on the node (``All``), narrowed by CEL selectors in the class and in the
 request. The scheduler allocates every claim of a pod from the devices of one node. The planner
@@ -10,7 +10,7 @@ publish), with the exact forms below, and nothing else:
 
 - ``exactly`` requests, ``ExactCount`` (``count``, default 1) or ``All`` (at least one device);
 - CEL selectors, in the DeviceClass and in the request, evaluated on the template's devices by a
-  real CEL implementation (compiled outside the core, :mod:`gpumon.dra_cel`, and handed in as
+  real CEL implementation (compiled outside the core, :mod:`gpumon.k8s.dra_cel`, and handed in as
   :class:`Selector` values). An error on any device (a missing attribute, an unknown function,
   a non-boolean result) makes the pod unevaluable, as it stops the scheduler's allocation;
 - one device per allocation: template devices declare no consumable capacity. A whole GPU and
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumon.dra import SliceDevice
+from gpumon.k8s.dra import SliceDevice
 
 Compile = Callable[[str], Callable[[SliceDevice], bool]]
 """Expression -> predicate; both raise ValueError (an expression that does not compile, a device

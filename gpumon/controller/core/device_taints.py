@@ -21,23 +21,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpumon.controller.core import contract as c
 from gpumon.controller.core.claims import SliceView
-from gpumon.controller.core.contract import ANNOTATION_UNHEALTHY_GPUS, TAINT_KEY
-from gpumon.controller.core.node_plan import records_from_json
+from gpumon.controller.core.contract.node import node_records
 from gpumon.controller.core.objects import NodeView
-from gpumon.dra import DeviceRef, newest_generation
-from gpumon.gpu_health import Severity
+from gpumon.gpu.health import Severity
+from gpumon.k8s.dra import DeviceRef, newest_generation
 
 API_VERSION = "resource.k8s.io/v1beta2"
 GROUP_VERSION_PATH = "/apis/resource.k8s.io/v1beta2"
 RESOURCE = "devicetaintrules"
 RULES_PATH = f"{GROUP_VERSION_PATH}/{RESOURCE}"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY = "gpumon"
-SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
-# Annotations, not labels: a node's name may be longer than a label value may be.
-NODE_ANNOTATION = "gpumon.io/node"
-GPU_ANNOTATION = "gpumon.io/gpu-uuid"
+SELECTOR = f"{c.MANAGED_BY_LABEL}={c.MANAGED_BY}"
 EFFECT = "NoSchedule"
 
 
@@ -59,7 +54,7 @@ class RuleView:
 def rule_from_json(obj: Mapping[str, Any]) -> RuleView:
     meta = obj.get("metadata") or {}
     return RuleView(
-        str(meta.get("name") or ""), str((meta.get("annotations") or {}).get(NODE_ANNOTATION, ""))
+        str(meta.get("name") or ""), str((meta.get("annotations") or {}).get(c.RULE_NODE_ANNOTATION, ""))
     )
 
 
@@ -79,8 +74,8 @@ class WantedRule:
             "kind": "DeviceTaintRule",
             "metadata": {
                 "name": self.name,
-                "labels": {MANAGED_BY_LABEL: MANAGED_BY},
-                "annotations": {NODE_ANNOTATION: self.node, GPU_ANNOTATION: self.gpu_uuid},
+                "labels": {c.MANAGED_BY_LABEL: c.MANAGED_BY},
+                "annotations": {c.RULE_NODE_ANNOTATION: self.node, c.RULE_GPU_ANNOTATION: self.gpu_uuid},
             },
             "spec": {
                 "deviceSelector": {
@@ -88,7 +83,7 @@ class WantedRule:
                     "pool": self.ref.pool,
                     "device": self.ref.device,
                 },
-                "taint": {"key": TAINT_KEY, "value": Severity.UNHEALTHY.value, "effect": EFFECT},
+                "taint": {"key": c.TAINT_KEY, "value": Severity.UNHEALTHY.value, "effect": EFFECT},
             },
         }
 
@@ -99,7 +94,7 @@ def wanted_rules(node: str, view: NodeView | None, slices: Iterable[SliceView]) 
     have no PreferNoSchedule, and the node's taint for them is only a preference."""
     if view is None:
         return ()
-    records = records_from_json(view.annotations.get(ANNOTATION_UNHEALTHY_GPUS))
+    records = node_records(view)
     bad = {r.uuid for r in records if r.uuid and r.severity is Severity.UNHEALTHY}
     if not bad:
         return ()

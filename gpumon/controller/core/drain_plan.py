@@ -1,7 +1,7 @@
 """Which pods leave a quarantined node (pure), and the Eviction API calls that move them.
 
 Partial drain: when the exporter says which pods use which GPU, or sharing annotations say
-which card a shared pod holds (gpushare, cGPU, HAMi: :func:`gpumon.sharing.pod_cards`), or a
+which card a shared pod holds (gpushare, cGPU, HAMi: :func:`gpumon.k8s.sharing.pod_cards`), or a
 pod's ResourceClaims hold DRA devices on known GPUs (:mod:`.claims`), only the pods on the bad
 GPUs go, plus any GPU pod placed on no GPU (it might be on a bad one; a DirectX pod names no
 card, so it is one; so is a DRA pod holding a device no ResourceSlice describes). Otherwise
@@ -25,7 +25,7 @@ from gpumon.controller.core.objects import PdbView, PodView, pdbs_covering
 from gpumon.controller.core.plans import DrainPlan, DrainTarget
 from gpumon.controller.core.signals import NodeReading
 from gpumon.controller.core.verdicts import NodeVerdict
-from gpumon.gpu_health import Severity
+from gpumon.gpu.health import Severity
 
 
 class Escalation(enum.StrEnum):

@@ -9,13 +9,21 @@ or a gpumon-keyed taint that was there before, and on recovery puts back exactly
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gpumon.controller.core import contract as c
+from gpumon.controller.core.contract.node import (
+    GpuRecord,
+    is_excluded,
+    is_quarantined,
+    node_records,
+    preexisting_taints,
+    preexisting_taints_to_json,
+    records_to_json,
+)
 from gpumon.controller.core.objects import (
     NodeCondition,
     NodeView,
@@ -24,8 +32,8 @@ from gpumon.controller.core.objects import (
     to_rfc3339,
 )
 from gpumon.controller.core.plans import NO_PLAN, Event, NodePlan, NodeWrite, ObjectRef, PlanKind
-from gpumon.controller.core.verdicts import GpuRecord, NodeVerdict, SignalStatus, records_of
-from gpumon.gpu_health import Severity
+from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus, records_of
+from gpumon.gpu.health import Severity
 
 _OUR_ANNOTATIONS = (
     c.ANNOTATION_UNHEALTHY_GPUS,
@@ -47,19 +55,6 @@ def node_ref(view: NodeView) -> ObjectRef:
     return ObjectRef("Node", view.name)
 
 
-def is_quarantined(view: NodeView) -> bool:
-    return c.ANNOTATION_QUARANTINED_AT in view.annotations
-
-
-def is_excluded(view: NodeView) -> bool:
-    return view.labels.get(c.LABEL_EXCLUDE) == "true"
-
-
-def quarantined_at(view: NodeView) -> float | None:
-    text = view.annotations.get(c.ANNOTATION_QUARANTINED_AT)
-    return from_rfc3339(text) if text else None
-
-
 def drain_started_at(view: NodeView, now: float) -> float:
     """When the current drain began: kept while the node stays ``draining``, else now."""
     if view.labels.get(c.LABEL_STATE) == c.NodePhase.DRAINING:
@@ -72,58 +67,6 @@ def drain_started_at(view: NodeView, now: float) -> float:
 
 def taint_effect(severity: Severity) -> str:
     return "NoSchedule" if severity is Severity.UNHEALTHY else "PreferNoSchedule"
-
-
-# ---------------------------------------------------------------------------------------------
-# The gpumon.io/unhealthy-gpus annotation
-
-
-def records_to_json(records: tuple[GpuRecord, ...]) -> str:
-    return json.dumps(
-        [
-            {
-                "uuid": r.uuid,
-                "index": r.index,
-                "reason": r.reason,
-                "severity": r.severity.value,
-                "rules": list(r.rules),
-                "firstSeen": to_rfc3339(r.first_seen),
-                "evidence": r.evidence,
-            }
-            for r in records
-        ],
-        separators=(",", ":"),
-    )
-
-
-def records_from_json(text: str | None) -> tuple[GpuRecord, ...]:
-    """Entries gpumon wrote; anything unreadable (edited by hand, say) is skipped."""
-    if not text:
-        return ()
-    try:
-        raw = json.loads(text)
-    except ValueError:
-        return ()
-    out = []
-    for e in raw if isinstance(raw, list) else ():
-        try:
-            first_seen = from_rfc3339(str(e["firstSeen"]))
-            if first_seen is None:
-                continue
-            out.append(
-                GpuRecord(
-                    uuid=str(e["uuid"]),
-                    index=None if e.get("index") is None else int(e["index"]),
-                    reason=str(e["reason"]),
-                    severity=Severity(e["severity"]),
-                    rules=tuple(str(r) for r in e.get("rules") or ()),
-                    first_seen=first_seen,
-                    evidence=str(e.get("evidence", "")),
-                )
-            )
-        except (KeyError, TypeError, ValueError):
-            continue
-    return tuple(out)
 
 
 def _describe(r: GpuRecord) -> str:
@@ -171,19 +114,10 @@ def _with_ours(view: NodeView, taint: Taint) -> tuple[Taint, ...]:
     return tuple(out) if taint in out else (*out, taint)
 
 
-def _preexisting_taints(view: NodeView) -> tuple[Taint, ...]:
-    text = view.annotations.get(c.ANNOTATION_TAINT_PREEXISTING)
-    try:
-        raw = json.loads(text) if text else []
-        return tuple(Taint.from_json(t) for t in raw)
-    except (ValueError, TypeError, AttributeError):
-        return ()
-
-
 def _stable_records(view: NodeView, wanted: tuple[GpuRecord, ...]) -> tuple[GpuRecord, ...]:
     """Keep what is written when only evidence drifted, so a warm GPU does not cause a write
     per evaluation."""
-    current = records_from_json(view.annotations.get(c.ANNOTATION_UNHEALTHY_GPUS))
+    current = node_records(view)
     if [r.identity for r in current] == [r.identity for r in wanted]:
         return current
     return wanted
@@ -220,7 +154,7 @@ def _quarantine_desired(
         ),
     }
     if first and current_ours:
-        annotations[c.ANNOTATION_TAINT_PREEXISTING] = json.dumps([t.to_json() for t in current_ours])
+        annotations[c.ANNOTATION_TAINT_PREEXISTING] = preexisting_taints_to_json(current_ours)
     if phase is c.NodePhase.DRAINING:
         annotations[c.ANNOTATION_DRAIN_STARTED_AT] = to_rfc3339(drain_started_at(view, now))
     else:
@@ -242,7 +176,7 @@ def _recovery_desired(view: NodeView, now: float, policy: QuarantinePolicy) -> _
     if view.gpu_condition is not None:
         condition = _with_transition(view, "False", c.RECOVERED_REASON, "all GPUs healthy", now)
     return _Desired(
-        taints=(*_others(view), *_preexisting_taints(view)),
+        taints=(*_others(view), *preexisting_taints(view)),
         unschedulable=False if we_cordoned else view.unschedulable,
         label_state=None,
         annotations=dict.fromkeys(_OUR_ANNOTATIONS),
@@ -335,9 +269,7 @@ def plan_node(
         if not quarantined:
             return NO_PLAN
         write = _write(view, _recovery_desired(view, now, policy))
-        gpus = "; ".join(
-            _describe(r) for r in records_from_json(view.annotations.get(c.ANNOTATION_UNHEALTHY_GPUS))
-        )
+        gpus = "; ".join(_describe(r) for r in node_records(view))
         event = Event(
             ref,
             "GpuRecovered",

@@ -13,14 +13,19 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from gpumon.controller.core.contract import CONDITION_TYPE, MIRROR_POD_ANNOTATION
-from gpumon.dra import NVIDIA_GPU_DRIVER, ClaimRef, pod_claims
-from gpumon.resources import GPU_RESOURCE_NAMES, GPU_RESOURCE_PREFIXES
-from gpumon.selectors import LabelSelector
-from gpumon.sharing import CardRef, pod_cards
+from gpumon.controller.core.contract import (
+    BREAKER_ANNOTATION_PREFIX,
+    CONDITION_TYPE,
+    KEY_PREFIX,
+    MIRROR_POD_ANNOTATION,
+)
+from gpumon.k8s.dra import NVIDIA_GPU_DRIVER, ClaimRef, pod_claims
+from gpumon.k8s.resources import GPU_RESOURCE_NAMES, GPU_RESOURCE_PREFIXES
+from gpumon.k8s.selectors import LabelSelector
+from gpumon.k8s.sharing import CardRef, pod_cards
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
-_KEPT_ANNOTATION_PREFIXES = ("gpumon.io/", "breaker.gpumon.io/")
+_KEPT_ANNOTATION_PREFIXES = (KEY_PREFIX, BREAKER_ANNOTATION_PREFIX)
 
 
 def to_rfc3339(ts: float) -> str:

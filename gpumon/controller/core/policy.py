@@ -24,9 +24,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from gpumon.controller.core.contract import LABEL_POOL
+from gpumon.controller.core.contract.node import GpuRecord
 from gpumon.controller.core.signals import GpuReading, NodeReading
-from gpumon.controller.core.verdicts import Finding, GpuRecord, GpuVerdict, NodeVerdict, SignalStatus
-from gpumon.gpu_health import (
+from gpumon.controller.core.verdicts import Finding, GpuVerdict, NodeVerdict, SignalStatus
+from gpumon.gpu.health import (
     RECOVERY_REASONS,
     HealthPolicy,
     Op,
@@ -67,7 +69,7 @@ class Rule:
     scope: Scope = Scope.GPU
     reason: str | None = None  # None: from the signal (or the Xid's class)
     action: str | None = None  # None: from the reason
-    # xid rules: these codes; None: every code whose class (gpu_health.classify_xid) is this severity.
+    # xid rules: these codes; None: every code whose class (gpu.health.classify_xid) is this severity.
     xids: frozenset[int] | None = None
     query: str | None = None  # promql rules
     node_selector: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
@@ -82,13 +84,13 @@ class Rule:
 @dataclass(frozen=True, slots=True)
 class Policy:
     rules: tuple[Rule, ...]
-    # The one judgement shared with the exporter (gpu_health): Xid classes with their per-code
+    # The one judgement shared with the exporter (gpumon.gpu.health): Xid classes with their per-code
     # overrides, and how long an Xid counts after it was seen (its xid_window_seconds).
     health: HealthPolicy = field(default_factory=HealthPolicy)
     stale_after_seconds: float = 60.0
     flap_window_seconds: float = 3600.0
     flap_max_onsets: int = 3
-    pool_label: str = "gpumon.io/pool"
+    pool_label: str = LABEL_POOL
     # Recovery hysteresis for rules restored from a node's annotation whose rule is gone.
     default_recover_after_seconds: float = 900.0
     # How soon to look again at a pending rule whose `for` is due but not yet proven by data.
@@ -189,7 +191,7 @@ def _xid_matches(rule: Rule, code: int, classes: HealthPolicy) -> bool:
 
 
 def _xid_reason(codes: list[int], classes: HealthPolicy) -> str:
-    # The reason the exporter's verdict names first for these codes (gpu_health's one order).
+    # The reason the exporter's verdict names first for these codes (gpu.health's one order).
     ranked = actionable_xids(codes, classes)
     return ranked[0][1].reason if ranked else default_reason(Signal.XID)
 

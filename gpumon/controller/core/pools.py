@@ -1,19 +1,17 @@
 """GPU node pools: the frozen values the planner works with, the views of cluster objects it
-reads, and the codec of what it remembers on each target. Pure: no I/O. Their declarations in
-config are gpumon.config.pools; gpumon.controller.configure turns those into these values.
+reads. Pure: no I/O. Their declarations in config are gpumon.config.pools;
+gpumon.controller.configure turns those into these values.
 
 A pool is a ``/scale`` target (a Cluster API MachineDeployment, MachineSet or MachinePool, or
 any object with a scale subresource), the label selector of its nodes, and the template of a
 node it adds. What the autoscaler must remember between rounds (which pods a scale-up was
 for, which quarantined nodes got a replacement, when it last scaled, a scale-down under way)
-is kept on the target itself, in the annotation :data:`RECORD_ANNOTATION`, so a restarted or
-new leader carries on where the last one stopped.
+is kept on the target itself (:mod:`gpumon.controller.core.contract.autoscaler`), so a
+restarted or new leader carries on where the last one stopped.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -23,21 +21,9 @@ from gpumon.controller.core import contract as c
 from gpumon.controller.core.demand import Template
 from gpumon.controller.core.objects import from_rfc3339
 from gpumon.controller.core.repair_jobs import PoolRepair
-from gpumon.resources import milli
+from gpumon.k8s.resources import milli
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
-
-DELETE_MACHINE_ANNOTATION = "cluster.x-k8s.io/delete-machine"
-MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"
-MACHINE_NAMESPACE_ANNOTATION = "cluster.x-k8s.io/cluster-namespace"
-# cluster-autoscaler's Cluster API provider reads these: their presence means it manages the pool.
-CA_MIN_ANNOTATION = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size"
-CA_MAX_ANNOTATION = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size"
-
-RECORD_ANNOTATION = "gpumon.io/autoscaler"
-# On a Node being scaled down: when gpumon cordoned it to drain it.
-REMOVING_ANNOTATION = "gpumon.io/scale-down-started-at"
-
 
 # ---------------------------------------------------------------------------------------------
 # Frozen values
@@ -120,7 +106,7 @@ def pool_node_from_json(obj: Mapping[str, Any], template: Template) -> PoolNode:
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
     allocatable = (obj.get("status") or {}).get("allocatable") or {}
-    removing = annotations.get(REMOVING_ANNOTATION)
+    removing = annotations.get(c.REMOVING_ANNOTATION)
     return PoolNode(
         name=str(meta.get("name", "")),
         created_at=from_rfc3339(str(meta.get("creationTimestamp", ""))) or 0.0,
@@ -129,10 +115,10 @@ def pool_node_from_json(obj: Mapping[str, Any], template: Template) -> PoolNode:
         excluded=labels.get(c.LABEL_EXCLUDE) == "true",
         unschedulable=bool(spec.get("unschedulable", False)),
         deleting=meta.get("deletionTimestamp") is not None,
-        marked=DELETE_MACHINE_ANNOTATION in annotations,
+        marked=c.DELETE_MACHINE_ANNOTATION in annotations,
         removing_since=from_rfc3339(removing) if removing else None,
-        machine=annotations.get(MACHINE_ANNOTATION),
-        machine_namespace=annotations.get(MACHINE_NAMESPACE_ANNOTATION),
+        machine=annotations.get(c.MACHINE_ANNOTATION),
+        machine_namespace=annotations.get(c.MACHINE_NAMESPACE_ANNOTATION),
     )
 
 
@@ -160,90 +146,6 @@ def scale_state(target_obj: Mapping[str, Any], scale: Mapping[str, Any]) -> Scal
         uid=str(meta.get("uid", "")),
         annotations=MappingProxyType({str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}),
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# What the autoscaler remembers, on the target
-
-
-@dataclass(frozen=True, slots=True)
-class Removal:
-    """A scale-down under way: ``nodes`` are marked for deletion; replicas go ``from_replicas``
-    -> ``to_replicas``. Written before the /scale patch, so a restart between the two can tell
-    whether the patch happened (replicas still ``from_replicas``) and finish it."""
-
-    nodes: tuple[str, ...]
-    from_replicas: int
-    to_replicas: int
-    at: float
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    provided: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))  # pod uid -> when
-    replaced: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))  # node -> when
-    scaled_up_at: float | None = None
-    scaled_down_at: float | None = None
-    removal: Removal | None = None
-
-
-EMPTY_RECORD = Record()
-
-
-def _times(raw: object) -> Mapping[str, float]:
-    if not isinstance(raw, dict):
-        return MappingProxyType({})
-    return MappingProxyType(
-        {str(k): float(v) for k, v in raw.items() if isinstance(v, int | float) and math.isfinite(v)}
-    )
-
-
-def _time(raw: object) -> float | None:
-    return float(raw) if isinstance(raw, int | float) and math.isfinite(raw) else None
-
-
-def record_from_annotation(text: str | None) -> Record:
-    """Tolerant: a record someone mangled reads as empty (worst case: one duplicate decision)."""
-    try:
-        doc = json.loads(text or "{}")
-    except ValueError:
-        return EMPTY_RECORD
-    if not isinstance(doc, dict):
-        return EMPTY_RECORD
-    removal = None
-    r = doc.get("removal")
-    if isinstance(r, dict):
-        try:
-            removal = Removal(tuple(str(n) for n in r["nodes"]), int(r["from"]), int(r["to"]), float(r["at"]))
-        except (KeyError, TypeError, ValueError):
-            removal = None
-    return Record(
-        provided=_times(doc.get("provided")),
-        replaced=_times(doc.get("replaced")),
-        scaled_up_at=_time(doc.get("scaledUpAt")),
-        scaled_down_at=_time(doc.get("scaledDownAt")),
-        removal=removal,
-    )
-
-
-def record_to_annotation(record: Record) -> str:
-    doc: dict[str, Any] = {
-        "provided": {k: round(v, 3) for k, v in sorted(record.provided.items())},
-        "replaced": {k: round(v, 3) for k, v in sorted(record.replaced.items())},
-    }
-    if record.scaled_up_at is not None:
-        doc["scaledUpAt"] = round(record.scaled_up_at, 3)
-    if record.scaled_down_at is not None:
-        doc["scaledDownAt"] = round(record.scaled_down_at, 3)
-    if record.removal is not None:
-        rm = record.removal
-        doc["removal"] = {
-            "nodes": list(rm.nodes),
-            "from": rm.from_replicas,
-            "to": rm.to_replicas,
-            "at": rm.at,
-        }
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
 
 
 def pool_of(labels: Mapping[str, str], pool_label: str) -> str:

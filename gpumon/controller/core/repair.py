@@ -2,8 +2,8 @@
 
 :func:`plan_repair` reads the node's verdict, the driver's recovery action of each affected GPU
 (or, where the driver does not report it, the resolution NVIDIA's Xid catalog documents:
-:func:`gpumon.gpu_health.documented_resolution`), whether the pods have left, the state of the
-current step's work, and the record of what was tried (:mod:`.repair_record`, kept on the Node),
+:func:`gpumon.gpu.health.documented_resolution`), whether the pods have left, the state of the
+current step's work, and the record of what was tried (:mod:`.contract.repair`, kept on the Node),
 and returns one move: start a step, keep waiting on one, record how one ended, validate, give
 up, or finish. Called again after each move, it walks the ladder one transition at a time, so
 a new leader reading the same record takes the same next move and never starts a step twice.
@@ -30,18 +30,19 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from gpumon.controller.core.contract import NodePhase
-from gpumon.controller.core.plans import Event, ObjectRef
-from gpumon.controller.core.repair_record import (
+from gpumon.controller.core.contract.node import GpuRecord
+from gpumon.controller.core.contract.repair import (
     LADDER,
     Attempt,
-    Outcome,
+    AttemptOutcome,
+    LadderStep,
     RepairRecord,
-    Step,
 )
+from gpumon.controller.core.plans import Event, ObjectRef
 from gpumon.controller.core.signals import GpuReading, NodeReading
-from gpumon.controller.core.verdicts import Finding, GpuRecord, GpuVerdict, NodeVerdict, SignalStatus
-from gpumon.devices.model import HealthState, RecoveryAction
-from gpumon.gpu_health import Severity, documented_resolution
+from gpumon.controller.core.verdicts import Finding, GpuVerdict, NodeVerdict, SignalStatus
+from gpumon.gpu.health import Severity, documented_resolution
+from gpumon.gpu.model import HealthState, RecoveryAction
 
 
 class Machinery(enum.StrEnum):
@@ -87,16 +88,20 @@ class RepairPolicy:
     # The same GPU faulting again this soon after a repair: replace the machine.
     flap_window_seconds: float = 86400.0
 
-    def deadline(self, step: Step) -> float:
+    def deadline(self, step: LadderStep) -> float:
         return {
-            Step.RESET: self.reset_deadline_seconds,
-            Step.REBOOT: self.reboot_deadline_seconds,
-            Step.REPLACE: self.replace_deadline_seconds,
-            Step.VALIDATE: self.validate_deadline_seconds,
+            LadderStep.RESET: self.reset_deadline_seconds,
+            LadderStep.REBOOT: self.reboot_deadline_seconds,
+            LadderStep.REPLACE: self.replace_deadline_seconds,
+            LadderStep.VALIDATE: self.validate_deadline_seconds,
         }[step]
 
-    def allows(self, step: Step) -> bool:
-        return {Step.RESET: self.reset, Step.REBOOT: self.reboot, Step.REPLACE: self.replace}[step]
+    def allows(self, step: LadderStep) -> bool:
+        return {
+            LadderStep.RESET: self.reset,
+            LadderStep.REBOOT: self.reboot,
+            LadderStep.REPLACE: self.replace,
+        }[step]
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,12 +132,12 @@ class Move(enum.StrEnum):
 
 
 # gpumon.io/state while a step runs.
-_STATES: Mapping[Step, NodePhase] = MappingProxyType(
+_STATES: Mapping[LadderStep, NodePhase] = MappingProxyType(
     {
-        Step.RESET: NodePhase.RESETTING,
-        Step.REBOOT: NodePhase.REBOOTING,
-        Step.REPLACE: NodePhase.REPLACING,
-        Step.VALIDATE: NodePhase.VALIDATING,
+        LadderStep.RESET: NodePhase.RESETTING,
+        LadderStep.REBOOT: NodePhase.REBOOTING,
+        LadderStep.REPLACE: NodePhase.REPLACING,
+        LadderStep.VALIDATE: NodePhase.VALIDATING,
     }
 )
 _RESETS = frozenset({RecoveryAction.GPU_RESET, RecoveryAction.DRAIN_AND_RESET, RecoveryAction.BUS_RESET})
@@ -144,7 +149,7 @@ _WAITS = frozenset({RecoveryAction.NONE, RecoveryAction.DRAIN_P2P})
 @dataclass(frozen=True, slots=True)
 class RepairPlan:
     move: Move
-    step: Step | None = None
+    step: LadderStep | None = None
     attempt: int | None = None  # the attempt the work belongs to: names its Job
     gpus: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
@@ -224,11 +229,11 @@ def targets(inp: RepairInput, xid_window_seconds: float, now: float) -> dict[str
     return out
 
 
-def _wanted(actions: Mapping[str, RecoveryAction]) -> Step | None:
+def _wanted(actions: Mapping[str, RecoveryAction]) -> LadderStep | None:
     if any(a in _REBOOTS for a in actions.values()):
-        return Step.REBOOT
+        return LadderStep.REBOOT
     if any(a in _RESETS for a in actions.values()):
-        return Step.RESET
+        return LadderStep.RESET
     return None
 
 
@@ -276,14 +281,14 @@ def plan_repair(
         return NOTHING  # gpumon.io/exclude: the quarantine's own planner says so
     if policy.validate and _ready_to_validate(rec, inp.reading):
         gpus = _last_repair(rec).gpus  # type: ignore[union-attr]
-        return _start(inp, Step.VALIDATE, gpus, now, policy, ("the repaired GPUs are healthy",))
+        return _start(inp, LadderStep.VALIDATE, gpus, now, policy, ("the repaired GPUs are healthy",))
     wants = targets(inp, xid_window_seconds, now)
     if not wants:
         return NOTHING  # degraded only: not a repair's business
     step, why = _next_step(inp, wants, now, policy)
-    if step is Step.GIVE_UP:
+    if step is LadderStep.GIVE_UP:
         return _give_up(inp, now, why)
-    if step is Step.DONE:
+    if step is LadderStep.DONE:
         return RepairPlan(Move.WAIT, reasons=why)
     return _gated(inp, step, wants, now, policy, why, refusal)
 
@@ -312,7 +317,7 @@ def _ready_to_validate(rec: RepairRecord, reading: NodeReading | None) -> bool:
     return (
         last is not None
         and last.step in LADDER
-        and last.outcome is Outcome.SUCCEEDED
+        and last.outcome is AttemptOutcome.SUCCEEDED
         and rec.validated_at is None
         and _healthy_again(reading, last.gpus)
     )
@@ -320,13 +325,13 @@ def _ready_to_validate(rec: RepairRecord, reading: NodeReading | None) -> bool:
 
 def _next_step(
     inp: RepairInput, targets: Mapping[str, RecoveryAction], now: float, policy: RepairPolicy
-) -> tuple[Step, tuple[str, ...]]:
+) -> tuple[LadderStep, tuple[str, ...]]:
     rec = inp.record
     last, repaired = (rec.attempts[-1] if rec.attempts else None), _last_repair(rec)
-    succeeded = last is not None and last.outcome is Outcome.SUCCEEDED
+    succeeded = last is not None and last.outcome is AttemptOutcome.SUCCEEDED
     if succeeded and repaired is not None and _healthy_again(inp.reading, repaired.gpus):
         # Repaired (and validated, where asked): the rules clear through their hysteresis.
-        return Step.DONE, (f"{repaired.step.value} succeeded: waiting for the verdict to clear",)
+        return LadderStep.DONE, (f"{repaired.step.value} succeeded: waiting for the verdict to clear",)
     flapping = sorted(
         uuid
         for uuid in targets
@@ -335,18 +340,18 @@ def _next_step(
     wanted = _wanted(targets)
     why: list[str] = []
     if flapping:
-        floor = Step.REPLACE
+        floor = LadderStep.REPLACE
         why.append(f"faulted again within {policy.flap_window_seconds:g}s of a repair: {', '.join(flapping)}")
     elif policy.replace_immediately:
-        floor = Step.REPLACE
+        floor = LadderStep.REPLACE
         why.append("the pool replaces straight away")
     elif wanted is None:
         actions = ", ".join(sorted({a.name for a in targets.values()}))
         if set(targets.values()) <= _WAITS:
             # The driver asks for nothing gpumon runs: the drain was the step; the driver's
             # verdict or the rules clear by themselves.
-            return Step.DONE, (f"recovery action {actions}: nothing to run, waiting",)
-        return Step.GIVE_UP, (f"no step gpumon can take for recovery action {actions}",)
+            return LadderStep.DONE, (f"recovery action {actions}: nothing to run, waiting",)
+        return LadderStep.GIVE_UP, (f"no step gpumon can take for recovery action {actions}",)
     else:
         floor = wanted
         why.append(
@@ -361,18 +366,18 @@ def _next_step(
         if tried >= policy.max_attempts:
             why.append(f"{step.value} tried {tried} time(s)")
             continue
-        if step is Step.REPLACE and inp.machinery is Machinery.NONE:
-            return Step.GIVE_UP, (
+        if step is LadderStep.REPLACE and inp.machinery is Machinery.NONE:
+            return LadderStep.GIVE_UP, (
                 *why,
                 "the machine needs replacing and the pool has no machinery gpumon can drive (report only)",
             )
         return step, tuple(why)
-    return Step.GIVE_UP, (*why, "every step of the ladder was tried")
+    return LadderStep.GIVE_UP, (*why, "every step of the ladder was tried")
 
 
 def _gated(
     inp: RepairInput,
-    step: Step,
+    step: LadderStep,
     targets: Mapping[str, RecoveryAction],
     now: float,
     policy: RepairPolicy,
@@ -382,25 +387,29 @@ def _gated(
     # Every step names the GPUs it is for ("" for a node-scoped finding): a reboot's or a
     # replacement's success is judged on them too.
     gpus = tuple(targets)
-    free = inp.gpus_free if step is Step.RESET else inp.node_free if step is Step.REBOOT else True
+    free = inp.gpus_free if step is LadderStep.RESET else inp.node_free if step is LadderStep.REBOOT else True
     if not free:
         waited_since = inp.quarantined_at or now
         if now - waited_since < policy.free_deadline_seconds:
-            what = "the GPUs" if step is Step.RESET else "the node"
+            what = "the GPUs" if step is LadderStep.RESET else "the node"
             return RepairPlan(
                 Move.WAIT,
-                Step.DRAIN,
+                LadderStep.DRAIN,
                 gpus=gpus,
                 reasons=(*why, f"waiting for the pods to leave {what} before the {step.value}"),
                 next_check_at=waited_since + policy.free_deadline_seconds,
-                drain_node=step is Step.REBOOT,
+                drain_node=step is LadderStep.REBOOT,
             )
         # Pods that never leave: the machine's own machinery drains it with its own flow.
         why = (*why, f"pods still on the node after {policy.free_deadline_seconds:g}s: no {step.value}")
         can_replace = policy.replace and inp.machinery is not Machinery.NONE
-        if step is Step.REPLACE or not can_replace or inp.record.tried(Step.REPLACE) >= policy.max_attempts:
+        if (
+            step is LadderStep.REPLACE
+            or not can_replace
+            or inp.record.tried(LadderStep.REPLACE) >= policy.max_attempts
+        ):
             return _give_up(inp, now, why)
-        step = Step.REPLACE
+        step = LadderStep.REPLACE
     if not inp.record.active and inp.others_repairing >= policy.max_concurrent:
         return RepairPlan(
             Move.WAIT,
@@ -424,7 +433,7 @@ def _gated(
 
 def _start(
     inp: RepairInput,
-    step: Step,
+    step: LadderStep,
     gpus: tuple[str, ...],
     now: float,
     policy: RepairPolicy,
@@ -434,9 +443,9 @@ def _start(
     number = max((a.number for a in rec.attempts), default=0) + 1
     attempt = Attempt(step, number, gpus, now)
     rec = replace(rec, validate=rec.validate or policy.validate)
-    escalated = next((a for a in reversed(rec.attempts) if a.outcome is not Outcome.SUCCEEDED), None)
+    escalated = next((a for a in reversed(rec.attempts) if a.outcome is not AttemptOutcome.SUCCEEDED), None)
     what = ", ".join(g for g in gpus if g) or "the node"
-    if escalated is not None and step is not Step.VALIDATE:
+    if escalated is not None and step is not LadderStep.VALIDATE:
         reason, text = (
             "GpuRepairEscalated",
             f"{escalated.step.value} {escalated.outcome.value}: now {step.value}",
@@ -460,12 +469,12 @@ def _follow(inp: RepairInput, a: Attempt, now: float, policy: RepairPolicy) -> R
     """The running attempt: keep its work in place, notice how it ended, or time it out."""
     deadline = a.started_at + policy.deadline(a.step)
     # A reboot takes its own Job down with the node: however the Job ends, the exporter judges.
-    ended = inp.work is Work.SUCCEEDED or (a.step is Step.REBOOT and inp.work is Work.FAILED)
+    ended = inp.work is Work.SUCCEEDED or (a.step is LadderStep.REBOOT and inp.work is Work.FAILED)
     if inp.work is Work.FAILED and not ended:
-        return _ended(inp, a, Outcome.FAILED, now, f"its {_work_name(a.step)} failed")
+        return _ended(inp, a, AttemptOutcome.FAILED, now, f"its {_work_name(a.step)} failed")
     if a.work_done_at is None:
-        if ended and a.step is not Step.REPLACE:
-            if a.step is Step.VALIDATE:
+        if ended and a.step is not LadderStep.REPLACE:
+            if a.step is LadderStep.VALIDATE:
                 return _validated(inp, a, now)
             done = replace(a, work_done_at=now)
             return RepairPlan(
@@ -480,25 +489,29 @@ def _follow(inp: RepairInput, a: Attempt, now: float, policy: RepairPolicy) -> R
                 next_check_at=deadline,
             )
         if now >= deadline:
-            return _ended(inp, a, Outcome.TIMED_OUT, now, f"not finished within {policy.deadline(a.step):g}s")
+            return _ended(
+                inp, a, AttemptOutcome.TIMED_OUT, now, f"not finished within {policy.deadline(a.step):g}s"
+            )
         move = Move.ENSURE if inp.work is Work.ABSENT else Move.WAIT
         return RepairPlan(move, a.step, attempt=a.number, gpus=a.gpus, next_check_at=deadline)
     # The work is done: success is the exporter's word, never the Job's exit code.
     if inp.verdict.signals is SignalStatus.FRESH and _healthy_again(inp.reading, a.gpus):
         return _ended(
-            inp, a, Outcome.SUCCEEDED, now, "the exporter reports the GPUs healthy with action NONE"
+            inp, a, AttemptOutcome.SUCCEEDED, now, "the exporter reports the GPUs healthy with action NONE"
         )
     if now >= deadline:
-        return _ended(inp, a, Outcome.FAILED, now, "the GPUs were not healthy with action NONE after it")
+        return _ended(
+            inp, a, AttemptOutcome.FAILED, now, "the GPUs were not healthy with action NONE after it"
+        )
     return RepairPlan(Move.WAIT, a.step, attempt=a.number, gpus=a.gpus, next_check_at=deadline)
 
 
-def _work_name(step: Step) -> str:
-    return "machine deletion" if step is Step.REPLACE else "Job"
+def _work_name(step: LadderStep) -> str:
+    return "machine deletion" if step is LadderStep.REPLACE else "Job"
 
 
-def _ended(inp: RepairInput, a: Attempt, outcome: Outcome, now: float, detail: str) -> RepairPlan:
-    ok = outcome is Outcome.SUCCEEDED
+def _ended(inp: RepairInput, a: Attempt, outcome: AttemptOutcome, now: float, detail: str) -> RepairPlan:
+    ok = outcome is AttemptOutcome.SUCCEEDED
     reason = "GpuRepairSucceeded" if ok else "GpuRepairFailed"
     what = ", ".join(g for g in a.gpus if g) or "the node"
     message = f"{a.step.value} of {what} (attempt {a.number}) {outcome.value}: {detail}"
@@ -515,7 +528,7 @@ def _ended(inp: RepairInput, a: Attempt, outcome: Outcome, now: float, detail: s
 
 
 def _validated(inp: RepairInput, a: Attempt, now: float) -> RepairPlan:
-    plan = _ended(inp, a, Outcome.SUCCEEDED, now, "the validation Job succeeded")
+    plan = _ended(inp, a, AttemptOutcome.SUCCEEDED, now, "the validation Job succeeded")
     assert plan.record is not None
     return replace(plan, record=replace(plan.record, validated_at=now))
 
@@ -528,7 +541,7 @@ def _give_up(inp: RepairInput, now: float, why: tuple[str, ...]) -> RepairPlan:
     message = f"repair gave up: {'; '.join(why)}. Tried: {tried or 'nothing'}. The quarantine stays"
     return RepairPlan(
         Move.RECORD,
-        Step.GIVE_UP,
+        LadderStep.GIVE_UP,
         reasons=why,
         record=replace(inp.record, gave_up_at=now),
         events=(_event(inp.node, "GpuRepairGaveUp", message, warning=True),),
@@ -550,7 +563,7 @@ def _finish_ladder(inp: RepairInput, now: float, policy: RepairPolicy) -> Repair
     steps = ", ".join(f"{a.step.value} {a.outcome.value}" for a in rec.attempts) or "nothing"
     return RepairPlan(
         Move.RECORD,
-        Step.DONE,
+        LadderStep.DONE,
         reasons=(f"healthy again after: {steps}",),
         record=RepairRecord(repaired=MappingProxyType(repaired)),
         events=(_event(inp.node, "GpuRepairDone", f"node back in service after: {steps}"),),

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gpumon.controller.core.breaker import Admission, BreakerTrip, Candidate, PoolView, SafetyPolicy, admit
+from gpumon.controller.core.breaker import Admission, Candidate, PoolView, SafetyPolicy, admit
+from gpumon.controller.core.contract.breakers import BreakerTrip
 from gpumon.controller.core.objects import to_rfc3339
 
 

@@ -18,15 +18,10 @@ from types import MappingProxyType
 from typing import Any
 
 from gpumon.controller.core import contract as c
+from gpumon.controller.core.contract.repair import LadderStep
 from gpumon.controller.core.repair import RepairPolicy, Work
-from gpumon.controller.core.repair_record import Step
 
-# On a repair Job and its pod: which node it repairs (the name may exceed a label's 63
-# characters, so the label carries a digest and the annotation the name).
-LABEL_REPAIR = "gpumon.io/repair-node"
-ANNOTATION_REPAIR_NODE = "gpumon.io/repair-node"
-LABEL_STEP = "gpumon.io/repair-step"
-_NO_JOBS: Mapping[Step, Mapping[str, Any]] = MappingProxyType({})
+_NO_JOBS: Mapping[LadderStep, Mapping[str, Any]] = MappingProxyType({})
 FINISHED_JOB_TTL_SECONDS = 86400
 
 
@@ -35,14 +30,14 @@ class PoolRepair:
     """A pool's repair: the planner's policy and the node-local steps' pod templates."""
 
     policy: RepairPolicy
-    templates: Mapping[Step, Mapping[str, Any]] = field(default_factory=lambda: _NO_JOBS)
+    templates: Mapping[LadderStep, Mapping[str, Any]] = field(default_factory=lambda: _NO_JOBS)
 
 
 def node_key(node: str) -> str:
     return hashlib.sha256(node.encode()).hexdigest()[:10]
 
 
-def job_name(node: str, step: Step, attempt: int) -> str:
+def job_name(node: str, step: LadderStep, attempt: int) -> str:
     """Unique per node and attempt, at most 63 characters (a Job's pods are named after it)."""
     return f"gpumon-{step.value}-{node_key(node)}-{attempt}"
 
@@ -50,7 +45,7 @@ def job_name(node: str, step: Step, attempt: int) -> str:
 def job_manifest(
     *,
     node: str,
-    step: Step,
+    step: LadderStep,
     attempt: int,
     gpus: Sequence[str],
     action: str,
@@ -60,9 +55,9 @@ def job_manifest(
 ) -> dict[str, Any]:
     pod = copy.deepcopy(dict(template))
     meta = pod.setdefault("metadata", {})
-    labels = {LABEL_REPAIR: node_key(node), LABEL_STEP: step.value}
+    labels = {c.LABEL_REPAIR_NODE: node_key(node), c.LABEL_REPAIR_STEP: step.value}
     meta["labels"] = {**(meta.get("labels") or {}), **labels}
-    meta["annotations"] = {**(meta.get("annotations") or {}), ANNOTATION_REPAIR_NODE: node}
+    meta["annotations"] = {**(meta.get("annotations") or {}), c.ANNOTATION_REPAIR_NODE: node}
     spec = pod["spec"]
     spec["restartPolicy"] = "Never"
     spec["affinity"] = {
@@ -94,7 +89,7 @@ def job_manifest(
             "name": job_name(node, step, attempt),
             "namespace": namespace,
             "labels": labels,
-            "annotations": {ANNOTATION_REPAIR_NODE: node},
+            "annotations": {c.ANNOTATION_REPAIR_NODE: node},
         },
         "spec": {
             "backoffLimit": 0,

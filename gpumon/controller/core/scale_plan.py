@@ -28,19 +28,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from gpumon.controller.core.contract import CA_MAX_ANNOTATION, CA_MIN_ANNOTATION
+from gpumon.controller.core.contract.autoscaler import EMPTY_RECORD, Record, Removal, record_of
 from gpumon.controller.core.demand import Packer, PodDemand, refusal, size, why_not_hosted
-from gpumon.controller.core.pools import (
-    CA_MAX_ANNOTATION,
-    CA_MIN_ANNOTATION,
-    EMPTY_RECORD,
-    RECORD_ANNOTATION,
-    Pool,
-    PoolNode,
-    Record,
-    Removal,
-    ScaleState,
-    record_from_annotation,
-)
+from gpumon.controller.core.pools import Pool, PoolNode, ScaleState
 
 _NO_TIMES: Mapping[str, float] = MappingProxyType({})
 _LISTED = 5  # pods or nodes named in a message before "and N more"
@@ -205,7 +196,7 @@ def _prepare(inp: PoolInput, now: float) -> _Pool | PoolPlan:
         return PoolPlan(
             pool.name, Action.REFUSED, n, n, limits, notes=(Note("GpuPoolRefused", limits, True),)
         )
-    record = record_from_annotation(scale.annotations.get(RECORD_ANNOTATION))
+    record = record_of(scale.annotations)
     present = [n for n in inp.nodes if not n.deleting]
     removal = record.removal
     if removal is not None and not any(n.name in removal.nodes for n in present):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
-from gpumon.devices.model import HealthVerdict, PodRef, RecoveryAction
+from gpumon.gpu.model import HealthVerdict, PodRef, RecoveryAction
 
 _NO_VALUES: Mapping[str, float] = MappingProxyType({})
 

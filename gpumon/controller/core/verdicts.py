@@ -5,7 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from gpumon.gpu_health import Severity
+from gpumon.controller.core.contract.node import GpuRecord
+from gpumon.gpu.health import Severity
 
 
 def worst(severities: tuple[Severity | None, ...] | list[Severity | None]) -> Severity | None:
@@ -88,25 +89,6 @@ class NodeVerdict:
     @property
     def first_bad_at(self) -> float | None:
         return min((f.first_bad_at for f in self.findings), default=None)
-
-
-@dataclass(frozen=True, slots=True)
-class GpuRecord:
-    """One entry of the ``gpumon.io/unhealthy-gpus`` annotation: what gpumon acted on, kept on
-    the Node so that a restarted or new leader rebuilds its state from the cluster."""
-
-    uuid: str  # "" for node-scoped findings
-    index: int | None
-    reason: str
-    severity: Severity
-    rules: tuple[str, ...]
-    first_seen: float
-    evidence: str
-
-    @property
-    def identity(self) -> tuple[str, str, Severity, tuple[str, ...]]:
-        """What matters for a rewrite; evidence (a temperature, say) may drift without one."""
-        return (self.uuid, self.reason, self.severity, self.rules)
 
 
 def records_of(verdict: NodeVerdict) -> tuple[GpuRecord, ...]:

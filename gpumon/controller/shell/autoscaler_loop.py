@@ -9,7 +9,9 @@ drain it through the Eviction API (:class:`~gpumon.controller.core.drain_plan.Ev
 it and its Cluster API Machine with ``cluster.x-k8s.io/delete-machine``.
 
 Only the leader plans and writes; the caches (pending GPU pods, each pool's nodes) run on every
-replica. With ``dry_run`` every decision is an Event and a log line, and nothing is written.
+replica, as views of the process's informers (:class:`~gpumon.kube.registry.Informers`): the
+ResourceClaims it reads are the reconciler's watch too. With ``dry_run`` every decision is an
+Event and a log line, and nothing is written.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from gpumon.controller.act.evict import EvictionResult, Evictor
 from gpumon.controller.act.machine_mark import mark_for_deletion
 from gpumon.controller.act.node_write import cordon_for_removal, uncordon
 from gpumon.controller.act.retry import DEFAULT_RETRY, Outcome, RetryPolicy, outcome
-from gpumon.controller.act.scale import read_scale, set_replicas, write_record
+from gpumon.controller.act.scale import set_replicas, write_record
 from gpumon.controller.core.claims import SliceView
-from gpumon.controller.core.contract import DRY_RUN_PREFIX
+from gpumon.controller.core.contract import DELETE_MACHINE_ANNOTATION, DRY_RUN_PREFIX
 from gpumon.controller.core.demand import REFUSAL_KINDS, PodDemand, pending_gpu_pod, refusal, with_claims
 from gpumon.controller.core.device_claims import (
     ClaimRequests,
@@ -48,20 +50,19 @@ from gpumon.controller.core.objects import (
     pod_from_json,
 )
 from gpumon.controller.core.plans import DrainTarget, Event, ObjectRef
-from gpumon.controller.core.pools import (
-    DELETE_MACHINE_ANNOTATION,
-    Pool,
-    PoolNode,
-    ScaleState,
-    pool_node_from_json,
-)
+from gpumon.controller.core.pools import Pool, PoolNode, ScaleState, pool_node_from_json
 from gpumon.controller.core.scale_plan import Action, PoolInput, PoolPlan, plan_pools, removal_record
-from gpumon.controller.kube import KubeApi, KubeError, NotFound
-from gpumon.controller.shell.informer import Informer
-from gpumon.dra import DEVICE_CLASSES_PATH, resource_claims_path
-from gpumon.dra_cel import compile_selector
+from gpumon.controller.read import read_scale
+from gpumon.k8s.dra import DEVICE_CLASSES_PATH, resource_claims_path
+from gpumon.k8s.dra_cel import compile_selector
+from gpumon.kube.client import KubeApi, KubeError, NotFound
+from gpumon.kube.informer import Selection, View
+from gpumon.kube.registry import Informers
 
 log = logging.getLogger(__name__)
+
+# Pods no scheduler has placed yet: the demand a pool may have to grow for.
+PENDING_UNBOUND = "spec.nodeName=,status.phase=Pending"
 
 
 def gpu_resources(base: GpuResources, pools: Iterable[Pool]) -> GpuResources:
@@ -191,10 +192,11 @@ class Autoscaler:
         api: KubeApi,
         pools: Sequence[Pool],
         *,
-        pods: Informer[PodView],
-        pdbs: Informer[PdbView],
+        informers: Informers,
+        pods: View[PodView],
+        pdbs: View[PdbView],
         recorder: EventRecorder,
-        slices: Informer[SliceView] | None = None,
+        slices: View[SliceView] | None = None,
         evictor: Evictor,
         metrics: AutoscaleMetrics,
         is_leader: Callable[[], bool],
@@ -202,7 +204,6 @@ class Autoscaler:
         resources: GpuResources,
         settings: LoopSettings = LoopSettings(),
         wall_clock: Callable[[], float] = time.time,
-        on_error: Callable[[str], None] | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
         self._retry = retry
@@ -220,45 +221,33 @@ class Autoscaler:
         self.settings = settings
         self._wall = wall_clock
         self._wake = asyncio.Event()
-        self.pending: Informer[PodDemand] = Informer(
-            api,
-            "/api/v1/pods",
+        self.pending: View[PodDemand] = informers.informer(
+            Selection("/api/v1/pods", field_selector=PENDING_UNBOUND)
+        ).view(
             lambda obj: pending_gpu_pod(obj, resources, from_rfc3339),
             name="pending-gpu-pods",
-            params={"fieldSelector": "spec.nodeName=,status.phase=Pending"},
             on_change=self._changed,
-            on_error=on_error,
         )
         # DRA: the claims pending pods name and the DeviceClasses they ask for, watched only when
         # a pool's template publishes devices (a cluster without DRA may not serve the API).
-        self.claims: Informer[ClaimRequests] | None = None
-        self.device_classes: Informer[DeviceClassView] | None = None
+        self.claims: View[ClaimRequests] | None = None
+        self.device_classes: View[DeviceClassView] | None = None
         if any(pool.template.dra is not None for pool in pools):
-            self.claims = Informer(
-                api,
-                resource_claims_path(None),
+            self.claims = informers.informer(Selection(resource_claims_path(None))).view(
                 lambda obj: claim_requests(obj, compile_selector),
                 name="resource-claims",
                 on_change=self._changed,
-                on_error=on_error,
             )
-            self.device_classes = Informer(
-                api,
-                DEVICE_CLASSES_PATH,
+            self.device_classes = informers.informer(Selection(DEVICE_CLASSES_PATH)).view(
                 lambda obj: device_class_view(obj, compile_selector),
                 name="device-classes",
                 on_change=self._changed,
-                on_error=on_error,
             )
-        self.nodes: dict[str, Informer[PoolNode]] = {
-            pool.name: Informer(
-                api,
-                "/api/v1/nodes",
+        self.nodes: dict[str, View[PoolNode]] = {
+            pool.name: informers.informer(Selection("/api/v1/nodes", label_selector=pool.node_selector)).view(
                 self._node_converter(pool),
                 name=f"pool-nodes-{pool.name}",
-                params={"labelSelector": pool.node_selector},
                 on_change=self._changed,
-                on_error=on_error,
             )
             for pool in pools
         }
@@ -275,8 +264,8 @@ class Autoscaler:
         return lambda obj: pool_node_from_json(obj, pool.template)
 
     @property
-    def informers(self) -> list[Informer[Any]]:
-        dra = [i for i in (self.claims, self.device_classes) if i is not None]
+    def views(self) -> list[View[Any]]:
+        dra = [v for v in (self.claims, self.device_classes) if v is not None]
         return [self.pending, *dra, *self.nodes.values()]
 
     def pending_demand(self) -> list[PodDemand]:
@@ -355,8 +344,8 @@ class Autoscaler:
     # -- the loop -----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        for informer in (*self.informers, self._pods, self._pdbs):
-            await informer.synced.wait()
+        for view in (*self.views, self._pods, self._pdbs):
+            await view.synced.wait()
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.resync_seconds):

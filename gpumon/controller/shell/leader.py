@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon.controller.kube import Conflict, KubeApi, KubeError, NotFound
+from gpumon.kube.client import Conflict, KubeApi, KubeError, NotFound
 
 log = logging.getLogger(__name__)
 

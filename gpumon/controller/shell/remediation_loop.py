@@ -34,30 +34,19 @@ from gpumon.controller.act.evict import EvictionResult, Evictor
 from gpumon.controller.act.node_write import apply_node_write, node_path
 from gpumon.controller.act.retry import DEFAULT_RETRY, RetryPolicy
 from gpumon.controller.core import contract as c
-from gpumon.controller.core.breaker import (
-    Admission,
+from gpumon.controller.core.breaker import Admission, Candidate, PoolView, SafetyPolicy, admit
+from gpumon.controller.core.claims import ClaimView, SliceView, holds_by_pod
+from gpumon.controller.core.contract import DRY_RUN_PREFIX
+from gpumon.controller.core.contract.breakers import (
     BreakerTrip,
-    Candidate,
-    PoolView,
-    SafetyPolicy,
-    admit,
     breaker_to_annotation,
     breakers_from_annotations,
 )
-from gpumon.controller.core.claims import ClaimView, SliceView, holds_by_pod
-from gpumon.controller.core.contract import DRY_RUN_PREFIX
+from gpumon.controller.core.contract.node import is_excluded, is_quarantined, node_records, quarantined_at
+from gpumon.controller.core.contract.repair import record_from_json
 from gpumon.controller.core.device_taints import EFFECT, RulesPlan, RuleView, plan_rules, wanted_rules
 from gpumon.controller.core.drain_plan import DrainPolicy, Escalation, needs_drain, plan_drain
-from gpumon.controller.core.node_plan import (
-    QuarantinePolicy,
-    drain_started_at,
-    is_excluded,
-    is_quarantined,
-    node_ref,
-    plan_node,
-    quarantined_at,
-    records_from_json,
-)
+from gpumon.controller.core.node_plan import QuarantinePolicy, drain_started_at, node_ref, plan_node
 from gpumon.controller.core.objects import NodeView, PdbView, PodView
 from gpumon.controller.core.plans import DrainPlan, Event, NodePlan, NodeWrite, ObjectRef, PlanKind
 from gpumon.controller.core.policy import (
@@ -70,13 +59,12 @@ from gpumon.controller.core.policy import (
 )
 from gpumon.controller.core.pools import pool_of
 from gpumon.controller.core.repair import holds_quarantine, repair_phase
-from gpumon.controller.core.repair_record import record_from_json
 from gpumon.controller.core.signals import NodeReading, SignalSource
 from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
-from gpumon.controller.kube import KubeApi, KubeError, NotFound
-from gpumon.controller.shell.informer import Informer
 from gpumon.controller.shell.metrics import ControllerMetrics
-from gpumon.tasks import cancel_and_wait
+from gpumon.kube.client import KubeApi, KubeError, NotFound
+from gpumon.kube.informer import View
+from gpumon.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +77,7 @@ _NODES_BETWEEN_YIELDS = 64
 
 
 @dataclass(frozen=True, slots=True)
-class Settings:
+class ReconcilerSettings:
     policy: Policy
     quarantine: QuarantinePolicy
     drain: DrainPolicy
@@ -109,20 +97,20 @@ class Reconciler:
         self,
         *,
         api: KubeApi,
-        nodes: Informer[NodeView],
-        pods: Informer[PodView],
-        pdbs: Informer[PdbView],
-        state: Informer[Mapping[str, str]],
-        claims: Informer[ClaimView],
-        slices: Informer[SliceView],
+        nodes: View[NodeView],
+        pods: View[PodView],
+        pdbs: View[PdbView],
+        state: View[Mapping[str, str]],
+        claims: View[ClaimView],
+        slices: View[SliceView],
         source: SignalSource,
         is_leader: Callable[[], bool],
         recorder: EventRecorder,
         evictor: Evictor,
         metrics: ControllerMetrics,
-        settings: Settings,
+        settings: ReconcilerSettings,
         wall_clock: Callable[[], float] = time.time,
-        rules: Informer[RuleView] | None = None,
+        rules: View[RuleView] | None = None,
     ) -> None:
         self._api = api
         self._nodes = nodes
@@ -289,7 +277,7 @@ class Reconciler:
         for view in self._nodes.items().values():
             if not is_quarantined(view):
                 continue
-            records = records_from_json(view.annotations.get(c.ANNOTATION_UNHEALTHY_GPUS))
+            records = node_records(view)
             severity = (
                 max((r.severity for r in records), key=lambda s: s.rank).value if records else "unknown"
             )
@@ -316,7 +304,7 @@ class Reconciler:
     # -- the loop -----------------------------------------------------------------------------
 
     @property
-    def _drain_caches(self) -> tuple[Informer[Any], ...]:
+    def _drain_caches(self) -> tuple[View[Any], ...]:
         """What a drain reads besides the Node: which pods are where, their PDBs, and which GPU
         each DRA claim holds (the slices also say which devices gpumon's rules taint)."""
         return (self._pods, self._pdbs, self._claims, self._slices)
@@ -387,7 +375,7 @@ class Reconciler:
                 self._status.pop(name, None)
                 gone.append(name)
                 continue
-            records = records_from_json(view.annotations.get(c.ANNOTATION_UNHEALTHY_GPUS))
+            records = node_records(view)
             prev = with_records(self._states.get(name, EMPTY_NODE_STATE), records, policy)
             reading = fleet.nodes.get(name)
             ev = evaluate_node(name, view.labels, reading, prev, now, policy)

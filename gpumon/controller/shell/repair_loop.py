@@ -28,9 +28,17 @@ from gpumon.controller.act.evict import EvictionResult, Evictor
 from gpumon.controller.act.repair_jobs import ensure_job, read_job, write_record
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.backoff import Backoff
-from gpumon.controller.core.breaker import BreakerTrip, PoolView, SafetyPolicy, breaker_to_annotation
+from gpumon.controller.core.breaker import PoolView, SafetyPolicy
 from gpumon.controller.core.contract import DRY_RUN_PREFIX
-from gpumon.controller.core.node_plan import is_excluded, quarantined_at, records_from_json
+from gpumon.controller.core.contract.breakers import BreakerTrip, breaker_to_annotation
+from gpumon.controller.core.contract.node import is_excluded, quarantined_at, records_from_json
+from gpumon.controller.core.contract.repair import (
+    LADDER,
+    AttemptOutcome,
+    LadderStep,
+    RepairRecord,
+    record_from_json,
+)
 from gpumon.controller.core.objects import NodeView, PodView, node_from_json
 from gpumon.controller.core.plans import DrainTarget, Event, ObjectRef
 from gpumon.controller.core.policy import Policy, signal_status
@@ -47,15 +55,14 @@ from gpumon.controller.core.repair import (
 )
 from gpumon.controller.core.repair_gate import admit_repairs, continuing_refusal
 from gpumon.controller.core.repair_jobs import PoolRepair, job_manifest, job_name, job_work
-from gpumon.controller.core.repair_record import LADDER, Outcome, RepairRecord, Step, record_from_json
 from gpumon.controller.core.signals import NodeReading, SignalSource
-from gpumon.controller.kube import KubeApi, KubeError
-from gpumon.controller.shell.informer import Informer
-from gpumon.selectors import parse_selector
+from gpumon.k8s.selectors import parse_selector
+from gpumon.kube.client import KubeApi, KubeError
+from gpumon.kube.informer import View
 
 log = logging.getLogger(__name__)
 
-_JOB_STEPS = frozenset({Step.RESET, Step.REBOOT, Step.VALIDATE})
+_JOB_STEPS = frozenset({LadderStep.RESET, LadderStep.REBOOT, LadderStep.VALIDATE})
 # The Jobs API refusing: asked again after 5 s, then 10, 20 ... up to 5 minutes.
 JOBS_BACKOFF = Backoff(initial_seconds=5.0, max_seconds=300.0)
 
@@ -141,7 +148,7 @@ class _JobsAccess:
 
 
 @dataclass(frozen=True, slots=True)
-class _Node:
+class _Member:
     view: NodeView
     pool: Pool
     repair: PoolRepair
@@ -154,8 +161,8 @@ class RepairLoop:
         *,
         api: KubeApi,
         pools: Sequence[Pool],
-        nodes: Informer[NodeView],
-        pods: Informer[PodView],
+        nodes: View[NodeView],
+        pods: View[PodView],
         source: SignalSource,
         recorder: EventRecorder,
         evictor: Evictor,
@@ -191,13 +198,13 @@ class RepairLoop:
                 await self.round()
             await asyncio.sleep(self.settings.interval_seconds)
 
-    def _members(self) -> list[_Node]:
+    def _members(self) -> list[_Member]:
         out = []
         for view in self._nodes.items().values():
             for pool, selector in self._pools:
                 if pool.repair is not None and selector.matches(view.labels):
                     record = record_from_json(view.annotations.get(c.ANNOTATION_REPAIR))
-                    out.append(_Node(view, pool, pool.repair, record))
+                    out.append(_Member(view, pool, pool.repair, record))
                     break
         return out
 
@@ -210,7 +217,7 @@ class RepairLoop:
         for m in members:
             if m.record.active:
                 repairing.setdefault(m.pool.name, set()).add(m.view.name)
-        planned: list[tuple[_Node, RepairInput, RepairPlan]] = []
+        planned: list[tuple[_Member, RepairInput, RepairPlan]] = []
         for m in members:
             if quarantined_at(m.view) is None and not m.record.attempts and m.record.gave_up_at is None:
                 continue  # healthy and never repaired: the common case, nothing to read
@@ -261,7 +268,7 @@ class RepairLoop:
             self._metrics.errors.labels("breaker", type(e).__name__).inc()
             log.error("could not record the open breaker", extra={"pool": trip.pool, "error": str(e)})
 
-    def _plan(self, m: _Node, inp: RepairInput, now: float, refusal: str | None = None) -> RepairPlan:
+    def _plan(self, m: _Member, inp: RepairInput, now: float, refusal: str | None = None) -> RepairPlan:
         return plan_repair(
             inp,
             now=now,
@@ -270,7 +277,7 @@ class RepairLoop:
             refusal=refusal,
         )
 
-    def _pool_views(self, members: Sequence[_Node]) -> dict[str, PoolView]:
+    def _pool_views(self, members: Sequence[_Member]) -> dict[str, PoolView]:
         """Each pool's size and when each of its ladders began: what the breaker and the rate
         limit count for repairs."""
         sizes: dict[str, int] = {}
@@ -283,7 +290,7 @@ class RepairLoop:
         return {p: PoolView(n, tuple(starts.get(p, ()))) for p, n in sizes.items()}
 
     async def _input(
-        self, m: _Node, reading: NodeReading | None, repairing: Mapping[str, set[str]], now: float
+        self, m: _Member, reading: NodeReading | None, repairing: Mapping[str, set[str]], now: float
     ) -> RepairInput:
         view = m.view
         signals, _ = signal_status(reading, now, self.settings.policy)
@@ -364,7 +371,7 @@ class RepairLoop:
             if out.result in (EvictionResult.BLOCKED, EvictionResult.ERROR):
                 self._metrics.errors.labels("evict", out.result.value).inc()
 
-    async def _apply(self, m: _Node, inp: RepairInput, plan: RepairPlan) -> None:
+    async def _apply(self, m: _Member, inp: RepairInput, plan: RepairPlan) -> None:
         node = m.view.name
         prefix = DRY_RUN_PREFIX if self.settings.dry_run else ""
         for ev in plan.events:
@@ -390,7 +397,7 @@ class RepairLoop:
         if plan.move in (Move.START, Move.ENSURE) and plan.step in _JOB_STEPS and plan.attempt is not None:
             await self._ensure_job(m, inp, plan)
 
-    async def _ensure_job(self, m: _Node, inp: RepairInput, plan: RepairPlan) -> None:
+    async def _ensure_job(self, m: _Member, inp: RepairInput, plan: RepairPlan) -> None:
         assert plan.step is not None and plan.attempt is not None
         template = m.repair.templates.get(plan.step)
         if template is None:
@@ -422,18 +429,18 @@ class RepairLoop:
             log.info("repair Job created", extra={"node": m.view.name, "job": manifest["metadata"]["name"]})
 
     def _count(self, plan: RepairPlan) -> None:
-        step = (plan.step or Step.DONE).value
+        step = (plan.step or LadderStep.DONE).value
         if plan.move is Move.START:
             self._metrics.repairs.labels(step, "started").inc()
         elif any(e.reason == "GpuRepairRefused" for e in plan.events):
             self._metrics.repairs.labels(step, "refused").inc()
-        elif plan.move is Move.RECORD and plan.step is Step.GIVE_UP:
+        elif plan.move is Move.RECORD and plan.step is LadderStep.GIVE_UP:
             self._metrics.repairs.labels(step, "gave_up").inc()
-        elif plan.move is Move.RECORD and plan.step is Step.DONE:
+        elif plan.move is Move.RECORD and plan.step is LadderStep.DONE:
             self._metrics.repairs.labels(step, "done").inc()
         elif plan.move is Move.RECORD and plan.record is not None and plan.attempt is not None:
             ended = next((a for a in plan.record.attempts if a.number == plan.attempt), None)
-            if ended is not None and ended.outcome is not Outcome.RUNNING:
+            if ended is not None and ended.outcome is not AttemptOutcome.RUNNING:
                 self._metrics.repairs.labels(step, ended.outcome.value).inc()
 
 

@@ -38,7 +38,7 @@ _MAX_HEADER_LIST = 16_384  # the reply's headers and trailers: a status, a messa
 _MAX_MESSAGE_TEXT = 1_000  # grpc-message kept for the log
 
 
-class Status(IntEnum):
+class GrpcStatus(IntEnum):
     """gRPC status codes (grpc/doc/statuscodes.md)."""
 
     OK = 0
@@ -61,27 +61,27 @@ class Status(IntEnum):
 
 
 class CallFailed(Exception):
-    def __init__(self, status: Status, message: str) -> None:
+    def __init__(self, status: GrpcStatus, message: str) -> None:
         super().__init__(f"{status.name}: {message}")
         self.status = status
         self.message = message
 
 
 _FROM_HTTP = {
-    400: Status.INTERNAL,
-    401: Status.UNAUTHENTICATED,
-    403: Status.PERMISSION_DENIED,
-    404: Status.UNIMPLEMENTED,
-    429: Status.UNAVAILABLE,
-    502: Status.UNAVAILABLE,
-    503: Status.UNAVAILABLE,
-    504: Status.UNAVAILABLE,
+    400: GrpcStatus.INTERNAL,
+    401: GrpcStatus.UNAUTHENTICATED,
+    403: GrpcStatus.PERMISSION_DENIED,
+    404: GrpcStatus.UNIMPLEMENTED,
+    429: GrpcStatus.UNAVAILABLE,
+    502: GrpcStatus.UNAVAILABLE,
+    503: GrpcStatus.UNAVAILABLE,
+    504: GrpcStatus.UNAVAILABLE,
 }
-_FROM_RESET: dict[int, Status] = {
-    ErrorCode.REFUSED_STREAM: Status.UNAVAILABLE,
-    ErrorCode.CANCEL: Status.CANCELLED,
-    ErrorCode.ENHANCE_YOUR_CALM: Status.RESOURCE_EXHAUSTED,
-    ErrorCode.INADEQUATE_SECURITY: Status.PERMISSION_DENIED,
+_FROM_RESET: dict[int, GrpcStatus] = {
+    ErrorCode.REFUSED_STREAM: GrpcStatus.UNAVAILABLE,
+    ErrorCode.CANCEL: GrpcStatus.CANCELLED,
+    ErrorCode.ENHANCE_YOUR_CALM: GrpcStatus.RESOURCE_EXHAUSTED,
+    ErrorCode.INADEQUATE_SECURITY: GrpcStatus.PERMISSION_DENIED,
 }
 
 
@@ -126,9 +126,9 @@ class UnaryCall:
         try:
             events, out = self._connection.receive(data)
         except LimitExceeded as e:
-            raise CallFailed(Status.RESOURCE_EXHAUSTED, str(e)) from e
+            raise CallFailed(GrpcStatus.RESOURCE_EXHAUSTED, str(e)) from e
         except ProtocolError as e:
-            raise CallFailed(Status.INTERNAL, f"HTTP/2: {e}") from e
+            raise CallFailed(GrpcStatus.INTERNAL, f"HTTP/2: {e}") from e
         for event in events:
             if self.reply is None:
                 self._event(event)
@@ -137,7 +137,7 @@ class UnaryCall:
     def closed(self) -> None:
         """The server closed the connection; unless the reply was complete, that is a failure."""
         if self.reply is None:
-            raise CallFailed(Status.UNAVAILABLE, "the connection closed before the reply ended")
+            raise CallFailed(GrpcStatus.UNAVAILABLE, "the connection closed before the reply ended")
 
     def _event(self, event: Event) -> None:
         if isinstance(event, Headers):
@@ -146,17 +146,17 @@ class UnaryCall:
             elif event.end_stream:  # trailers, or Trailers-Only (the first and last HEADERS)
                 self._trailers(event.fields)
             else:
-                raise CallFailed(Status.INTERNAL, "a second HEADERS that does not end the stream")
+                raise CallFailed(GrpcStatus.INTERNAL, "a second HEADERS that does not end the stream")
         elif isinstance(event, Data):
             self._data(event)
         elif isinstance(event, StreamReset):
-            status = _FROM_RESET.get(event.code, Status.INTERNAL)
+            status = _FROM_RESET.get(event.code, GrpcStatus.INTERNAL)
             raise CallFailed(status, f"the server reset the stream ({error_name(event.code)})")
         elif isinstance(event, GoAway) and event.last_stream < 1:
             # Our stream was never processed: the server is shutting down (RFC 9113 6.8).
             detail = event.debug[:200].decode("utf-8", "replace")
             raise CallFailed(
-                Status.UNAVAILABLE, f"GOAWAY before the call ({error_name(event.code)}) {detail}"
+                GrpcStatus.UNAVAILABLE, f"GOAWAY before the call ({error_name(event.code)}) {detail}"
             )
         # A GOAWAY that covers our stream lets it finish: the reply still comes, or the close.
 
@@ -167,31 +167,31 @@ class UnaryCall:
         if http != b"200":
             # Three digits, or int() of a long one would raise (and cost) beyond our statuses.
             status = (
-                _FROM_HTTP.get(int(http), Status.UNKNOWN)
+                _FROM_HTTP.get(int(http), GrpcStatus.UNKNOWN)
                 if http.isdigit() and len(http) == 3
-                else Status.INTERNAL
+                else GrpcStatus.INTERNAL
             )
             raise CallFailed(status, f"HTTP status {http[:10].decode('ascii', 'replace')}")
         if not values.get(b"content-type", b"").startswith(b"application/grpc"):
-            raise CallFailed(Status.INTERNAL, "the reply's content-type is not application/grpc")
+            raise CallFailed(GrpcStatus.INTERNAL, "the reply's content-type is not application/grpc")
 
     def _data(self, event: Data) -> None:
         if not self._answered:
-            raise CallFailed(Status.INTERNAL, "DATA before the reply's HEADERS")
+            raise CallFailed(GrpcStatus.INTERNAL, "DATA before the reply's HEADERS")
         self._body += event.data
         if self._expected is None and len(self._body) >= _PREFIX:
             if self._body[0]:
-                raise CallFailed(Status.INTERNAL, "a compressed message, although none was accepted")
+                raise CallFailed(GrpcStatus.INTERNAL, "a compressed message, although none was accepted")
             self._expected = int.from_bytes(self._body[1:_PREFIX], "big")
             if self._expected > self._max_message:
                 raise CallFailed(
-                    Status.RESOURCE_EXHAUSTED,
+                    GrpcStatus.RESOURCE_EXHAUSTED,
                     f"a message of {self._expected} bytes, above the {self._max_message} accepted",
                 )
         if self._expected is not None and len(self._body) > _PREFIX + self._expected:
-            raise CallFailed(Status.INTERNAL, "more than one message in a unary reply")
+            raise CallFailed(GrpcStatus.INTERNAL, "more than one message in a unary reply")
         if event.end_stream:
-            raise CallFailed(Status.INTERNAL, "the stream ended without trailers")
+            raise CallFailed(GrpcStatus.INTERNAL, "the stream ended without trailers")
 
     def _trailers(self, fields: list[Header]) -> None:
         values = dict(fields)
@@ -201,12 +201,12 @@ class UnaryCall:
                 self._response_headers(fields)
         raw = values.get(b"grpc-status")
         if raw is None or not raw.isdigit() or len(raw) > 3:
-            raise CallFailed(Status.INTERNAL, "trailers without a grpc-status")
+            raise CallFailed(GrpcStatus.INTERNAL, "trailers without a grpc-status")
         code = int(raw)
-        if code != Status.OK:
-            status = Status(code) if code <= max(Status) else Status.UNKNOWN
+        if code != GrpcStatus.OK:
+            status = GrpcStatus(code) if code <= max(GrpcStatus) else GrpcStatus.UNKNOWN
             message = unquote_to_bytes(values.get(b"grpc-message", b"")[: 3 * _MAX_MESSAGE_TEXT])
             raise CallFailed(status, message.decode("utf-8", "replace")[:_MAX_MESSAGE_TEXT])
         if self._expected is None or len(self._body) != _PREFIX + self._expected:
-            raise CallFailed(Status.INTERNAL, "status OK without a whole reply message")
+            raise CallFailed(GrpcStatus.INTERNAL, "status OK without a whole reply message")
         self.reply = bytes(self._body[_PREFIX:])

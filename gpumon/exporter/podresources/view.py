@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from gpumon.dra import ClaimDevice, ClaimRef, DeviceRef
 from gpumon.exporter.podresources.protowire import length_delimited, text
+from gpumon.k8s.dra import ClaimDevice, ClaimRef, DeviceRef
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,8 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from gpumon.controller.kube import KubeApi
-from gpumon.controller.shell.informer import Informer
+from gpumon.kube.informer import Selection, View
+from gpumon.kube.registry import Informers
 
 
 class Endpoints(Protocol):
@@ -48,16 +48,15 @@ def _exporter_endpoint(port: int, scheme: str) -> Callable[[Mapping[str, Any]], 
 class DiscoveredEndpoints:
     """Exporter pods found through the API (namespace + label selector), by node."""
 
-    def __init__(self, api: KubeApi, namespace: str, selector: str, port: int, scheme: str) -> None:
+    def __init__(self, informers: Informers, namespace: str, selector: str, port: int, scheme: str) -> None:
         self.changed = asyncio.Event()
-        self.informer: Informer[tuple[str, str]] = Informer(
-            api,
-            f"/api/v1/namespaces/{namespace}/pods",
+        self.view: View[tuple[str, str]] = informers.informer(
+            Selection(f"/api/v1/namespaces/{namespace}/pods", label_selector=selector)
+        ).view(
             _exporter_endpoint(port, scheme),
             name="exporter-pods",
-            params={"labelSelector": selector} if selector else None,
             on_change=lambda key, old, new: self.changed.set(),
         )
 
     def current(self) -> Mapping[str, str]:
-        return dict(self.informer.items().values())
+        return dict(self.view.items().values())

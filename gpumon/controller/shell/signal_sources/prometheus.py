@@ -32,8 +32,8 @@ from gpumon.controller.core.signals import (
     NodeReading,
     XidSeen,
 )
-from gpumon.devices.model import HealthReason, HealthState, HealthVerdict, PodRef, RecoveryAction
-from gpumon.gpu_health import Scope, Signal
+from gpumon.gpu.health import Scope, Signal
+from gpumon.gpu.model import HealthReason, HealthState, HealthVerdict, PodRef, RecoveryAction
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def readings_from_results(
             g.fields["recovery_action"] = action
     for s in results.get(Signal.XID.value, ()):
         g = target(s.labels)
-        # xid="other" (undocumented codes, gpumon.devices.model.XID_OTHER) names no code to judge.
+        # xid="other" (undocumented codes, gpumon.gpu.model.XID_OTHER) names no code to judge.
         code = _number(s.labels.get("xid", ""))
         if g is not None and code is not None:
             g.fields["xids"].add(code)

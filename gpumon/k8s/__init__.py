@@ -1,0 +1,2 @@
+"""Kubernetes vocabulary: resource names and quantities, selectors, GPU-sharing
+annotations, DRA objects and their CEL selectors. Pure values and parsing: no I/O."""

@@ -1,0 +1,2 @@
+"""Process plumbing shared by every program: supervised tasks, logging, the HTTP serving
+shell, GC pauses, thread names, build information."""
