@@ -298,6 +298,53 @@ async def test_an_open_breaker_holds_new_repairs_but_not_the_validation(
         ]
 
 
+async def test_a_reboot_waits_for_every_pod_of_the_node_to_be_evicted_pdbs_holding(
+    scene_for: Callable[..., Any],
+) -> None:
+    """A pod that uses no GPU is in none of the controller's caches, yet the reboot takes it
+    down: the ladder lists the node's pods and evicts it first, and a PDB that allows no
+    disruption keeps the reboot waiting."""
+    async with scene_for() as scene:
+        core, ns = scene.core, scene.namespace
+        body = {
+            "metadata": {"name": "web-0", "labels": {"app": "web"}},
+            "spec": {
+                "nodeName": scene.node,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "web", "image": "nginx:1"}],
+            },
+        }
+        await core.create_namespaced_pod(ns, body)
+        await eventually(lambda: _phase(core, ns, "web-0", "Running"), what="web-0 Running")
+        policy = client.PolicyV1Api(core.api_client)
+        pdb = {
+            "metadata": {"name": "keep-web"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}},
+        }
+        await policy.create_namespaced_pod_disruption_budget(ns, pdb)
+        await eventually(
+            lambda: _pdb_allows(policy, ns, "keep-web", 0), what="the PDB computed: no disruption"
+        )
+
+        uuid = await scene.fault(0, "node_reboot")
+        draining = await wait_for_event(core, "default", scene.node, "GpuRepairDraining")
+        assert "evicting 1 pod(s) before the node's reboot" in draining.message
+        loop = scene.ctl.controller.repair
+        assert loop is not None
+        after = loop.rounds + 4
+        await eventually(lambda: _true(loop.rounds >= after), what="four more repair rounds")
+        assert await _phase(core, ns, "web-0", "Running"), "the PDB holds it"
+        assert await scene.jobs() == [], "no reboot while it is there"
+
+        await policy.delete_namespaced_pod_disruption_budget("keep-web", ns)
+        job = await scene.job_done("reboot")
+        # The Job exists only once a listing of the node showed the pod gone.
+        assert await _gone(core, ns, "web-0"), "evicted before the reboot"
+        assert job.metadata.creation_timestamp >= draining.first_timestamp
+        scene.exporter.fault(gpu=0, fault="clear")  # the reboot's effect
+        await scene.ladder_done(uuid)
+
+
 async def test_without_rbac_for_jobs_the_refusal_is_counted_told_once_and_nothing_crashes(
     scene_for: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -333,3 +380,27 @@ async def _true(ok: bool) -> bool | None:
 async def _quarantined(core: client.CoreV1Api, node: str) -> bool | None:
     obj = await node_obj(core, node)
     return True if our_taint(obj) is not None else None
+
+
+async def _phase(core: client.CoreV1Api, namespace: str, name: str, phase: str) -> bool | None:
+    pod = await core.read_namespaced_pod(name, namespace)
+    return True if pod.status.phase == phase and pod.metadata.deletion_timestamp is None else None
+
+
+async def _gone(core: client.CoreV1Api, namespace: str, name: str) -> bool:
+    try:
+        await core.read_namespaced_pod(name, namespace)
+    except client.ApiException as e:
+        return e.status == 404
+    return False
+
+
+async def _pdb_allows(policy: client.PolicyV1Api, namespace: str, name: str, allowed: int) -> bool | None:
+    pdb = await policy.read_namespaced_pod_disruption_budget(name, namespace)
+    s = pdb.status
+    ok = (
+        s is not None
+        and s.observed_generation == pdb.metadata.generation
+        and s.disruptions_allowed == allowed
+    )
+    return True if ok else None

@@ -4,6 +4,7 @@ tests/cluster/test_repair_ladder.py."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from controller_fakes import FakeKube, load_rules
@@ -61,6 +62,7 @@ def world(
     annotations: dict[str, str] | None = None,
     action: RecoveryAction = RecoveryAction.GPU_RESET,
     pods: tuple[PodView, ...] = (),
+    listed: Sequence[dict[str, Any]] | None = (),
     safety: SafetyPolicy | None = None,
     breakers: dict[str, BreakerTrip] | None = None,
 ) -> tuple[FakeKube, RepairLoop]:
@@ -94,6 +96,8 @@ def world(
     gpu = GpuReading("GPU-1", 1, T, recovery_action=action, health=bad)
     for pod in pods:
         pods_informer.update_local(f"{pod.namespace}/{pod.name}", pod, "1")
+    if listed is not None:  # every pod of the node, as the API lists it (None: the list fails)
+        api.add("/api/v1/pods", {"items": list(listed)})
     source.nodes["n1"] = NodeReading("n1", T, (gpu,))
     loop = RepairLoop(
         api=api,
@@ -184,19 +188,80 @@ async def test_a_wave_of_ladders_trips_the_pools_breaker_and_records_it() -> Non
     assert "GpuBreakerOpen" in reasons and "GpuRepairRefused" in reasons
 
 
-async def test_before_a_reboot_the_pods_left_on_the_node_are_evicted_unless_paused() -> None:
-    others = (
-        PodView("ml", "train-0", "uid-0", "n1", "Running", uses_gpu=True),
-        PodView("kube-system", "plugin", "uid-1", "n1", "Running", owner_kind="DaemonSet", uses_gpu=True),
+def pod_json(namespace: str, name: str, *, gpu: bool = False, owner: str | None = None) -> dict[str, Any]:
+    limits = {"nvidia.com/gpu": 1} if gpu else {}
+    meta: dict[str, Any] = {"namespace": namespace, "name": name, "uid": f"uid-{name}"}
+    if owner is not None:
+        meta["ownerReferences"] = [{"kind": owner, "name": "x", "controller": True}]
+    container = {"name": "c", "image": "x", "resources": {"limits": limits}}
+    return {
+        "metadata": meta,
+        "spec": {"nodeName": "n1", "containers": [container]},
+        "status": {"phase": "Running"},
+    }
+
+
+TRAIN = PodView("ml", "train-0", "uid-train-0", "n1", "Running", uses_gpu=True)
+PLUGIN = PodView(
+    "kube-system", "plugin", "uid-plugin", "n1", "Running", owner_kind="DaemonSet", uses_gpu=True
+)
+ON_THE_NODE = [
+    pod_json("ml", "train-0", gpu=True),
+    pod_json("web", "cache"),  # no GPU: outside the caches, taken down by the reboot all the same
+    pod_json("kube-system", "plugin", gpu=True, owner="DaemonSet"),
+]
+
+
+def evictions(api: FakeKube) -> list[str]:
+    return [p for m, p, _ in api.calls if m == "POST" and p.endswith("/eviction")]
+
+
+def jobs_posted(api: FakeKube) -> list[str]:
+    return [p for m, p, _ in api.writes() if p.endswith("/jobs")]
+
+
+async def test_before_a_reboot_every_pod_of_the_node_is_evicted_unless_paused() -> None:
+    api, loop = world(
+        dry_run=False, action=RecoveryAction.NODE_REBOOT, pods=(TRAIN, PLUGIN), listed=ON_THE_NODE
     )
-    api, loop = world(dry_run=False, action=RecoveryAction.NODE_REBOOT, pods=others)
     await loop.round()
-    evicted = [p for m, p, _ in api.calls if m == "POST" and p.endswith("/eviction")]
-    assert evicted == ["/api/v1/namespaces/ml/pods/train-0/eviction"], "the DaemonSet's pod stays"
-    assert [p for m, p, _ in api.writes() if p.endswith("/jobs")] == [], "no reboot while a pod is there"
+    assert ("GET", "/api/v1/pods", {"fieldSelector": "spec.nodeName=n1"}) in api.calls
+    assert evictions(api) == [
+        "/api/v1/namespaces/ml/pods/train-0/eviction",
+        "/api/v1/namespaces/web/pods/cache/eviction",
+    ], "the DaemonSet's pod stays"
+    assert jobs_posted(api) == [], "no reboot while a pod is there"
     assert "GpuRepairDraining" in [e["reason"] for e in events(api)]
     api, loop = world(
-        dry_run=False, action=RecoveryAction.NODE_REBOOT, pods=others, safety=SafetyPolicy(paused=True)
+        dry_run=False,
+        action=RecoveryAction.NODE_REBOOT,
+        pods=(TRAIN, PLUGIN),
+        listed=ON_THE_NODE,
+        safety=SafetyPolicy(paused=True),
     )
     await loop.round()
-    assert [p for m, p, _ in api.calls if p.endswith("/eviction")] == [], "paused: nothing evicted"
+    assert evictions(api) == [], "paused: nothing evicted"
+
+
+async def test_the_reboot_starts_once_the_listing_shows_the_node_free() -> None:
+    # Only the DaemonSet's pod is left: the node is free, whatever the rest of the fleet holds.
+    api, loop = world(dry_run=False, action=RecoveryAction.NODE_REBOOT, listed=[ON_THE_NODE[2]])
+    await loop.round()
+    assert evictions(api) == []
+    assert jobs_posted(api) == [f"/apis/batch/v1/namespaces/{NS}/jobs"]
+
+
+async def test_a_reset_lists_no_pods() -> None:
+    api, loop = world(dry_run=False, action=RecoveryAction.GPU_RESET, listed=ON_THE_NODE)
+    await loop.round()
+    assert [c for c in api.calls if c[1] == "/api/v1/pods"] == [], "the caches say whether its GPUs are free"
+    assert jobs_posted(api) == [f"/apis/batch/v1/namespaces/{NS}/jobs"]
+
+
+async def test_a_failed_listing_keeps_the_reboot_waiting_and_evicts_the_cached_pods() -> None:
+    api, loop = world(dry_run=False, action=RecoveryAction.NODE_REBOOT, pods=(TRAIN, PLUGIN), listed=None)
+    await loop.round()
+    assert jobs_posted(api) == [], "not known to be free: no reboot"
+    assert evictions(api) == ["/api/v1/namespaces/ml/pods/train-0/eviction"]
+    counted = loop._metrics.errors.labels("list_pods", "NotFound")._value.get()
+    assert counted == 1

@@ -22,13 +22,16 @@ from gpumon.controller.core.contract.repair import (
     record_from_json,
     record_to_json,
 )
+from gpumon.controller.core.objects import PodView
 from gpumon.controller.core.repair import (
     Machinery,
     Move,
     RepairInput,
     RepairPolicy,
     Work,
+    holding_the_node,
     holds_quarantine,
+    needs_the_nodes_pods,
     plan_repair,
     repair_phase,
 )
@@ -170,6 +173,30 @@ def test_the_driver_asking_for_a_reboot_skips_the_reset() -> None:
     waiting = step(node(RecoveryAction.NODE_REBOOT, node_free=False), T0 + 5)
     assert waiting.step is LadderStep.DRAIN and waiting.drain_node, "the pods left on the node are evicted"
     assert not step(node(gpus_free=False), T0 + 5).drain_node, "a reset waits for the quarantine's drain"
+
+
+def test_only_a_reboot_in_waiting_has_the_nodes_pods_listed() -> None:
+    def needs(inp: RepairInput, now: float = T0 + 5, policy: RepairPolicy = POLICY) -> bool:
+        return needs_the_nodes_pods(inp, now=now, policy=policy)
+
+    assert needs(node(RecoveryAction.NODE_REBOOT)), "the reboot's turn: every pod of the node counts"
+    assert needs(node(RecoveryAction.NODE_REBOOT, node_free=False)), "however the caches see it"
+    assert not needs(node(RecoveryAction.GPU_RESET)), "a reset waits for its GPUs' pods only"
+    assert not needs(node(RecoveryAction.NODE_REBOOT, record=running(LadderStep.REBOOT))), "under way"
+    assert not needs(node(RecoveryAction.NONE, healthy=True)), "nothing to repair"
+    assert not needs(node(RecoveryAction.NODE_REBOOT), policy=replace(POLICY, reboot=False)), "no reboots"
+
+
+def test_every_pod_but_daemonset_mirror_and_finished_ones_holds_the_node() -> None:
+    pods = [
+        PodView("ml", "train", "u1", "n1", "Running", uses_gpu=True),
+        PodView("web", "cache", "u2", "n1", "Running"),  # no GPU: the reboot takes it down all the same
+        PodView("web", "going", "u3", "n1", "Running", terminating=True),  # still there
+        PodView("kube-system", "agent", "u4", "n1", "Running", owner_kind="DaemonSet"),
+        PodView("kube-system", "static", "u5", "n1", "Running", mirror=True),
+        PodView("ml", "done", "u6", "n1", "Succeeded"),
+    ]
+    assert [p.name for p in holding_the_node(pods)] == ["train", "cache", "going"]
 
 
 def test_a_failed_reset_escalates_to_a_reboot_and_a_failed_reboot_to_replacement() -> None:

@@ -25,7 +25,7 @@ Events and writes nothing. A validation is never refused: it starts nothing disr
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
@@ -38,6 +38,7 @@ from gpumon.controller.core.contract.repair import (
     LadderStep,
     RepairRecord,
 )
+from gpumon.controller.core.objects import PodView
 from gpumon.controller.core.plans import Event, ObjectRef
 from gpumon.controller.core.signals import GpuReading, NodeReading
 from gpumon.controller.core.verdicts import Finding, GpuVerdict, NodeVerdict, SignalStatus
@@ -291,6 +292,26 @@ def plan_repair(
     if step is LadderStep.DONE:
         return RepairPlan(Move.WAIT, reasons=why)
     return _gated(inp, step, wants, now, policy, why, refusal)
+
+
+def holding_the_node(pods: Iterable[PodView]) -> list[PodView]:
+    """The pods that must leave before a reboot: all but DaemonSet and mirror pods (the node
+    brings those back with it) and pods that have finished."""
+    return [p for p in pods if not p.finished and p.owner_kind != "DaemonSet" and not p.mirror]
+
+
+def needs_the_nodes_pods(
+    inp: RepairInput, *, now: float, policy: RepairPolicy, xid_window_seconds: float = 600.0
+) -> bool:
+    """Whether the next move hinges on every pod of the node, not only the GPU pods the caches
+    hold: no step runs, and were the node free its next step would be a reboot. Only then does
+    the shell list the node's pods (and evict them); every other round reads the caches alone."""
+    if inp.record.running is not None:
+        return False
+    free = replace(inp, node_free=True)
+    return plan_repair(free, now=now, policy=policy, xid_window_seconds=xid_window_seconds).step is (
+        LadderStep.REBOOT
+    )
 
 
 def holds_quarantine(rec: RepairRecord) -> bool:

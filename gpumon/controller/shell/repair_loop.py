@@ -3,6 +3,8 @@ plans each quarantined one (:func:`gpumon.controller.core.repair.plan_repair`), 
 round's new disruptive steps as one batch through the quarantine's breaker and rate limit, and
 carries out the moves: the record on the Node first, then the step's Job, so that a leader that
 dies between the two leaves an attempt whose Job the next one creates (under the same name).
+Before a reboot it lists the node's pods through the API (the caches hold GPU pods only, and the
+reboot takes every pod down) and evicts them, PDBs holding, until the node is free.
 
 Only the leader plans and writes. Dry-run records the Events (prefixed) and writes nothing; as
 dry-run never quarantines, its ladders never start. Replacement needs the pool's machinery
@@ -25,7 +27,7 @@ from prometheus_client.registry import Collector
 from gpumon.controller.act.breaker_record import record_breaker
 from gpumon.controller.act.events import EventRecorder
 from gpumon.controller.act.evict import EvictionResult, Evictor
-from gpumon.controller.act.repair_jobs import ensure_job, read_job, write_record
+from gpumon.controller.act.repair_jobs import ensure_job, node_pods, read_job, write_record
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.breaker import PoolView, SafetyPolicy
@@ -39,7 +41,7 @@ from gpumon.controller.core.contract.repair import (
     RepairRecord,
     record_from_json,
 )
-from gpumon.controller.core.objects import NodeView, PodView, node_from_json
+from gpumon.controller.core.objects import GpuResources, NodeView, PodView, node_from_json, pod_from_json
 from gpumon.controller.core.plans import DrainTarget, Event, ObjectRef
 from gpumon.controller.core.policy import Policy, signal_status
 from gpumon.controller.core.pools import Pool
@@ -49,6 +51,8 @@ from gpumon.controller.core.repair import (
     RepairInput,
     RepairPlan,
     Work,
+    holding_the_node,
+    needs_the_nodes_pods,
     plan_repair,
     quarantine_verdict,
     targets,
@@ -62,6 +66,9 @@ from gpumon.kube.informer import View
 
 log = logging.getLogger(__name__)
 
+# Before a reboot, whether a listed pod uses a GPU does not matter (every pod but DaemonSet and
+# mirror pods leaves): the default resources only fill in the view.
+_POD_RESOURCES = GpuResources()
 _JOB_STEPS = frozenset({LadderStep.RESET, LadderStep.REBOOT, LadderStep.VALIDATE})
 # The Jobs API refusing: asked again after 5 s, then 10, 20 ... up to 5 minutes.
 JOBS_BACKOFF = Backoff(initial_seconds=5.0, max_seconds=300.0)
@@ -188,6 +195,8 @@ class RepairLoop:
         self._wall = wall_clock
         self.rounds = 0
         self._jobs = _JobsAccess()
+        # Pods evicted before a reboot, by node, until a listing of the node no longer shows them.
+        self._evicted: dict[str, set[str]] = {}
         metrics.registry.register(_Ladders(lambda: ((m.pool.name, m.record) for m in self._members())))
 
     async def run(self) -> None:
@@ -218,10 +227,19 @@ class RepairLoop:
             if m.record.active:
                 repairing.setdefault(m.pool.name, set()).add(m.view.name)
         planned: list[tuple[_Member, RepairInput, RepairPlan]] = []
+        # The pods that must leave each node before its reboot, where the node's pods were listed.
+        holders: dict[str, list[PodView]] = {}
         for m in members:
             if quarantined_at(m.view) is None and not m.record.attempts and m.record.gave_up_at is None:
                 continue  # healthy and never repaired: the common case, nothing to read
             inp = await self._input(m, fleet.nodes.get(m.view.name), repairing, now)
+            if needs_the_nodes_pods(
+                inp,
+                now=now,
+                policy=m.repair.policy,
+                xid_window_seconds=self.settings.policy.health.xid_window_seconds,
+            ):
+                inp, holders[m.view.name] = await self._before_reboot(inp)
             planned.append((m, inp, self._plan(m, inp, now)))
         safety, breakers = self._safety(), self._open_breakers()
         refused: dict[str, str] = {}
@@ -245,7 +263,7 @@ class RepairLoop:
                 plan = self._plan(m, inp, now, refused[m.view.name])
             if plan.drain_node and continuing_refusal(m.pool.name, breakers, safety) is not None:
                 plan = replace(plan, drain_node=False)  # evicting is disruptive: held the same way
-            await self._apply(m, inp, plan)
+            await self._apply(m, inp, plan, holders.get(m.view.name, ()))
 
     async def _record_trip(self, trip: BreakerTrip) -> None:
         """A wave of ladders tripped the pool's breaker: recorded on the controller's ConfigMap
@@ -349,16 +367,37 @@ class RepairLoop:
             log.info("repair Jobs available again", extra={"namespace": self.settings.namespace})
 
     def _held(self, node: str) -> list[PodView]:
-        """The pods a reboot would take down that may leave: not DaemonSet or mirror pods.
-        The cache holds GPU pods (and pods with claims) only."""
-        pods = self._pods.indexed(node)
-        return [p for p in pods if not p.finished and p.owner_kind != "DaemonSet" and not p.mirror]
+        """The cached pods that hold the node: the cache has GPU pods (and pods with claims)
+        only; before a reboot the node's pods are listed whole (:meth:`_before_reboot`)."""
+        return holding_the_node(self._pods.indexed(node))
 
-    async def _drain_node(self, node: str) -> None:
+    async def _before_reboot(self, inp: RepairInput) -> tuple[RepairInput, list[PodView]]:
+        """The ladder would reboot the node once it is free: every pod on it, listed through the
+        API, decides whether it is, and is what the drain before the reboot evicts. A list that
+        fails leaves the node not free (the free deadline still counts) and the cached GPU pods
+        to evict."""
+        node = inp.node
+        try:
+            listed = await node_pods(self._api, node)
+        except KubeError as e:
+            self._metrics.errors.labels("list_pods", type(e).__name__).inc()
+            log.warning(
+                "the node's pods could not be listed; the reboot waits", extra={"node": node, "error": str(e)}
+            )
+            return replace(inp, node_free=False), self._held(node)
+        pods = [pod_from_json(obj, _POD_RESOURCES) for obj in listed]
+        # Pods evicted before that are gone now: the evictor may forget them (the reconciler
+        # forgets the GPU pods its cache sees go; the others it never sees).
+        present = {p.uid for p in pods}
+        for uid in self._evicted.pop(node, set()) - present:
+            self._evictor.forget(uid)
+        holders = holding_the_node(pods)
+        return replace(inp, node_free=not holders), holders
+
+    async def _drain_node(self, node: str, held: Sequence[PodView]) -> None:
         """Evict what is left on the node before its reboot, through the Eviction API (PDBs
-        hold; a refusal is retried with the evictor's backoff on later rounds)."""
+        hold: a refusal, 429, is "not yet", retried with the evictor's backoff on a later round)."""
         now, dry = self._wall(), self.settings.dry_run
-        held = self._held(node)
         if held:
             message = f"evicting {len(held)} pod(s) before the node's reboot"
             prefix = DRY_RUN_PREFIX if dry else ""
@@ -368,17 +407,21 @@ class RepairLoop:
                 return
             target = DrainTarget(pod, "the node reboots to repair its GPUs")
             out = await self._evictor.run(target, now=now, delete=False, dry_run=dry)
+            if out.result is EvictionResult.EVICTED:
+                self._evicted.setdefault(node, set()).add(pod.uid)
             if out.result in (EvictionResult.BLOCKED, EvictionResult.ERROR):
                 self._metrics.errors.labels("evict", out.result.value).inc()
 
-    async def _apply(self, m: _Member, inp: RepairInput, plan: RepairPlan) -> None:
+    async def _apply(
+        self, m: _Member, inp: RepairInput, plan: RepairPlan, holders: Sequence[PodView]
+    ) -> None:
         node = m.view.name
         prefix = DRY_RUN_PREFIX if self.settings.dry_run else ""
         for ev in plan.events:
             await self._recorder.record(ev, prefix=prefix)
         self._count(plan)
         if plan.drain_node:
-            await self._drain_node(node)
+            await self._drain_node(node, holders)
         if plan.move in (Move.NONE, Move.WAIT) and plan.record is None:
             return
         if self.settings.dry_run:
