@@ -159,7 +159,7 @@ def _quarantine_desired(
         annotations[c.ANNOTATION_DRAIN_STARTED_AT] = to_rfc3339(drain_started_at(view, now))
     else:
         annotations[c.ANNOTATION_DRAIN_STARTED_AT] = None
-    label = c.NodePhase.RECOVERING if verdict.recovering else phase
+    label = c.NodePhase.RECOVERING if verdict.recovering and phase not in c.REPAIR_PHASES else phase
     cordon = view.unschedulable or (policy.cordon and severity is Severity.UNHEALTHY)
     actions = tuple(f.action for f in verdict.findings)
     condition = _with_transition(view, "True", records[0].reason, condition_message(records, actions), now)

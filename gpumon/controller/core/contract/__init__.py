@@ -88,5 +88,12 @@ class NodePhase(enum.StrEnum):
     VALIDATING = "validating"
 
 
+# While one of these runs, gpumon.io/state says so, even as the findings clear through the
+# hysteresis (which is "recovering" otherwise): the ladder decides when the quarantine can lift.
+REPAIR_PHASES = frozenset(
+    {NodePhase.RESETTING, NodePhase.REBOOTING, NodePhase.REPLACING, NodePhase.VALIDATING}
+)
+
+
 # Events and log lines about a decision that dry-run kept from being written start with this.
 DRY_RUN_PREFIX = "[dry-run] "
