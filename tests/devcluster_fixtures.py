@@ -6,8 +6,10 @@ and stopped at the end of the session (its files stay in pytest's temporary dire
 post-mortems). ``api``: an async kubernetes_asyncio client as cluster-admin, independent of
 gpumon's; ``kube``: gpumon's own client (gpumon.kube.client) as cluster-admin. ``namespace``: a
 fresh namespace per test, deleted without waiting. ``make_nodes``: kwok GPU nodes from a
-template, deleted after the test. Tests share one cluster: a test that schedules pods gives
-its nodes a label of its own (``test_id``) and selects them with it."""
+template, deleted after the test. ``cluster_api``: Cluster API's own manager and the kwok
+infrastructure provider on the session's control plane, started the first time a test asks.
+Tests share one cluster: a test that schedules pods gives its nodes a label of its own
+(``test_id``) and selects them with it."""
 
 from __future__ import annotations
 
@@ -20,7 +22,15 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client, config
 
-from gpumon.devcluster.binaries import MockNvml, ToolsMissing, locate, locate_helm, locate_mock_nvml
+from gpumon.devcluster import cluster_api as capi_manager
+from gpumon.devcluster.binaries import (
+    MockNvml,
+    ToolsMissing,
+    locate,
+    locate_cluster_api,
+    locate_helm,
+    locate_mock_nvml,
+)
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
@@ -44,6 +54,17 @@ def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster_api(devcluster: DevCluster) -> capi_manager.ClusterApiRunning:
+    """Cluster API's own manager and the kwok infrastructure provider on the session's control
+    plane, started by the first test that asks (about 10 s) and stopped with the cluster."""
+    try:
+        tools = locate_cluster_api()
+    except ToolsMissing as e:
+        pytest.fail(str(e), pytrace=False)
+    return capi_manager.start(devcluster, tools)
 
 
 @pytest.fixture(scope="session")

@@ -163,6 +163,25 @@ class DevCluster:
                 )
             time.sleep(0.1)
 
+    def add_components(self, extra: Sequence[Component], timeout_seconds: float = 120.0) -> None:
+        """Start more components on the running cluster, wave by wave, each waited healthy;
+        they are stopped with the rest (Cluster API's manager and its infrastructure provider,
+        which only the tests that scale real pools need). Call it from the thread that owns the
+        cluster's children."""
+        names = {c.name for c in self.components}
+        clash = [c.name for c in extra if c.name in names]
+        if clash:
+            raise StartupError(f"already part of the cluster: {', '.join(clash)}")
+        self.components = (*self.components, *extra)
+        deadline = time.monotonic() + timeout_seconds
+        for wave in sorted({c.wave for c in extra}):
+            started = []
+            for c in (c for c in extra if c.wave == wave):
+                child = self._spawn(c)
+                self.children.append(child)
+                started.append((c, child))
+            self._wait_healthy(started, deadline)
+
     def kubectl(self, *args: str, timeout_seconds: float = 60.0) -> str:
         cmd = [
             str(self.tools.kubectl),
