@@ -23,12 +23,15 @@ import pytest
 from kubernetes_asyncio import client, config
 
 from gpumon.devcluster import cluster_api as capi_manager
+from gpumon.devcluster import karpenter as karpenter_controller
+from gpumon.devcluster import nodes
 from gpumon.devcluster.binaries import (
     MockNvml,
     ToolsMissing,
     locate,
     locate_cluster_api,
     locate_helm,
+    locate_karpenter,
     locate_mock_nvml,
 )
 from gpumon.devcluster.cluster import DevCluster
@@ -65,6 +68,23 @@ def cluster_api(devcluster: DevCluster) -> capi_manager.ClusterApiRunning:
     except ToolsMissing as e:
         pytest.fail(str(e), pytrace=False)
     return capi_manager.start(devcluster, tools)
+
+
+# The instance types the session's Karpenter offers (fixed when it starts).
+KARPENTER_GPU_TYPE = karpenter_controller.InstanceType("gpu-8x-a100", nodes.NodeTemplate(gpus=8))
+
+
+@pytest.fixture(scope="session")
+def karpenter_instance_types(devcluster: DevCluster) -> tuple[karpenter_controller.InstanceType, ...]:
+    """Karpenter with its kwok provider on the session's control plane, started by the first
+    test that asks; the instance types it offers."""
+    try:
+        tools = locate_karpenter()
+    except ToolsMissing as e:
+        pytest.fail(str(e), pytrace=False)
+    types = (KARPENTER_GPU_TYPE,)
+    karpenter_controller.start(devcluster, types, tools)
+    return types
 
 
 @pytest.fixture(scope="session")

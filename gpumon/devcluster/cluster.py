@@ -119,7 +119,9 @@ class DevCluster:
         return cls(tools, layout, ports, components.all_components(tools, ports, layout, options))
 
     def _spawn(self, c: Component) -> processes.Child:
-        return processes.spawn(c.name, c.argv, self.layout.logs / f"{c.name}.log", cwd=self.layout.root)
+        return processes.spawn(
+            c.name, c.argv, self.layout.logs / f"{c.name}.log", cwd=self.layout.root, env=c.env or None
+        )
 
     def _run(self, deadline: float) -> None:
         for wave in sorted({c.wave for c in self.components}):

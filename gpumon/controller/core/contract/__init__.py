@@ -52,6 +52,8 @@ MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"
 MACHINE_NAMESPACE_ANNOTATION = "cluster.x-k8s.io/cluster-namespace"
 CA_MIN_ANNOTATION = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size"
 CA_MAX_ANNOTATION = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size"
+# Karpenter's label on the Nodes it launched (their NodePool): a pool with such nodes is Karpenter's.
+KARPENTER_NODEPOOL_LABEL = "karpenter.sh/nodepool"
 
 # On gpumon's DeviceTaintRules. Annotations, not labels: a node's name may be longer than a
 # label value may be.
