@@ -27,6 +27,7 @@ from controller_harness import (  # noqa: F401 - fixtures
 )
 from kubernetes_asyncio import client
 
+from gpumon.controller.core.node_owner import node_owner
 from gpumon.devcluster import capi, nodes
 from gpumon.devcluster.cluster_api import ClusterApiRunning
 from gpumon.devcluster.poolplan import POOL_LABEL
@@ -182,6 +183,14 @@ async def test_a_new_machine_becomes_a_node_with_gpus(api: client.ApiClient, cap
         assert "configRef" not in m["spec"]["bootstrap"]
     for name in names:
         node = await node_obj(client.CoreV1Api(api), name)
+        # What a repair's replacement step deletes: the Machine that owns the Node.
+        owner = node_owner(node)
+        assert owner is not None and (owner.machinery, owner.kind) == ("cluster-api", "Machine")
+        group, version = owner.api_version.split("/")
+        machine = await pool.custom.get_namespaced_custom_object(
+            group, version, str(owner.namespace), capi.MACHINES, owner.name
+        )
+        assert machine["status"]["nodeRef"]["name"] == name
         annotations = node["metadata"]["annotations"]
         # What Cluster API writes on the Nodes of its Machines, and gpumon reads.
         assert annotations["cluster.x-k8s.io/machine"] in {

@@ -13,12 +13,14 @@ from controller_harness import (  # noqa: F401 - fixtures
     TEST_LABEL,
     KubeconfigFactory,
     controller_config,
+    node_obj,
     running,
     sa_kubeconfig_for_fixture,
     wait_for_event,
 )
 from kubernetes_asyncio import client
 
+from gpumon.controller.core.node_owner import node_owner
 from gpumon.devcluster import capi, karpenter, nodes
 from gpumon.devcluster.waiting import eventually
 
@@ -81,8 +83,19 @@ async def test_a_pool_of_karpenter_nodes_is_refused_and_never_scaled(
     (launched,) = await eventually(
         lambda: running_pods(1), what="Karpenter's node running the pod", timeout_seconds=90
     )
-    node = await core.read_node(launched)
-    assert node.metadata.labels[karpenter.NODEPOOL_LABEL] == node_pool
+    node = await node_obj(core, launched)
+    assert node["metadata"]["labels"][karpenter.NODEPOOL_LABEL] == node_pool
+    # What a repair's replacement step deletes: the NodeClaim that owns the Node.
+    owner = node_owner(node)
+    assert owner is not None and (owner.machinery, owner.kind) == ("karpenter", "NodeClaim")
+
+    async def claimed_node() -> str | None:
+        claim = await custom.get_cluster_custom_object(
+            karpenter.GROUP, karpenter.VERSION, karpenter.NODE_CLAIMS, owner.name
+        )
+        return (claim.get("status") or {}).get("nodeName")  # written once the Node registered
+
+    assert await eventually(claimed_node, what="the NodeClaim naming its Node") == launched
 
     md = capi.machine_deployment(test_id, namespace, replicas=0)
     await custom.create_namespaced_custom_object(
