@@ -70,8 +70,18 @@ def cluster_api(devcluster: DevCluster) -> capi_manager.ClusterApiRunning:
     return capi_manager.start(devcluster, tools)
 
 
-# The instance types the session's Karpenter offers (fixed when it starts).
+# The instance types the session's Karpenter offers (fixed when it starts): whole GPUs, GPUs
+# shared by memory and core share (gpushare/cGPU), and MIG instances (mixed strategy).
 KARPENTER_GPU_TYPE = karpenter_controller.InstanceType("gpu-8x-a100", nodes.NodeTemplate(gpus=8))
+KARPENTER_TYPES = (
+    KARPENTER_GPU_TYPE,
+    karpenter_controller.InstanceType(
+        "share-4x-t4", nodes.NodeTemplate(gpus=0, shared=nodes.SharedGpus(4, 16)), price=2.0
+    ),
+    karpenter_controller.InstanceType(
+        "mig-2x-a100", nodes.NodeTemplate(gpus=2, mig={"3g.40gb": 2}), price=3.0
+    ),
+)
 
 
 @pytest.fixture(scope="session")
@@ -82,9 +92,8 @@ def karpenter_instance_types(devcluster: DevCluster) -> tuple[karpenter_controll
         tools = locate_karpenter()
     except ToolsMissing as e:
         pytest.fail(str(e), pytrace=False)
-    types = (KARPENTER_GPU_TYPE,)
-    karpenter_controller.start(devcluster, types, tools)
-    return types
+    karpenter_controller.start(devcluster, KARPENTER_TYPES, tools)
+    return KARPENTER_TYPES
 
 
 @pytest.fixture(scope="session")

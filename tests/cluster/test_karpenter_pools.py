@@ -47,7 +47,7 @@ async def node_pool(
     )
 
 
-def gpu_pod(name: str, test_id: str) -> dict[str, Any]:
+def gpu_pod(name: str, test_id: str, limits: dict[str, str] | None = None) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "labels": {"app": "train"}},
         "spec": {
@@ -56,7 +56,9 @@ def gpu_pod(name: str, test_id: str) -> dict[str, Any]:
                 {"key": TAINT_KEY, "operator": "Equal", "value": test_id, "effect": "NoSchedule"}
             ],
             "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "cuda", "image": "cuda:12", "resources": {"limits": {nodes.GPU: "8"}}}],
+            "containers": [
+                {"name": "cuda", "image": "cuda:12", "resources": {"limits": limits or {nodes.GPU: "8"}}}
+            ],
         },
     }
 
@@ -130,3 +132,29 @@ async def test_a_pool_of_karpenter_nodes_is_refused_and_never_scaled(
             capi.GROUP, capi.VERSION, namespace, capi.MACHINE_DEPLOYMENTS, test_id
         )
         assert scale["spec"].get("replicas", 0) == 0
+
+
+async def test_karpenter_launches_the_instance_type_each_gpu_request_needs(
+    api: client.ApiClient, namespace: str, test_id: str, node_pool: str
+) -> None:
+    """Whole GPUs, gpushare memory and a MIG profile: Karpenter fits each pending pod to the one
+    instance type that offers its resource (it packs extended resources per node; it knows
+    nothing of gpushare's per-card limit)."""
+    core = client.CoreV1Api(api)
+    wanted = {
+        "whole": ({nodes.GPU: "8"}, "gpu-8x-a100"),
+        "share": ({nodes.SHARED_GPU_MEMORY: "12"}, "share-4x-t4"),
+        "mig": ({"nvidia.com/mig-3g.40gb": "3"}, "mig-2x-a100"),
+    }
+    for name, (limits, _) in wanted.items():
+        await core.create_namespaced_pod(namespace, gpu_pod(name, test_id, limits))
+
+    async def all_running() -> dict[str, str] | None:
+        pods = (await core.list_namespaced_pod(namespace, label_selector="app=train")).items
+        up = {p.metadata.name: p.spec.node_name for p in pods if p.status.phase == "Running"}
+        return up if len(up) == len(wanted) else None
+
+    placed = await eventually(all_running, what="each pod Running on a Karpenter node", timeout_seconds=120)
+    for name, (_, instance_type) in wanted.items():
+        node = await node_obj(core, placed[name])
+        assert node["metadata"]["labels"]["node.kubernetes.io/instance-type"] == instance_type, name
