@@ -50,8 +50,12 @@ RECORD_ANNOTATION = "gpumon.io/autoscaler"
 DELETE_MACHINE_ANNOTATION = "cluster.x-k8s.io/delete-machine"
 MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"
 MACHINE_NAMESPACE_ANNOTATION = "cluster.x-k8s.io/cluster-namespace"
+# The Machine behind a Node, as a repair's replacement deletes it (core/node_owner.py).
+MACHINE_API_VERSION = "cluster.x-k8s.io/v1beta2"
 CA_MIN_ANNOTATION = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size"
 CA_MAX_ANNOTATION = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size"
+# Karpenter's label on the Nodes it launched (their NodePool): a pool with such nodes is Karpenter's.
+KARPENTER_NODEPOOL_LABEL = "karpenter.sh/nodepool"
 
 # On gpumon's DeviceTaintRules. Annotations, not labels: a node's name may be longer than a
 # label value may be.
