@@ -1,6 +1,7 @@
 """gpumon beside Karpenter v1.15.0 (its own controllers, the kwok cloud provider) on the real
 control plane: a gpumon pool whose nodes Karpenter launched is refused, as a pool that
-cluster-autoscaler manages is."""
+cluster-autoscaler manages is; a Karpenter node gpumon quarantines is held from Karpenter's
+consolidation until gpumon lifts the quarantine."""
 
 from __future__ import annotations
 
@@ -13,16 +14,22 @@ from controller_harness import (  # noqa: F401 - fixtures
     TEST_LABEL,
     KubeconfigFactory,
     controller_config,
+    exporters,
+    fresh_signals,
     node_obj,
     running,
+    running_pods,
     sa_kubeconfig_for_fixture,
+    tainted,
     wait_for_event,
 )
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpumon.controller.core import contract as c
 from gpumon.controller.core.node_owner import node_owner
 from gpumon.devcluster import capi, karpenter, nodes
-from gpumon.devcluster.waiting import eventually
+from gpumon.devcluster.waiting import NotReached, eventually
 
 TAINT_KEY = "test.gpumon.io/karpenter"
 
@@ -158,3 +165,103 @@ async def test_karpenter_launches_the_instance_type_each_gpu_request_needs(
     for name, (_, instance_type) in wanted.items():
         node = await node_obj(core, placed[name])
         assert node["metadata"]["labels"]["node.kubernetes.io/instance-type"] == instance_type, name
+
+
+# Measured on this control plane without the hold: Karpenter's consolidation began deleting the
+# drained, empty quarantined node 20-22 s after the fault (NodePool defaults: consolidateAfter 0s).
+CONSOLIDATION_SECONDS = 22.0
+
+
+async def test_a_quarantined_karpenter_node_is_held_from_consolidation_until_recovery(
+    api: client.ApiClient,
+    namespace: str,
+    test_id: str,
+    node_pool: str,
+    sa_kubeconfig_for: KubeconfigFactory,
+) -> None:
+    """A Deployment's pod on a Karpenter node whose GPU overheats: gpumon quarantines the node
+    (with karpenter.sh/do-not-disrupt in the same patch) and evicts the pod; Karpenter launches a
+    node for the replacement. For twice the time consolidation took without the hold, the
+    quarantined node keeps existing with gpumon's record, its NodeClaim is not deleted, and the
+    replacement stays where it is (nothing is consolidated back onto the quarantined node).
+    Recovery takes the hold off."""
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    template = gpu_pod("train", test_id, {nodes.GPU: "1"})
+    deployment = {
+        "metadata": {"name": "train"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "train"}},
+            "template": {"metadata": template["metadata"], "spec": template["spec"]},
+        },
+    }
+    await client.AppsV1Api(api).create_namespaced_deployment(namespace, deployment)
+
+    async def one_running() -> client.V1Pod | None:
+        pods = await running_pods(core, namespace, "train")
+        return pods[0] if len(pods) == 1 else None
+
+    first = await eventually(one_running, what="the pod Running on a Karpenter node", timeout_seconds=90)
+    bad = first.spec.node_name
+    owner = node_owner(await node_obj(core, bad))
+    assert owner is not None and owner.machinery == "karpenter"
+    rules = [{"name": "thermal-unhealthy", "for": 0, "recoverAfter": 2}]
+    kubeconfig = await sa_kubeconfig_for()
+    async with exporters([bad]) as ex:
+        ex[bad].placement.pods[0] = (namespace, first.metadata.name)
+        cfg = controller_config(
+            kubeconfig=kubeconfig,
+            namespace=namespace,
+            test_id=test_id,
+            endpoints={bad: ex[bad].url},
+            policy={"rules": rules},
+        )
+        async with running(cfg) as ctl:
+            await eventually(lambda: fresh_signals(ctl, 1), what="fresh signals from the exporter")
+            ex[bad].fault(gpu=0, fault="overheat", celsius=98)
+            node = await eventually(lambda: tainted(core, bad), what="the Karpenter node quarantined")
+            assert node["metadata"]["annotations"][c.KARPENTER_DO_NOT_DISRUPT_ANNOTATION] == "true"
+
+            async def moved() -> client.V1Pod | None:
+                pod = await one_running()
+                return pod if pod is not None and pod.spec.node_name != bad else None
+
+            replacement = await eventually(
+                moved, what="the evicted pod Running on a new Karpenter node", timeout_seconds=90
+            )
+            assert (await node_obj(core, replacement.spec.node_name))["metadata"]["labels"][
+                karpenter.NODEPOOL_LABEL
+            ] == node_pool
+
+            async def disrupted() -> str | None:
+                """What Karpenter did against the quarantine, if anything."""
+                try:
+                    held = await node_obj(core, bad)
+                    claim = await custom.get_cluster_custom_object(
+                        karpenter.GROUP, karpenter.VERSION, karpenter.NODE_CLAIMS, owner.name
+                    )
+                except ApiException as e:
+                    return f"the quarantined node or its NodeClaim is gone ({e.status})"
+                if held["metadata"].get("deletionTimestamp") or claim["metadata"].get("deletionTimestamp"):
+                    return "the quarantined node is being deleted"
+                if c.ANNOTATION_UNHEALTHY_GPUS not in held["metadata"].get("annotations", {}):
+                    return "gpumon's record is gone"
+                now = await running_pods(core, namespace, "train")
+                if [(p.metadata.uid, p.spec.node_name) for p in now] != [
+                    (replacement.metadata.uid, replacement.spec.node_name)
+                ]:
+                    return f"the workload moved: {[(p.metadata.name, p.spec.node_name) for p in now]}"
+                return None
+
+            try:
+                window = 2 * CONSOLIDATION_SECONDS
+                broke = await eventually(disrupted, what="a disruption", timeout_seconds=window)
+            except NotReached:
+                broke = None
+            assert broke is None, broke
+
+            ex[bad].fault(gpu=0, fault="clear")
+            await wait_for_event(core, "default", bad, "GpuRecovered")
+            annotations = (await node_obj(core, bad))["metadata"].get("annotations", {})
+            assert c.KARPENTER_DO_NOT_DISRUPT_ANNOTATION not in annotations
+            assert c.ANNOTATION_DO_NOT_DISRUPT_PREEXISTING not in annotations
