@@ -4,7 +4,7 @@
 # go.mod and go.sum, made by hack/pin-tools.sh) in read-only module mode: nothing is resolved
 # here, nothing floats to "latest", every module is checked against go.sum.
 # Idempotent: a part whose stamp matches its pins is not rebuilt.
-# Usage: hack/build-tools.sh [all|kube|etcd|kwok|mocknvml|crds|helm|adapter]...
+# Usage: hack/build-tools.sh [all|kube|etcd|kwok|mocknvml|crds|helm|adapter|capi|karpenter]...
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -129,6 +129,49 @@ build_adapter() {
   mark_built "$out" prometheus-adapter
 }
 
+# Cluster API's core manager (its main package is the module root), with what a management
+# cluster installs beside it: every core CRD and the webhook configurations. devcluster points
+# the CRDs' conversion webhooks and these configurations at the manager's loopback port.
+build_capi() {
+  local v; v=$(pinned cluster-api sigs.k8s.io/cluster-api)
+  local out="$CACHE/cluster-api-$v"
+  is_built "$out" cluster-api && { log "cluster-api $v cached in $out"; return; }
+  log "cluster-api $v: the core manager (about 2 min cold on 2 cores)"
+  local minor=${v#v1.}; minor=${minor%%.*}
+  local ld="-s -w" pkg=sigs.k8s.io/cluster-api/version
+  ld+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+  ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  mkdir -p "$out/bin" "$out/crds" "$out/webhook"
+  (cd "$TOOLS/cluster-api" && CGO_ENABLED=0 with_progress "cluster-api manager" \
+     go build -trimpath -ldflags "$ld" -o "$out/bin/cluster-api-manager" sigs.k8s.io/cluster-api)
+  local cdir; cdir=$(module_dir cluster-api sigs.k8s.io/cluster-api)
+  cp "$cdir"/config/crd/bases/*.yaml "$out/crds/"
+  cp "$cdir/config/webhook/manifests.yaml" "$out/webhook/"
+  chmod -R u+w "$out/crds" "$out/webhook"
+  mark_built "$out" cluster-api
+}
+
+# Karpenter with its kwok cloud provider (binary renamed: `kwok` is the fake kubelet's name
+# here) and its kwok DRA driver, and their CRDs. Karpenter's go.mod asks for a newer Go than the
+# machine's: its pinned go.mod names the toolchain, which the go command fetches from the module
+# proxy for this part only (checked against the proxy's checksum database like any module).
+build_karpenter() {
+  local v; v=$(pinned karpenter sigs.k8s.io/karpenter)
+  local out="$CACHE/karpenter-$v"
+  is_built "$out" karpenter && { log "karpenter $v cached in $out"; return; }
+  local toolchain; toolchain=$(cd "$TOOLS/karpenter" && go mod edit -json | python3 -c 'import json,sys; print(json.load(sys.stdin)["Toolchain"])')
+  log "karpenter $v: the kwok provider and the kwok DRA driver, with $toolchain (about 3 min cold on 2 cores)"
+  mkdir -p "$out/bin" "$out/crds"
+  (export GOTOOLCHAIN=$toolchain; cd "$TOOLS/karpenter" && CGO_ENABLED=0 with_progress "karpenter (kwok provider)" \
+     go build -trimpath -ldflags "-s -w" -o "$out/bin/karpenter-kwok" sigs.k8s.io/karpenter/kwok \
+   && CGO_ENABLED=0 with_progress "karpenter's kwok DRA driver" \
+     go build -trimpath -ldflags "-s -w" -o "$out/bin/karpenter-dra-kwok-driver" sigs.k8s.io/karpenter/dra-kwok-driver)
+  local kdir; kdir=$(GOTOOLCHAIN=$toolchain module_dir karpenter sigs.k8s.io/karpenter)
+  cp "$kdir"/kwok/charts/crds/*.yaml "$kdir"/kwok/apis/crds/*.yaml "$out/crds/"
+  chmod -R u+w "$out/crds"
+  mark_built "$out" karpenter
+}
+
 # Unversioned NVML names that nvidia-ml-py calls, mapped to the versioned symbols the bridge
 # exports (the list in the upstream Makefile). Without them nvidia-ml-py cannot load the library.
 NVML_ALIASES=(
@@ -231,11 +274,13 @@ fetch_crds() {
 parts=("$@"); [ ${#parts[@]} -eq 0 ] && parts=(all)
 for p in "${parts[@]}"; do
   case "$p" in
-    all) fetch_crds; build_mocknvml; build_kwok; build_etcd; build_kube; build_helm; build_adapter ;;
+    all) fetch_crds; build_mocknvml; build_kwok; build_etcd; build_kube; build_helm; build_adapter
+         build_capi; build_karpenter ;;
     adapter) build_adapter ;;
+    capi) build_capi ;; karpenter) build_karpenter ;;
     kube) build_kube ;; etcd) build_etcd ;; kwok) build_kwok ;;
     mocknvml) build_mocknvml ;; crds) fetch_crds ;; helm) build_helm ;;
-    *) echo "unknown part: $p (all|kube|etcd|kwok|mocknvml|crds|helm|adapter)" >&2; exit 2 ;;
+    *) echo "unknown part: $p (all|kube|etcd|kwok|mocknvml|crds|helm|adapter|capi|karpenter)" >&2; exit 2 ;;
   esac
 done
 log "tools ready in $CACHE"

@@ -3,7 +3,7 @@
 # This is the only place a tool's version is chosen and the only step that asks the module proxy
 # to resolve anything; hack/build-tools.sh builds read-only from what is committed here.
 #
-#   hack/pin-tools.sh [all|kubernetes|etcd|kwok|helm|prometheus-adapter|mocknvml]...
+#   hack/pin-tools.sh [all|kubernetes|etcd|kwok|helm|prometheus-adapter|cluster-api|karpenter|mocknvml|crds]...
 #
 # To move a pin: change its version below, run this for that part, review the go.mod/go.sum
 # diff, run `make test` (tests/unit/test_tool_pins.py checks the graphs are complete) and commit.
@@ -15,7 +15,13 @@ ETCD_VERSION=v3.6.8
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.21.4
 ADAPTER_VERSION=v0.12.0
-CAPI_VERSION=v1.13.5
+# One Cluster API version: the core manager is built from it and its CRDs are read from it.
+CAPI_VERSION=v1.13.6
+KARPENTER_VERSION=v1.15.0
+# Karpenter v1.15.0's go.mod asks for Go 1.26.9, newer than the machine's; the go command fetches
+# this toolchain from the module proxy for Karpenter's pin and build only (everything else is
+# built with GOTOOLCHAIN=local).
+KARPENTER_GOTOOLCHAIN=go1.27.3
 PROMOP_VERSION=v0.93.0
 # The chart's optional cert-manager Certificate is dry-run against this release's CRDs.
 CERTMANAGER_VERSION=v1.21.2
@@ -76,6 +82,13 @@ pin_simple() {
   tidy_and_check "$dir"
 }
 
+pin_karpenter() {
+  # tidy raises the go line to the module's own (1.26.9), which only the fetched toolchain meets.
+  # The toolchain line is what hack/build-tools.sh exports as GOTOOLCHAIN for this part.
+  (export GOTOOLCHAIN=$KARPENTER_GOTOOLCHAIN; pin_simple karpenter "sigs.k8s.io/karpenter@$KARPENTER_VERSION" \
+     && cd "$TOOLS/karpenter" && go mod edit -toolchain="$KARPENTER_GOTOOLCHAIN")
+}
+
 pin_mocknvml() {
   # The proxy refuses github.com/NVIDIA/k8s-test-infra, so its graph comes from the standalone
   # go.mod/go.sum that ../shared/mocknvml carries; hack/build-tools.sh lays them over the source
@@ -105,12 +118,15 @@ for p in "${parts[@]}"; do
     all) pin_kubernetes; pin_etcd; pin_simple kwok "sigs.k8s.io/kwok@$KWOK_VERSION"
          pin_simple helm "helm.sh/helm/v3@$HELM_VERSION"
          pin_simple prometheus-adapter "sigs.k8s.io/prometheus-adapter@$ADAPTER_VERSION"
+         pin_simple cluster-api "sigs.k8s.io/cluster-api@$CAPI_VERSION"; pin_karpenter
          pin_mocknvml; pin_crds ;;
     kubernetes) pin_kubernetes ;;
     etcd) pin_etcd ;;
     kwok) pin_simple kwok "sigs.k8s.io/kwok@$KWOK_VERSION" ;;
     helm) pin_simple helm "helm.sh/helm/v3@$HELM_VERSION" ;;
     prometheus-adapter) pin_simple prometheus-adapter "sigs.k8s.io/prometheus-adapter@$ADAPTER_VERSION" ;;
+    cluster-api) pin_simple cluster-api "sigs.k8s.io/cluster-api@$CAPI_VERSION" ;;
+    karpenter) pin_karpenter ;;
     mocknvml) pin_mocknvml ;;
     crds) pin_crds ;;
     *) echo "unknown part: $p" >&2; exit 2 ;;

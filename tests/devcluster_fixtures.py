@@ -6,8 +6,10 @@ and stopped at the end of the session (its files stay in pytest's temporary dire
 post-mortems). ``api``: an async kubernetes_asyncio client as cluster-admin, independent of
 gpumon's; ``kube``: gpumon's own client (gpumon.kube.client) as cluster-admin. ``namespace``: a
 fresh namespace per test, deleted without waiting. ``make_nodes``: kwok GPU nodes from a
-template, deleted after the test. Tests share one cluster: a test that schedules pods gives
-its nodes a label of its own (``test_id``) and selects them with it."""
+template, deleted after the test. ``cluster_api``: Cluster API's own manager and the kwok
+infrastructure provider on the session's control plane, started the first time a test asks.
+Tests share one cluster: a test that schedules pods gives its nodes a label of its own
+(``test_id``) and selects them with it."""
 
 from __future__ import annotations
 
@@ -20,7 +22,18 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client, config
 
-from gpumon.devcluster.binaries import MockNvml, ToolsMissing, locate, locate_helm, locate_mock_nvml
+from gpumon.devcluster import cluster_api as capi_manager
+from gpumon.devcluster import karpenter as karpenter_controller
+from gpumon.devcluster import nodes
+from gpumon.devcluster.binaries import (
+    MockNvml,
+    ToolsMissing,
+    locate,
+    locate_cluster_api,
+    locate_helm,
+    locate_karpenter,
+    locate_mock_nvml,
+)
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import NodeMaker
 from gpumon.devcluster.waiting import eventually
@@ -44,6 +57,43 @@ def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster_api(devcluster: DevCluster) -> capi_manager.ClusterApiRunning:
+    """Cluster API's own manager and the kwok infrastructure provider on the session's control
+    plane, started by the first test that asks (about 10 s) and stopped with the cluster."""
+    try:
+        tools = locate_cluster_api()
+    except ToolsMissing as e:
+        pytest.fail(str(e), pytrace=False)
+    return capi_manager.start(devcluster, tools)
+
+
+# The instance types the session's Karpenter offers (fixed when it starts): whole GPUs, GPUs
+# shared by memory and core share (gpushare/cGPU), and MIG instances (mixed strategy).
+KARPENTER_GPU_TYPE = karpenter_controller.InstanceType("gpu-8x-a100", nodes.NodeTemplate(gpus=8))
+KARPENTER_TYPES = (
+    KARPENTER_GPU_TYPE,
+    karpenter_controller.InstanceType(
+        "share-4x-t4", nodes.NodeTemplate(gpus=0, shared=nodes.SharedGpus(4, 16)), price=2.0
+    ),
+    karpenter_controller.InstanceType(
+        "mig-2x-a100", nodes.NodeTemplate(gpus=2, mig={"3g.40gb": 2}), price=3.0
+    ),
+)
+
+
+@pytest.fixture(scope="session")
+def karpenter_instance_types(devcluster: DevCluster) -> tuple[karpenter_controller.InstanceType, ...]:
+    """Karpenter with its kwok provider on the session's control plane, started by the first
+    test that asks; the instance types it offers."""
+    try:
+        tools = locate_karpenter()
+    except ToolsMissing as e:
+        pytest.fail(str(e), pytrace=False)
+    karpenter_controller.start(devcluster, KARPENTER_TYPES, tools)
+    return KARPENTER_TYPES
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,10 @@ from gpumon.k8s.resources import (
 )
 from gpumon.k8s.selectors import parse_selector
 
+# Karpenter's API group: its NodePools have a /scale subresource (static capacity), but what
+# Karpenter manages gpumon never scales (docs/autoscaling.md, "Two autoscalers never share a pool").
+KARPENTER_GROUP = "karpenter.sh"
+
 
 class TargetConfig(Section):
     group: str = "cluster.x-k8s.io"
@@ -34,6 +38,16 @@ class TargetConfig(Section):
     resource: str | None = None
     namespace: str = Field(..., min_length=1)
     name: str = Field(..., min_length=1)
+
+    @field_validator("group")
+    @classmethod
+    def _not_karpenter(cls, v: str) -> str:
+        if v == KARPENTER_GROUP:
+            raise ValueError(
+                f"{v} is Karpenter's: gpumon never scales what Karpenter manages "
+                "(Karpenter sizes its NodePools itself)"
+            )
+        return v
 
 
 class TaintConfig(Section):

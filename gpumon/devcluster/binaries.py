@@ -12,7 +12,9 @@ from pathlib import Path
 KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.8"
 KWOK_VERSION = "v0.8.0"
-CRDS_DIR_NAME = "crds-capi-v1.13.5-promop-v0.93.0-certmanager-v1.21.2"
+CRDS_DIR_NAME = "crds-capi-v1.13.6-promop-v0.93.0-certmanager-v1.21.2"
+CLUSTER_API_VERSION = "v1.13.6"
+KARPENTER_VERSION = "v1.15.0"
 HELM_VERSION = "v3.21.4"
 ADAPTER_VERSION = "v0.12.0"
 MOCKNVML_VERSION = "v0.3.1-0.20260821154203-3b2b865d91b1"
@@ -135,3 +137,51 @@ def locate_mock_nvml(cache: Path | None = None) -> MockNvml:
             "(or `bash hack/build-tools.sh mocknvml`)"
         )
     return mock
+
+
+def _crds(root: Path, part: str) -> tuple[Path, ...]:
+    crds = tuple(sorted((root / "crds").glob("*.yaml")))
+    if not crds:
+        raise ToolsMissing(
+            f"{part} is not built: run `make setup` (or `bash hack/build-tools.sh {part}`); no CRDs in {root}"
+        )
+    return crds
+
+
+@dataclass(frozen=True)
+class ClusterApi:
+    """Cluster API's core manager, its CRDs and its webhook configurations (the module's own
+    ``config/crd/bases`` and ``config/webhook/manifests.yaml``)."""
+
+    manager: Path
+    crds: tuple[Path, ...]
+    webhooks: Path
+
+
+def locate_cluster_api(cache: Path | None = None) -> ClusterApi:
+    """What ``hack/build-tools.sh capi`` built; raises :class:`ToolsMissing`."""
+    root = (cache if cache is not None else cache_dir()) / f"cluster-api-{CLUSTER_API_VERSION}"
+    return ClusterApi(
+        manager=_built(root / "bin" / "cluster-api-manager", "capi"),
+        crds=_crds(root, "capi"),
+        webhooks=_built(root / "webhook" / "manifests.yaml", "capi"),
+    )
+
+
+@dataclass(frozen=True)
+class Karpenter:
+    """Karpenter's kwok provider, its kwok DRA driver and their CRDs."""
+
+    controller: Path
+    dra_driver: Path
+    crds: tuple[Path, ...]
+
+
+def locate_karpenter(cache: Path | None = None) -> Karpenter:
+    """What ``hack/build-tools.sh karpenter`` built; raises :class:`ToolsMissing`."""
+    root = (cache if cache is not None else cache_dir()) / f"karpenter-{KARPENTER_VERSION}"
+    return Karpenter(
+        controller=_built(root / "bin" / "karpenter-kwok", "karpenter"),
+        dra_driver=_built(root / "bin" / "karpenter-dra-kwok-driver", "karpenter"),
+        crds=_crds(root, "karpenter"),
+    )

@@ -119,7 +119,9 @@ class DevCluster:
         return cls(tools, layout, ports, components.all_components(tools, ports, layout, options))
 
     def _spawn(self, c: Component) -> processes.Child:
-        return processes.spawn(c.name, c.argv, self.layout.logs / f"{c.name}.log", cwd=self.layout.root)
+        return processes.spawn(
+            c.name, c.argv, self.layout.logs / f"{c.name}.log", cwd=self.layout.root, env=c.env or None
+        )
 
     def _run(self, deadline: float) -> None:
         for wave in sorted({c.wave for c in self.components}):
@@ -162,6 +164,25 @@ class DevCluster:
                     f"last lines of {child.log}:\n" + processes.tail(child.log)
                 )
             time.sleep(0.1)
+
+    def add_components(self, extra: Sequence[Component], timeout_seconds: float = 120.0) -> None:
+        """Start more components on the running cluster, wave by wave, each waited healthy;
+        they are stopped with the rest (Cluster API's manager and its infrastructure provider,
+        which only the tests that scale real pools need). Call it from the thread that owns the
+        cluster's children."""
+        names = {c.name for c in self.components}
+        clash = [c.name for c in extra if c.name in names]
+        if clash:
+            raise StartupError(f"already part of the cluster: {', '.join(clash)}")
+        self.components = (*self.components, *extra)
+        deadline = time.monotonic() + timeout_seconds
+        for wave in sorted({c.wave for c in extra}):
+            started = []
+            for c in (c for c in extra if c.wave == wave):
+                child = self._spawn(c)
+                self.children.append(child)
+                started.append((c, child))
+            self._wait_healthy(started, deadline)
 
     def kubectl(self, *args: str, timeout_seconds: float = 60.0) -> str:
         cmd = [

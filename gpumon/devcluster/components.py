@@ -7,8 +7,8 @@ be registered later."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -118,6 +118,7 @@ class Component:
     argv: tuple[str, ...]
     health: HealthCheck
     wave: int  # started after every component of a lower wave is healthy
+    env: Mapping[str, str] = field(default_factory=dict)  # added to the environment
 
 
 def _loopback(port: int, scheme: str = "https") -> str:

@@ -8,7 +8,7 @@ and NFD PCI labels, and the kwok annotation that makes kwok act as its kubelet."
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -110,10 +110,8 @@ def labels(name: str, template: NodeTemplate) -> dict[str, str]:
 def pool_template(template: NodeTemplate) -> dict[str, Any]:
     """A controller pool's ``template`` (``pools[].template`` in its config) for nodes made from
     ``template``: what each offers and the labels it carries, but its own name."""
-    basics = {"cpu": template.cpu, "memory": template.memory, "pods": template.pods}
-    node_labels = labels("", template)
-    del node_labels["kubernetes.io/hostname"]
-    return {"resources": basics | gpu_resources(template), "labels": node_labels}
+    node = shape(template)
+    return {"resources": node["resources"], "labels": node["labels"]}
 
 
 def manifest(
@@ -128,21 +126,68 @@ def manifest(
     resources, as a real node does before its device plugin registers."""
     base = {"cpu": template.cpu, "memory": template.memory, "pods": template.pods}
     resources = base | (gpu_resources(template) if gpus_allocatable else {})
+    node_labels = labels(name, template) | dict(extra_labels or {})
+    return _node(name, node_labels, template.taints, resources, template.os, annotations)
+
+
+def shape(template: NodeTemplate, extra_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What every node made from ``template`` has, but its name, as plain data: what an
+    infrastructure provider's machine template holds (gpumon.devcluster.capi_infra)."""
+    node_labels = labels("", template) | dict(extra_labels or {})
+    del node_labels["kubernetes.io/hostname"]
+    return {
+        "labels": node_labels,
+        "taints": [dict(t) for t in template.taints],
+        "resources": {"cpu": template.cpu, "memory": template.memory, "pods": template.pods}
+        | gpu_resources(template),
+        "os": template.os,
+    }
+
+
+def from_shape(
+    name: str,
+    node_shape: Mapping[str, Any],
+    *,
+    provider_id: str,
+    extra_labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The Node body for one machine of a :func:`shape`, with its cloud provider ID."""
+    body = _node(
+        name,
+        {**node_shape.get("labels", {}), **(extra_labels or {}), "kubernetes.io/hostname": name},
+        tuple(node_shape.get("taints", ())),
+        dict(node_shape.get("resources", {})),
+        str(node_shape.get("os", "linux")),
+        annotations,
+    )
+    body["spec"]["providerID"] = provider_id
+    return body
+
+
+def _node(
+    name: str,
+    node_labels: Mapping[str, str],
+    taints: Sequence[Mapping[str, str]],
+    resources: Mapping[str, str],
+    os_name: str,
+    annotations: Mapping[str, str] | None,
+) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
             "name": name,
-            "labels": labels(name, template) | dict(extra_labels or {}),
+            "labels": dict(node_labels),
             "annotations": {KWOK_NODE_ANNOTATION: KWOK_NODE_ANNOTATION_VALUE, **(annotations or {})},
         },
-        "spec": {"taints": [dict(t) for t in template.taints]} if template.taints else {},
+        "spec": {"taints": [dict(t) for t in taints]} if taints else {},
         "status": {
             "capacity": dict(resources),
             "allocatable": dict(resources),
             "nodeInfo": {
                 "architecture": "amd64",
-                "operatingSystem": template.os,
+                "operatingSystem": os_name,
                 "kubeletVersion": KUBELET_VERSION,
             },
         },

@@ -237,3 +237,28 @@ def write(pki: Pki, directory: Path) -> PkiFiles:
         path.write_bytes(data)
         path.chmod(0o600)
     return files
+
+
+# -- certificates for components started later (Cluster API's manager), from the written CA ----
+
+
+def _loaded(ca: KeyPair) -> _Authority:
+    key = serialization.load_pem_private_key(ca.key_pem, password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError("the cluster CA's key is not an ECDSA key")
+    return _Authority(key, x509.load_pem_x509_certificate(ca.cert_pem))
+
+
+def loopback_serving(ca: KeyPair, common_name: str, now: datetime.datetime) -> KeyPair:
+    """A serving certificate for a loopback endpoint (127.0.0.1, localhost) signed by ``ca``:
+    what the API server verifies when it calls a webhook there with ``ca`` as caBundle."""
+    sans = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    return _leaf(_loaded(ca), _name(common_name), ExtendedKeyUsageOID.SERVER_AUTH, now, sans)
+
+
+def client(ca: KeyPair, who: ClientIdentity, now: datetime.datetime) -> KeyPair:
+    return _client(_loaded(ca), who, now)
+
+
+def read_ca(files: PkiFiles) -> KeyPair:
+    return KeyPair(files.ca_cert.read_bytes(), files.ca_key.read_bytes())

@@ -4,6 +4,7 @@ decisions not carried out, pending GPU demand and the /scale targets."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import fields
 
@@ -87,6 +88,7 @@ def node_status(node: NodeInfo, events: Sequence[EventInfo], now: float, pool_la
     taint = next((t.effect for t in v.taints if t.key == c.TAINT_KEY), None)
     at = v.annotations.get(c.ANNOTATION_QUARANTINED_AT)
     condition = v.gpu_condition
+    machinery, owner = _owned_by(node)
     return NodeStatus(
         name=v.name,
         pool=pool_of(v.labels, pool_label),
@@ -102,8 +104,18 @@ def node_status(node: NodeInfo, events: Sequence[EventInfo], now: float, pool_la
         cordoned=v.unschedulable,
         cordoned_by_person=v.annotations.get(c.ANNOTATION_CORDON_PREEXISTING) == "true",
         excluded=is_excluded(v),
+        machinery=machinery,
+        owner=owner,
         evicted=evicted_from(v.name, events),
     )
+
+
+def _owned_by(node: NodeInfo) -> tuple[str, str | None]:
+    """The machinery that owns the node and its object there (``Machine ns/name``)."""
+    o = node.owner
+    if o is None:
+        return "none", None
+    return o.machinery, f"{o.kind} {o.namespace}/{o.name}" if o.namespace else f"{o.kind} {o.name}"
 
 
 def gpu_counts(node: NodeInfo, problems: Sequence[GpuProblem]) -> GpuCounts:
@@ -215,6 +227,7 @@ def build_fleet(state: ClusterState, *, pool_label: str) -> FleetStatus:
                 gpus=GpuCounts(*(sum(getattr(x, f.name) for x in counts) for f in fields(GpuCounts))),
                 quarantined=sum(1 for n in members if is_quarantined(n.view)),
                 breaker=open_breakers.get(name),
+                machinery=dict(sorted(Counter(statuses[n.view.name].machinery for n in members).items())),
             )
         )
     quarantined = [n for n in gpu_nodes if is_quarantined(n.view)]

@@ -46,6 +46,8 @@ class NodeStatus:
     cordoned: bool
     cordoned_by_person: bool  # the cordon was there before gpumon acted
     excluded: bool  # gpumon.io/exclude=true
+    machinery: str = "none"  # what owns the node: cluster-api | karpenter | none
+    owner: str | None = None  # the object that does: "Machine ns/name", "NodeClaim name"
     evicted: tuple[str, ...] = ()  # namespace/name of pods the controller evicted (or deleted)
 
 
@@ -88,6 +90,8 @@ class PoolStatus:
     gpus: GpuCounts
     quarantined: int
     breaker: Breaker | None
+    # Its nodes by what owns them (cluster-api, karpenter, none).
+    machinery: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, slots=True)

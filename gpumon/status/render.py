@@ -119,6 +119,15 @@ def _notes(n: NodeStatus) -> str:
     return ", ".join(notes)
 
 
+_MACHINERY = {"cluster-api": "Cluster API", "karpenter": "Karpenter", "none": "none"}
+
+
+def _owned_by(n: NodeStatus) -> str:
+    """What owns the node: ``Karpenter (NodeClaim gpu-x)``, ``none``."""
+    name = _MACHINERY.get(n.machinery, n.machinery)
+    return f"{name} ({n.owner})" if n.owner else name
+
+
 def _replicas(plan: ScaleTargetStatus) -> str:
     def n(v: int | None) -> str:
         return "?" if v is None else str(v)
@@ -151,16 +160,20 @@ def fleet(view: FleetStatus) -> RenderableType:
         Text(f"gpumon status at {view.taken_at}", style="bold"),
         controller_line(view.controller),
     ]
-    pools = _table("Pools", "pool", "nodes", "GPUs", "quarantined", "breaker", short=("nodes", "quarantined"))
+    pools = _table(
+        "Pools", "pool", "nodes", "owned by", "GPUs", "quarantined", "breaker", short=("nodes", "quarantined")
+    )
     for p in view.pools:
         breaker = Text("open since " + p.breaker.opened_at, style="bold red") if p.breaker else Text("closed")
-        pools.add_row(p.name, str(p.nodes), gpu_counts(p.gpus), str(p.quarantined), breaker)
+        owned = ", ".join(f"{_MACHINERY.get(m, m)} {k}" for m, k in p.machinery.items()) or "-"
+        pools.add_row(p.name, str(p.nodes), owned, gpu_counts(p.gpus), str(p.quarantined), breaker)
     parts.append(pools)
     if view.quarantined:
         q = _table(
             "Quarantined nodes",
             "node",
             "pool",
+            "owned by",
             "state",
             "for",
             "why",
@@ -173,6 +186,7 @@ def fleet(view: FleetStatus) -> RenderableType:
             q.add_row(
                 n.name,
                 n.pool,
+                _owned_by(n),
                 n.state,
                 duration(n.quarantined_for_seconds),
                 why,
@@ -215,6 +229,7 @@ def explanation(view: Explanation) -> RenderableType:
     n = view.node
     head = Text(f"node {n.name}", style="bold")
     head.append(f"  pool {n.pool}, {n.gpus} GPU(s), {'Ready' if n.ready else 'NotReady'}")
+    head.append(f", owned by {_owned_by(n)}")
     if n.quarantined_at is not None:
         head.append(
             f", quarantined {duration(n.quarantined_for_seconds)} ago ({n.quarantined_at})", style="bold red"

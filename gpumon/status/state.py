@@ -12,6 +12,7 @@ from typing import Any
 
 from gpumon.controller.core.contract import DRY_RUN_PREFIX, TAINT_KEY
 from gpumon.controller.core.contract.autoscaler import Record, record_of
+from gpumon.controller.core.node_owner import NodeOwner, node_owner
 from gpumon.controller.core.objects import (
     GpuResources,
     NodeView,
@@ -30,6 +31,7 @@ class NodeInfo:
     view: NodeView
     gpus: int  # whole GPUs in the node's capacity
     ready: bool
+    owner: NodeOwner | None = None  # its Cluster API Machine or Karpenter NodeClaim
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +120,7 @@ def node_info(obj: Mapping[str, Any], resources: GpuResources) -> NodeInfo:
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ()
     )
-    return NodeInfo(node_from_json(obj), gpus, ready)
+    return NodeInfo(node_from_json(obj), gpus, ready, node_owner(obj))
 
 
 def is_gpu_node(node: NodeInfo) -> bool:

@@ -335,9 +335,18 @@ async def test_a_flapping_gpu_is_held_not_churned(
                 released = time.monotonic() - onsets[0]
             assert history.of(node) == ["NoSchedule", None, "NoSchedule", None, "NoSchedule", None]
             assert released >= window
-            text = ctl.metrics()
-            assert metric(text, "gpumon_controller_actions_total", action="quarantine", result="success") == 3
-            assert metric(text, "gpumon_controller_actions_total", action="recover", result="success") == 3
+            # The controller counts an action once the API server has answered its write, which
+            # this test's watch can see before that answer reaches the controller: wait for the count.
+
+            async def counted() -> tuple[float | None, float | None] | None:
+                text = ctl.metrics()
+                counts = tuple(
+                    metric(text, "gpumon_controller_actions_total", action=a, result="success")
+                    for a in ("quarantine", "recover")
+                )
+                return counts if counts == (3, 3) else None
+
+            await eventually(counted, what="3 quarantines, 3 recoveries counted", timeout_seconds=10)
             print(f"\nflapping GPU: released {released:.1f}s after the first onset (window {window:.0f}s)")
 
 

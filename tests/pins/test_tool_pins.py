@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,13 +20,29 @@ from gpumon.devcluster import binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / "hack" / "tools"
-BUILD_PARTS = ("kubernetes", "etcd", "kwok", "helm", "prometheus-adapter")
+BUILD_PARTS = ("kubernetes", "etcd", "kwok", "helm", "prometheus-adapter", "cluster-api", "karpenter")
 
 
-def _go(args: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+def _edit_json(part: str) -> dict[str, Any]:
+    out = subprocess.run(
+        ["go", "mod", "edit", "-json"], cwd=TOOLS / part, capture_output=True, text=True, check=True
+    )
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc
+
+
+def _toolchain(part: str) -> str:
+    """The machine's Go, or the toolchain a part's go.mod names (Karpenter's): the one
+    hack/build-tools.sh exports for it, which the module cache must then hold."""
+    return str(_edit_json(part).get("Toolchain") or "local")
+
+
+def _go(
+    args: list[str], cwd: Path, toolchain: str = "local", **extra: str
+) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
-        "GOTOOLCHAIN": "local",
+        "GOTOOLCHAIN": toolchain,
         "GOFLAGS": "-mod=readonly -buildvcs=false",
         "GOPROXY": "off",  # what is not pinned and cached must fail, not be fetched
         **extra,
@@ -34,18 +51,18 @@ def _go(args: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess
 
 
 def _requires(part: str) -> dict[str, str]:
-    out = subprocess.run(
-        ["go", "mod", "edit", "-json"], cwd=TOOLS / part, capture_output=True, text=True, check=True
-    )
-    return {r["Path"]: r["Version"] for r in json.loads(out.stdout)["Require"] or ()}
+    return {r["Path"]: r["Version"] for r in _edit_json(part)["Require"] or ()}
 
 
 @pytest.mark.parametrize("part", BUILD_PARTS)
 def test_module_graph_is_complete_and_pinned(part: str) -> None:
-    listed = _go(["list", "-e", "-tags", "tools", "-f", '{{join .Imports " "}}', "."], TOOLS / part)
+    toolchain = _toolchain(part)
+    listed = _go(
+        ["list", "-e", "-tags", "tools", "-f", '{{join .Imports " "}}', "."], TOOLS / part, toolchain
+    )
     packages = listed.stdout.split()
     assert packages, f"{part}: tools.go names no package to build ({listed.stderr.strip()})"
-    deps = _go(["list", "-deps", "-tags", "tools", *packages], TOOLS / part, CGO_ENABLED="0")
+    deps = _go(["list", "-deps", "-tags", "tools", *packages], TOOLS / part, toolchain, CGO_ENABLED="0")
     assert deps.returncode == 0, f"{part}: the pinned module graph is incomplete:\n{deps.stderr[-3000:]}"
 
 
@@ -78,6 +95,8 @@ def test_harness_versions_are_the_pinned_ones() -> None:
     assert _requires("kwok")["sigs.k8s.io/kwok"] == binaries.KWOK_VERSION
     assert _requires("helm")["helm.sh/helm/v3"] == binaries.HELM_VERSION
     assert _requires("prometheus-adapter")["sigs.k8s.io/prometheus-adapter"] == binaries.ADAPTER_VERSION
+    assert _requires("cluster-api")["sigs.k8s.io/cluster-api"] == binaries.CLUSTER_API_VERSION
+    assert _requires("karpenter")["sigs.k8s.io/karpenter"] == binaries.KARPENTER_VERSION
     assert (TOOLS / "mocknvml" / "VERSION").read_text().strip() == binaries.MOCKNVML_VERSION
     crds = _requires("crds")
     assert (
@@ -85,6 +104,17 @@ def test_harness_versions_are_the_pinned_ones() -> None:
         f"-promop-{crds['github.com/prometheus-operator/prometheus-operator']}"
         f"-certmanager-{crds['github.com/cert-manager/cert-manager']}"
     ) == binaries.CRDS_DIR_NAME
+
+
+def test_one_cluster_api_version() -> None:
+    """The manager that runs and the CRDs every control plane installs come from one release."""
+    assert _requires("crds")["sigs.k8s.io/cluster-api"] == _requires("cluster-api")["sigs.k8s.io/cluster-api"]
+
+
+def test_only_karpenter_builds_with_a_fetched_toolchain() -> None:
+    """GOTOOLCHAIN=local for every part but Karpenter, whose go.mod asks for a newer Go."""
+    named = {part: _toolchain(part) for part in BUILD_PARTS}
+    assert {part: t for part, t in named.items() if t != "local"} == {"karpenter": "go1.27.3"}
 
 
 def test_the_build_resolves_nothing() -> None:

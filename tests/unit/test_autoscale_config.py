@@ -107,6 +107,18 @@ def test_shared_gpu_template_advertises_the_plugin_resources() -> None:
         (pool_yaml(name="Bad_Name"), "pools.0.name"),
         (pool_yaml(target={"namespace": "ns"}), "pools.0.target.name"),
         (pool_yaml(surprise=1), "pools.0.surprise"),
+        (
+            pool_yaml(
+                target={
+                    "group": "karpenter.sh",
+                    "version": "v1",
+                    "kind": "NodePool",
+                    "namespace": "n",
+                    "name": "gpu",
+                }
+            ),
+            "pools.0.target.group: Value error, karpenter.sh is Karpenter's: gpumon never scales what",
+        ),
     ],
 )
 def test_invalid_pools_name_the_field(tmp_path: Path, pool: dict[str, Any], message: str) -> None:

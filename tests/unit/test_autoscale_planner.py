@@ -18,7 +18,7 @@ from gpumon.controller.core.contract.autoscaler import (
     record_to_annotation,
 )
 from gpumon.controller.core.demand import PodDemand, Toleration
-from gpumon.controller.core.pools import Pool, PoolNode, ScaleState
+from gpumon.controller.core.pools import Pool, PoolNode, ScaleState, pool_node_from_json
 from gpumon.controller.core.scale_plan import (
     SETTLE_SECONDS,
     Action,
@@ -274,6 +274,21 @@ def test_a_pool_cluster_autoscaler_manages_is_refused() -> None:
     p = plan1(make_pool(), scale(0, **CA), pods(5))
     assert p.action is Action.REFUSED and p.desired == p.current == 0
     assert "cluster-autoscaler" in p.reason and p.notes[0].reason == "GpuPoolRefused" and p.notes[0].warning
+
+
+def test_a_pool_whose_nodes_karpenter_launched_is_refused() -> None:
+    """Karpenter's nodes in the pool: refused like a cluster-autoscaler pool, whatever the
+    target says, and allow_cluster_autoscaler does not open it."""
+    ours = node("a-0")
+    theirs = node("a-1", karpenter_nodepool="gpu")
+    for pool in (make_pool(), make_pool(allow_cluster_autoscaler=True)):
+        p = plan1(pool, scale(2), pods(5), nodes=(ours, theirs))
+        assert p.action is Action.REFUSED and p.desired == p.current == 2
+        assert "Karpenter's (NodePool gpu, label karpenter.sh/nodepool)" in p.reason
+        assert p.notes[0].reason == "GpuPoolRefused" and p.notes[0].warning
+    assert plan1(make_pool(), scale(2), pods(5), nodes=(ours, node("a-1"))).action is not Action.REFUSED
+    labelled = {"metadata": {"name": "n", "labels": {"karpenter.sh/nodepool": "gpu"}}}
+    assert pool_node_from_json(labelled, make_pool().template).karpenter_nodepool == "gpu"
 
 
 def test_allowed_cluster_autoscaler_annotations_are_default_bounds() -> None:

@@ -112,3 +112,21 @@ def test_kubeconfig_embeds_server_ca_and_client(keys: pki.Pki, tmp_path: Path) -
     context = next(c for c in loaded["contexts"] if c["name"] == loaded["current-context"])
     assert context["context"] == {"cluster": loaded["clusters"][0]["name"], "user": "gpumon-admin"}
     assert (path.stat().st_mode & 0o077) == 0
+
+
+def test_a_later_component_gets_a_loopback_serving_certificate_and_a_client_one_from_the_ca(
+    keys: pki.Pki,
+) -> None:
+    """Cluster API's manager, started after the cluster: its webhooks' serving certificate and
+    its client identity, both signed by the written CA."""
+    ca = _cert(keys.ca)
+    serving = _cert(pki.loopback_serving(keys.ca, "cluster-api-webhooks", NOW))
+    assert _signed_by(serving, ca)
+    sans = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
+    usage = serving.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    who = pki.ClientIdentity("cluster-api-manager", ("system:masters",))
+    client = _cert(pki.client(keys.ca, who, NOW))
+    assert _signed_by(client, ca)
+    assert client.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:masters"

@@ -17,9 +17,12 @@ from typing import Any
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.contract.node import (
     GpuRecord,
+    do_not_disrupt_to_json,
     is_excluded,
     is_quarantined,
+    karpenter_launched,
     node_records,
+    preexisting_do_not_disrupt,
     preexisting_taints,
     preexisting_taints_to_json,
     records_to_json,
@@ -41,6 +44,7 @@ _OUR_ANNOTATIONS = (
     c.ANNOTATION_CORDON_PREEXISTING,
     c.ANNOTATION_TAINT_PREEXISTING,
     c.ANNOTATION_DRAIN_STARTED_AT,
+    c.ANNOTATION_DO_NOT_DISRUPT_PREEXISTING,
 )
 _MESSAGE_LIMIT = 1024
 
@@ -159,11 +163,30 @@ def _quarantine_desired(
         annotations[c.ANNOTATION_DRAIN_STARTED_AT] = to_rfc3339(drain_started_at(view, now))
     else:
         annotations[c.ANNOTATION_DRAIN_STARTED_AT] = None
+    annotations.update(_karpenter_held(view))
     label = c.NodePhase.RECOVERING if verdict.recovering and phase not in c.REPAIR_PHASES else phase
     cordon = view.unschedulable or (policy.cordon and severity is Severity.UNHEALTHY)
     actions = tuple(f.action for f in verdict.findings)
     condition = _with_transition(view, "True", records[0].reason, condition_message(records, actions), now)
     return _Desired(_with_ours(view, taint), cordon, label.value, annotations, condition)
+
+
+def _karpenter_held(view: NodeView) -> dict[str, str | None]:
+    """Karpenter's do-not-disrupt on a node it launched, so that its consolidation does not
+    remove the quarantined node (empty once drained) and gpumon's record with it; what was there
+    before is recorded once, for recovery to put back."""
+    if not karpenter_launched(view) and c.ANNOTATION_DO_NOT_DISRUPT_PREEXISTING not in view.annotations:
+        return {}
+    before = view.annotations.get(c.ANNOTATION_DO_NOT_DISRUPT_PREEXISTING)
+    if before is None:
+        before = do_not_disrupt_to_json(view.annotations.get(c.KARPENTER_DO_NOT_DISRUPT_ANNOTATION))
+    return {c.ANNOTATION_DO_NOT_DISRUPT_PREEXISTING: before, c.KARPENTER_DO_NOT_DISRUPT_ANNOTATION: "true"}
+
+
+def _karpenter_released(view: NodeView) -> dict[str, str | None]:
+    """Karpenter's do-not-disrupt as it was before gpumon set it (absent if it was)."""
+    before = preexisting_do_not_disrupt(view)
+    return {} if before is None else {c.KARPENTER_DO_NOT_DISRUPT_ANNOTATION: before.value}
 
 
 def _same(a: Taint, b: Taint) -> bool:
@@ -179,7 +202,7 @@ def _recovery_desired(view: NodeView, now: float, policy: QuarantinePolicy) -> _
         taints=(*_others(view), *preexisting_taints(view)),
         unschedulable=False if we_cordoned else view.unschedulable,
         label_state=None,
-        annotations=dict.fromkeys(_OUR_ANNOTATIONS),
+        annotations={**dict.fromkeys(_OUR_ANNOTATIONS), **_karpenter_released(view)},
         condition=condition,
     )
 

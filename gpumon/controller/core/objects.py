@@ -16,6 +16,7 @@ from typing import Any
 from gpumon.controller.core.contract import (
     BREAKER_ANNOTATION_PREFIX,
     CONDITION_TYPE,
+    KARPENTER_DO_NOT_DISRUPT_ANNOTATION,
     KEY_PREFIX,
     MIRROR_POD_ANNOTATION,
 )
@@ -79,7 +80,7 @@ class NodeView:
     name: str
     resource_version: str
     labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
-    # gpumon's annotations only.
+    # gpumon's annotations, and Karpenter's do-not-disrupt (the quarantine sets it).
     annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     taints: tuple[Taint, ...] = ()
     unschedulable: bool = False
@@ -110,7 +111,11 @@ def node_from_json(obj: Mapping[str, Any]) -> NodeView:
         resource_version=str(meta.get("resourceVersion", "")),
         labels=MappingProxyType(dict(meta.get("labels") or {})),
         annotations=MappingProxyType(
-            {k: v for k, v in annotations.items() if k.startswith(_KEPT_ANNOTATION_PREFIXES)}
+            {
+                k: v
+                for k, v in annotations.items()
+                if k.startswith(_KEPT_ANNOTATION_PREFIXES) or k == KARPENTER_DO_NOT_DISRUPT_ANNOTATION
+            }
         ),
         taints=tuple(Taint.from_json(t) for t in spec.get("taints") or ()),
         unschedulable=bool(spec.get("unschedulable", False)),

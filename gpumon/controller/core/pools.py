@@ -98,6 +98,7 @@ class PoolNode:
     removing_since: float | None = None  # gpumon cordoned it to scale it down
     machine: str | None = None  # its Cluster API Machine (namespace, name), when known
     machine_namespace: str | None = None
+    karpenter_nodepool: str | None = None  # Karpenter launched it, for this NodePool
 
 
 def pool_node_from_json(obj: Mapping[str, Any], template: Template) -> PoolNode:
@@ -119,6 +120,7 @@ def pool_node_from_json(obj: Mapping[str, Any], template: Template) -> PoolNode:
         removing_since=from_rfc3339(removing) if removing else None,
         machine=annotations.get(c.MACHINE_ANNOTATION),
         machine_namespace=annotations.get(c.MACHINE_NAMESPACE_ANNOTATION),
+        karpenter_nodepool=labels.get(c.KARPENTER_NODEPOOL_LABEL),
     )
 
 

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from gpumon.controller.core.contract import CA_MAX_ANNOTATION, CA_MIN_ANNOTATION
+from gpumon.controller.core.contract import CA_MAX_ANNOTATION, CA_MIN_ANNOTATION, KARPENTER_NODEPOOL_LABEL
 from gpumon.controller.core.contract.autoscaler import EMPTY_RECORD, Record, Removal, record_of
 from gpumon.controller.core.demand import Packer, PodDemand, refusal, size, why_not_hosted
 from gpumon.controller.core.pools import Pool, PoolNode, ScaleState
@@ -106,6 +106,17 @@ def _names(items: Sequence[str]) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Bounds
+
+
+def karpenter_owned(pool: Pool, nodes: Sequence[PoolNode]) -> str | None:
+    """Why the pool is Karpenter's (its nodes carry Karpenter's NodePool label), or None."""
+    owners = sorted({n.karpenter_nodepool for n in nodes if n.karpenter_nodepool is not None})
+    if not owners:
+        return None
+    return (
+        f"pool {pool.name}: its nodes are Karpenter's (NodePool {_names(owners)}, label "
+        f"{KARPENTER_NODEPOOL_LABEL}): gpumon never scales what Karpenter manages"
+    )
 
 
 def bounds(pool: Pool, annotations: Mapping[str, str]) -> tuple[int, int] | str:
@@ -190,7 +201,7 @@ def _prepare(inp: PoolInput, now: float) -> _Pool | PoolPlan:
         why = f"cannot read {pool.target}: {inp.read_error or 'unknown error'}"
         return PoolPlan(pool.name, Action.REFUSED, 0, 0, why, notes=(Note("GpuPoolUnreadable", why, True),))
     scale = inp.scale
-    limits = bounds(pool, scale.annotations)
+    limits = karpenter_owned(pool, inp.nodes) or bounds(pool, scale.annotations)
     if isinstance(limits, str):
         n = scale.spec_replicas
         return PoolPlan(

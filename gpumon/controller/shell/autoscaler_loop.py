@@ -133,7 +133,8 @@ class AutoscaleMetrics:
         )
         self.refused = Gauge(
             "gpumon_autoscaler_pool_refused",
-            "1 while a pool is not scaled (cluster-autoscaler manages it, bad bounds, unreadable target).",
+            "1 while a pool is not scaled (cluster-autoscaler or Karpenter manages it, bad bounds, "
+            "unreadable target).",
             ["pool"],
             registry=registry,
         )

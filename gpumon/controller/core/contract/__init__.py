@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import enum
 
-# Every key of gpumon's own starts with this (a node view keeps those annotations, no others).
+# Every key of gpumon's own starts with this (a node view keeps those annotations, and of
+# others only Karpenter's do-not-disrupt, which the quarantine sets).
 KEY_PREFIX = "gpumon.io/"
 
 TAINT_KEY = "gpumon.io/gpu-unhealthy"
@@ -37,6 +38,9 @@ ANNOTATION_REPAIR = "gpumon.io/repair"
 LABEL_REPAIR_NODE = "gpumon.io/repair-node"
 ANNOTATION_REPAIR_NODE = "gpumon.io/repair-node"
 LABEL_REPAIR_STEP = "gpumon.io/repair-step"
+# On a quarantined Karpenter node: the value Karpenter's do-not-disrupt annotation had before
+# gpumon set it (JSON; null: there was none), put back on recovery.
+ANNOTATION_DO_NOT_DISRUPT_PREEXISTING = "gpumon.io/do-not-disrupt-preexisting"
 
 # On a Node being scaled down: when gpumon cordoned it to drain it.
 REMOVING_ANNOTATION = "gpumon.io/scale-down-started-at"
@@ -58,8 +62,16 @@ RECORD_ANNOTATION = "gpumon.io/autoscaler"
 DELETE_MACHINE_ANNOTATION = "cluster.x-k8s.io/delete-machine"
 MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"
 MACHINE_NAMESPACE_ANNOTATION = "cluster.x-k8s.io/cluster-namespace"
+# The Machine behind a Node, as a repair's replacement deletes it (core/node_owner.py).
+MACHINE_API_VERSION = "cluster.x-k8s.io/v1beta2"
 CA_MIN_ANNOTATION = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size"
 CA_MAX_ANNOTATION = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size"
+# Karpenter's label on the Nodes it launched (their NodePool): a pool with such nodes is Karpenter's.
+KARPENTER_NODEPOOL_LABEL = "karpenter.sh/nodepool"
+# Set ("true") on a Karpenter node while gpumon quarantines it: Karpenter's consolidation and
+# drift leave such a node alone (its own node repair does not), so the empty quarantined node
+# and gpumon's record on it stay until gpumon decides. Read from the Node once it registered.
+KARPENTER_DO_NOT_DISRUPT_ANNOTATION = "karpenter.sh/do-not-disrupt"
 
 # On gpumon's DeviceTaintRules. Annotations, not labels: a node's name may be longer than a
 # label value may be.

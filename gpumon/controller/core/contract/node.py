@@ -116,3 +116,33 @@ def preexisting_taints(view: NodeView) -> tuple[Taint, ...]:
         return tuple(Taint.from_json(t) for t in raw)
     except (ValueError, TypeError, AttributeError):
         return ()
+
+
+# ---------------------------------------------------------------------------------------------
+# gpumon.io/do-not-disrupt-preexisting
+
+
+def karpenter_launched(view: NodeView) -> bool:
+    """Karpenter launched the node (its NodePool label): its consolidation may remove it."""
+    return c.KARPENTER_NODEPOOL_LABEL in view.labels
+
+
+def do_not_disrupt_to_json(value: str | None) -> str:
+    return json.dumps(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Preexisting:
+    value: str | None  # None: the annotation was not there
+
+
+def preexisting_do_not_disrupt(view: NodeView) -> Preexisting | None:
+    """What Karpenter's do-not-disrupt annotation said before gpumon set it, or None when gpumon
+    recorded nothing readable (it did not set it, or the record was edited): then recovery leaves
+    the annotation as it is."""
+    text = view.annotations.get(c.ANNOTATION_DO_NOT_DISRUPT_PREEXISTING)
+    try:
+        raw = json.loads(text) if text else False
+    except ValueError:
+        return None
+    return Preexisting(raw) if raw is None or isinstance(raw, str) else None
