@@ -1,5 +1,5 @@
-"""Controller: what it decided and did (quarantines, evictions, time to quarantine, scale plans)
-and how healthy it is itself. Metric names: gpumon/controller/shell/metrics.py.
+"""Controller: what it decided and did (quarantines, evictions, time to quarantine, repairs,
+scale plans) and how healthy it is itself. Metric names: gpumon/controller/shell/metrics.py.
 
 Every replica exports the cluster-wide gauges from its own caches, so gauges are read with
 ``max by (...)``: the replicas agree, and a sum would count the fleet once per replica. The
@@ -81,7 +81,8 @@ def build() -> model.Dashboard:
     return build_dashboard(
         UID,
         "gpumon / Controller",
-        "Quarantines, evictions, time from fault to taint, scale plans, and the controller's own health.",
+        "Quarantines, evictions, time from fault to taint, repairs, scale plans, and the controller's own "
+        "health.",
         ("cluster",),
         [
             (
@@ -139,6 +140,41 @@ def build() -> model.Dashboard:
                         Query(_quantile(0.5, "gpumon_controller_fault_to_taint_seconds", "1h"), "median"),
                         Query(_quantile(0.95, "gpumon_controller_fault_to_taint_seconds", "1h"), "p95"),
                         layout=THIRD,
+                        min_value=0,
+                    ),
+                ],
+            ),
+            (
+                "Repair",
+                [
+                    stat_panel(
+                        "Repair ladders",
+                        "Per pool: nodes with a repair ladder under way, and nodes whose ladder gave up "
+                        "and wait for a person (alert GpuRepairGaveUp).",
+                        "none",
+                        Query(
+                            f"max by (pool) (gpumon_controller_repairing_nodes{{{C}}})",
+                            "{{pool}} repairing",
+                            instant=True,
+                        ),
+                        Query(
+                            f"max by (pool) (gpumon_controller_repair_gave_up_nodes{{{C}}})",
+                            "{{pool}} gave up",
+                            instant=True,
+                        ),
+                        layout=Layout(8, 8),
+                    ),
+                    timeseries_panel(
+                        "Repair steps",
+                        "Moves of the repair ladders per step, by step (reset, reboot, replace, "
+                        "validate) and result (started, succeeded, failed, timed out, refused, gave up, "
+                        "done).",
+                        "short",
+                        Query(
+                            _rate("gpumon_controller_repairs_total", "step, result"), "{{step}} {{result}}"
+                        ),
+                        layout=Layout(16, 8),
+                        bars=True,
                         min_value=0,
                     ),
                 ],

@@ -99,6 +99,9 @@ SOURCES: Mapping[str, tuple[str, ...]] = {
     "DCGM_FI_DEV_FAN_SPEED": ("fan_speed",),
     "gpumon_gpu_performance_state": ("performance_state",),
     "DCGM_FI_DEV_PSTATE": ("performance_state",),
+    # The driver's recovery action: absent (not_supported) on drivers before the field existed.
+    "gpumon_gpu_recovery_action": ("recovery_action",),
+    "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION": ("recovery_action",),
     "gpumon_gpu_clock_violation_seconds": ("violation.",),
     **{
         f"DCGM_FI_DEV_{name}_VIOLATION": (f"violation.{policy}",)

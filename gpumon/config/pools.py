@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from gpumon.config.numbers import Float, Int, NoBool
+from gpumon.config.repair import RepairConfig
 from gpumon.config.section import Section
 from gpumon.k8s.dra import NVIDIA_GPU_DRIVER, DeviceRef, SliceDevice, qualified
 from gpumon.k8s.resources import (
@@ -178,6 +179,8 @@ class PoolConfig(Section):
     headroom_nodes: Int = Field(0, ge=0)
     replace_quarantined: bool = True
     allow_cluster_autoscaler: bool = False
+    # The repair ladder (gpumon.config.repair); None: off, quarantined nodes wait for a person.
+    repair: RepairConfig | None = None
 
     @field_validator("node_selector")
     @classmethod

@@ -7,7 +7,8 @@ A rules file holds ``rules:``, a list of rules::
     rules:
       - name: gpu-hot
         signal: temperature        # temperature | xid | ecc_uncorrectable | row_remap_failure |
-                                   # gpu_lost | memory_utilization | exporter_health | promql
+                                   # gpu_lost | memory_utilization | exporter_health |
+                                   # recovery_action | promql
         op: ">="                   # > >= < <= == !=
         threshold: 90
         for: 2m                    # how long it must hold before it fires
@@ -134,6 +135,8 @@ def builtin_rules(health: HealthPolicy) -> list[dict[str, Any]]:
         {"name": "gpu-lost", "signal": "gpu_lost", "severity": "unhealthy"},
         {"name": "ecc-uncorrectable", "signal": "ecc_uncorrectable", "severity": "unhealthy"},
         {"name": "row-remap-failure", "signal": "row_remap_failure", "severity": "unhealthy"},
+        # The driver's own verdict: any recovery action but NONE (NVML's 0) is a fault.
+        {"name": "recovery-action", "signal": "recovery_action", "severity": "unhealthy"},
         {
             "name": "thermal-unhealthy",
             "signal": "temperature",

@@ -4,10 +4,10 @@ The app serves ``/metrics``, ``/healthz`` (the event loop answers and no backgro
 dying) and ``/readyz`` (the caches are filled and no background task died within the last
 minute), with the exporter's TLS and auth options (:mod:`gpumon.httpauth`; the probes stay
 open). Its ``cleanup_ctx`` starts the informers, the signal source, the leader election, the
-reconciler and the autoscaler under one :class:`~gpumon.runtime.tasks.Supervisor` (each restarted with
-backoff when it dies, counted in ``gpumon_controller_task_restarts_total{task}``), and stops
-them in reverse order; a clean stop hands the lease over at once. Informers and metrics run on
-every replica; only the leader writes.
+reconciler, the autoscaler and the repair ladder under one
+:class:`~gpumon.runtime.tasks.Supervisor` (each restarted with backoff when it dies, counted in
+``gpumon_controller_task_restarts_total{task}``), and stops them in reverse order; a clean stop
+hands the lease over at once. Informers and metrics run on every replica; only the leader writes.
 """
 
 from __future__ import annotations
@@ -48,11 +48,13 @@ from gpumon.controller.core.objects import (
     pdb_from_json,
 )
 from gpumon.controller.core.policy import Policy
+from gpumon.controller.core.pools import Pool
 from gpumon.controller.core.signals import SignalSource
 from gpumon.controller.shell.autoscaler_loop import AutoscaleMetrics, Autoscaler, gpu_resources
 from gpumon.controller.shell.leader import LeaderElector, LeaderSettings
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
 from gpumon.controller.shell.remediation_loop import Reconciler, ReconcilerSettings
+from gpumon.controller.shell.repair_loop import RepairLoop, RepairMetrics, RepairSettings
 from gpumon.controller.shell.signal_sources.direct import DirectSettings, DirectSource
 from gpumon.controller.shell.signal_sources.endpoints import DiscoveredEndpoints, StaticEndpoints
 from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource
@@ -135,6 +137,7 @@ class Controller:
     session: aiohttp.ClientSession
     endpoints: DiscoveredEndpoints | None = None
     autoscaler: Autoscaler | None = None
+    repair: RepairLoop | None = None  # with a pool that repairs (pools[].repair)
     supervisor: Supervisor = field(default_factory=lambda: Supervisor(delay=TASK_BACKOFF.delay))
 
     @property
@@ -228,6 +231,11 @@ def make_app(
             wall_clock=wall_clock,
             retry=settings.retry,
         )
+    repair = None
+    if any(p.repair is not None for p in pools):
+        repair = _repair_loop(
+            config, api, pools, caches, source, recorder, evictor, reconciler, is_leader, registry, wall_clock
+        )
     controller = Controller(
         config=config,
         api=api,
@@ -240,6 +248,7 @@ def make_app(
         session=session,
         endpoints=endpoints,
         autoscaler=autoscaler,
+        repair=repair,
         supervisor=supervisor,
     )
     registry.register(_cluster_gauges(controller))
@@ -316,6 +325,44 @@ def _follow(caches: RemediationCaches, reconciler: Reconciler) -> None:
     if caches.rules is not None:
         caches.rules.on_change = reconciler.on_rule
     caches.state.on_change = lambda key, old, new: reconciler.mark(caches.nodes.items())
+
+
+def _repair_loop(
+    config: ControllerConfig,
+    api: KubeApi,
+    pools: list[Pool],
+    caches: RemediationCaches,
+    source: SignalSource,
+    recorder: EventRecorder,
+    evictor: Evictor,
+    reconciler: Reconciler,
+    is_leader: Callable[[], bool],
+    registry: CollectorRegistry,
+    wall_clock: Callable[[], float],
+) -> RepairLoop:
+    """The repair ladder of the pools that repair: it reads the quarantine's caches and signals,
+    and is held by the quarantine's pause switch and breakers."""
+    settings = reconciler.settings
+    return RepairLoop(
+        api=api,
+        pools=pools,
+        nodes=caches.nodes,
+        pods=caches.pods,
+        source=source,
+        recorder=recorder,
+        evictor=evictor,
+        is_leader=is_leader,
+        safety=lambda: replace(settings.safety, paused=reconciler.paused()),
+        open_breakers=reconciler.open_breakers,
+        metrics=RepairMetrics(registry),
+        settings=RepairSettings(
+            policy=settings.policy,
+            namespace=config.namespace,
+            state_configmap=config.state_configmap,
+            dry_run=config.dry_run,
+        ),
+        wall_clock=wall_clock,
+    )
 
 
 def _elector(
@@ -478,6 +525,8 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
         start("device taints", functools.partial(_device_taints, controller, rules))
     if controller.autoscaler is not None:
         start("autoscaler", controller.autoscaler.run)
+    if controller.repair is not None:
+        start("repair", controller.repair.run)
     yield
     await controller.supervisor.stop()
     if controller.elector is not None:

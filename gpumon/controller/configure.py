@@ -10,12 +10,16 @@ from types import MappingProxyType
 
 from gpumon.config.controller import ControllerConfig
 from gpumon.config.pools import PoolConfig
+from gpumon.config.repair import RepairConfig
 from gpumon.config.rules import RuleConfig
+from gpumon.controller.core.contract.repair import LadderStep
 from gpumon.controller.core.demand import SharedCards, Template
 from gpumon.controller.core.device_claims import TemplateDevices
 from gpumon.controller.core.objects import Taint
 from gpumon.controller.core.policy import Policy, Rule
 from gpumon.controller.core.pools import Pool, ScaleTarget
+from gpumon.controller.core.repair import RepairPolicy
+from gpumon.controller.core.repair_jobs import PoolRepair
 from gpumon.k8s.selectors import parse_selector
 
 _KNOWN_PLURALS = {
@@ -96,4 +100,37 @@ def pool_from_config(p: PoolConfig) -> Pool:
         headroom_nodes=p.headroom_nodes,
         replace_quarantined=p.replace_quarantined,
         allow_cluster_autoscaler=p.allow_cluster_autoscaler,
+        repair=None if p.repair is None else pool_repair(p.repair),
+    )
+
+
+def pool_repair(r: RepairConfig) -> PoolRepair:
+    jobs = {
+        LadderStep.RESET: r.reset_job,
+        LadderStep.REBOOT: r.reboot_job,
+        LadderStep.VALIDATE: r.validation_job,
+    }
+    return PoolRepair(
+        policy=repair_policy(r),
+        templates=MappingProxyType(
+            {s: MappingProxyType(j.template) for s, j in jobs.items() if j is not None}
+        ),
+    )
+
+
+def repair_policy(r: RepairConfig) -> RepairPolicy:
+    return RepairPolicy(
+        reset="reset" in r.steps,
+        reboot="reboot" in r.steps,
+        replace="replace" in r.steps,
+        replace_immediately=r.replace_immediately,
+        max_attempts=r.max_attempts,
+        max_concurrent=r.max_concurrent,
+        reset_deadline_seconds=r.reset_deadline_seconds,
+        reboot_deadline_seconds=r.reboot_deadline_seconds,
+        replace_deadline_seconds=r.replace_deadline_seconds,
+        free_deadline_seconds=r.free_deadline_seconds,
+        flap_window_seconds=r.flap_window_seconds,
+        validate=r.validation_job is not None,
+        validate_deadline_seconds=r.validate_deadline_seconds,
     )

@@ -122,14 +122,41 @@ def scaled_up(view: ClusterView, ctx: StepContext) -> ExpectOutcome:
     )
 
 
+def _lifted(view: ClusterView, b: Broken, node: NodeRow) -> tuple[bool, str]:
+    """The quarantine is off the node: taint and condition gone."""
+    gpu_state = next((g.state for g in view.gpus.get(b.node, ()) if g.index == b.gpu), "unknown")
+    return (
+        node.taint is None and not node.condition,
+        f"{gpu_state}: taint {node.taint or 'lifted'}, GpuUnhealthy={'True' if node.condition else 'False'}",
+    )
+
+
 def recovered(view: ClusterView, ctx: StepContext) -> ExpectOutcome:
     def judge(b: Broken, node: NodeRow) -> tuple[bool, str]:
-        gpu_state = next((g.state for g in view.gpus.get(b.node, ()) if g.index == b.gpu), "unknown")
-        return (
-            node.taint is None and not node.condition,
-            f"{b.node} GPU {b.gpu} {gpu_state}: taint {node.taint or 'lifted'}, "
-            f"GpuUnhealthy={'True' if node.condition else 'False'}",
+        lifted, text = _lifted(view, b, node)
+        return lifted, f"{b.node} GPU {b.gpu} {text}"
+
+    ok, parts = _each_broken(view, ctx, judge)
+    return ExpectOutcome(ok, "; ".join(parts))
+
+
+def repaired(view: ClusterView, ctx: StepContext) -> ExpectOutcome:
+    """Recovered through gpumon's repair: its reset Job and its validation Job succeeded on the
+    node, and the quarantine lifted."""
+
+    def steps(node: str) -> str:
+        parts = []
+        for step in ("reset", "validate"):
+            states = [j.state for j in view.jobs_of(node, step)]
+            parts.append(f"{step} Job {states[-1] if states else 'not created'}")
+        return ", ".join(parts)
+
+    def judge(b: Broken, node: NodeRow) -> tuple[bool, str]:
+        lifted, text = _lifted(view, b, node)
+        done = all(
+            any(j.state == "succeeded" for j in view.jobs_of(b.node, s)) for s in ("reset", "validate")
         )
+        return lifted and done, f"{b.node}: {steps(b.node)}; GPU {b.gpu} {text}"
 
     ok, parts = _each_broken(view, ctx, judge)
     return ExpectOutcome(ok, "; ".join(parts))
@@ -149,6 +176,7 @@ CHECKS = {
     Expect.QUARANTINED: quarantined,
     Expect.SCALED_UP: scaled_up,
     Expect.RECOVERED: recovered,
+    Expect.REPAIRED: repaired,
     Expect.SCALED_DOWN: scaled_down,
 }
 

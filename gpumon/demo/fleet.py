@@ -202,8 +202,54 @@ def exporter_config(
     }
 
 
+# The pool's repair ladder when a step asks for a repair: a reset only (a reboot or a replacement
+# is not part of the demo), then a validation before the quarantine lifts. The reset is the
+# chart's default command (controller.repairJobs.reset); the validation an example of one. kwok
+# completes both Jobs' pods without running a command: the demo plays the reset's effect.
+REPAIR: Mapping[str, Any] = MappingProxyType(
+    {
+        "steps": ["reset"],
+        "reset_deadline_seconds": 120,
+        "validate_deadline_seconds": 120,
+        "reset_job": {
+            "template": {
+                "spec": {
+                    "hostPID": True,
+                    "containers": [
+                        {
+                            "name": "gpu-reset",
+                            "image": "ubuntu:24.04",
+                            "securityContext": {"privileged": True},
+                            "command": ["/bin/sh", "-c"],
+                            "args": [
+                                'for g in $(echo "$GPUMON_GPU_UUIDS" | tr , " "); do nsenter -t 1 -m -u -i '
+                                '-n -p -- nvidia-smi --gpu-reset -i "$g" || exit 1; done'
+                            ],
+                        }
+                    ],
+                }
+            }
+        },
+        "validation_job": {
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "dcgm-diag",
+                            "image": "nvcr.io/nvidia/cloud-native/dcgm",
+                            "command": ["dcgmi", "diag", "-r", "1"],
+                        }
+                    ]
+                }
+            }
+        },
+    }
+)
+
+
 def controller_config(fleet: Fleet, scenario: Scenario, *, kubeconfig: Path, port: int) -> dict[str, Any]:
     f, t = scenario.fleet, scenario.controller
+    repair = {"repair": dict(REPAIR)} if scenario.repairs else {}
     return {
         "dry_run": False,
         "kubeconfig": str(kubeconfig),
@@ -238,6 +284,7 @@ def controller_config(fleet: Fleet, scenario: Scenario, *, kubeconfig: Path, por
                 "scale_down_drain_timeout_seconds": 60,
                 # One story per step: the quarantined node is not replaced, the burst scales up.
                 "replace_quarantined": False,
+                **repair,
             }
         ],
         "log": {"format": "text", "level": "info"},

@@ -1,6 +1,6 @@
 """Reading the demo cluster into a :class:`~gpumon.demo.views.ClusterView`: nodes, the demo's
-pods, the pool's MachineDeployment, the controller's Events (by their source component) and
-every running exporter's snapshot. Raw JSON throughout: the client's model classes cost more
+pods, the pool's MachineDeployment, the controller's Events (by their source component), its
+repair Jobs and every running exporter's snapshot. Raw JSON throughout: the client's model classes cost more
 than the cluster is big."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 
 from gpumon.controller.act.events import COMPONENT
+from gpumon.controller.core.contract import LABEL_REPAIR_STEP
 from gpumon.demo import fleet
 from gpumon.demo.exporters import ExporterFleet
 from gpumon.demo.views import ClusterView, cluster_view
@@ -33,11 +34,15 @@ class Observer:
 
     async def view(self) -> ClusterView:
         """One consistent-enough picture (the reads run side by side)."""
-        node_list, pod_list, pool, event_list, snapshots = await asyncio.gather(
+        node_list, pod_list, pool, event_list, job_list, snapshots = await asyncio.gather(
             self._api.get("/api/v1/nodes"),
             self._api.get(f"/api/v1/namespaces/{fleet.NAMESPACE}/pods"),
             self._pool(),
             self._api.get("/api/v1/events", {"fieldSelector": f"source={COMPONENT}"}),
+            self._api.get(
+                f"/apis/batch/v1/namespaces/{fleet.CONTROLLER_NAMESPACE}/jobs",
+                {"labelSelector": LABEL_REPAIR_STEP},
+            ),
             self._exporters.snapshots(self._session),
         )
         return cluster_view(
@@ -47,4 +52,5 @@ class Observer:
             pool_obj=pool,
             event_objs=event_list["items"],
             snapshots=snapshots,
+            job_objs=job_list["items"],
         )

@@ -249,6 +249,8 @@ class _Play:
         self.live = _Live()
         self.replicas = self.s.workload.replicas
         self.broken: tuple[expect.Broken, ...] = ()
+        # Repair Jobs whose command's effect the demo has played on the simulated GPUs.
+        self.played: set[str] = set()
         self.report = Report()
 
     def status(self, title: str, detail: str = "") -> None:
@@ -453,9 +455,11 @@ class _Play:
             self.status(f"{title}: waiting until {step.expect.value}", outcome.detail)
             seen = await self._next_view(deadline)  # always one observed after the action
             if seen is not None:
+                if step.repair:
+                    await self._play_repairs(seen)
                 outcome = expect.check(step.expect, seen, ctx)
         seconds = self.clock() - t0
-        if step.expect is Expect.RECOVERED:
+        if step.expect in (Expect.RECOVERED, Expect.REPAIRED):
             self.broken = ()
         self.display.say(f"{title}: {step.expect.value} after {seconds:.1f} s: {outcome.detail}")
         self.status(f"{title}: {step.expect.value}", outcome.detail)
@@ -476,6 +480,12 @@ class _Play:
             for b in self.broken:
                 await self._inject(b.node, {"fault": "clear", "gpu": b.gpu})
                 self.display.say(f"  reset {b.node} GPU {b.gpu}")
+        elif step.repair:
+            for b in self.broken:
+                await self._inject(b.node, {"fault": "recovery_action", "gpu": b.gpu, "action": "gpu_reset"})
+                self.display.say(
+                    f"  the driver asks for a GPU reset of {b.node} GPU {b.gpu} (recovery action GPU_RESET)"
+                )
         elif step.scale is not None:
             self.replicas = step.scale
             await self.api.patch(
@@ -483,6 +493,26 @@ class _Play:
                 {"spec": {"replicas": step.scale}},
             )
             self.display.say(f"  {fleet.WORKLOAD} scaled to {step.scale} replicas")
+
+    async def _play_repairs(self, view: ClusterView) -> None:
+        """kwok runs no containers: it completes a repair Job's pod without running its command.
+        Once a node's reset Job has succeeded, the demo does to the simulated GPUs what
+        ``nvidia-smi --gpu-reset`` does to real ones (fault ``clear``), as the cluster tests do;
+        the controller then must see the exporter report them healthy with action NONE."""
+        for node in dict.fromkeys(b.node for b in self.broken):
+            done = [
+                j for j in view.jobs_of(node, "reset") if j.state == "succeeded" and j.name not in self.played
+            ]
+            if not done:
+                continue
+            self.played.update(j.name for j in done)
+            gpus = [b.gpu for b in self.broken if b.node == node]
+            for gpu in gpus:
+                await self._inject(node, {"fault": "clear", "gpu": gpu})
+            self.display.say(
+                f"  reset Job {done[-1].name} succeeded: kwok completed its pod, no nvidia-smi ran; the "
+                f"demo resets {node} GPU {', '.join(map(str, gpus))} in the simulator, as the command would"
+            )
 
     async def _inject(self, node: str, body: dict[str, object]) -> None:
         try:

@@ -53,6 +53,7 @@ class Expect(enum.StrEnum):
     QUARANTINED = "quarantined"
     SCALED_UP = "scaled-up"
     RECOVERED = "recovered"
+    REPAIRED = "repaired"
     SCALED_DOWN = "scaled-down"
 
 
@@ -87,6 +88,9 @@ class ScenarioStep(_ScenarioModel):
     say: str = ""
     inject: Inject | None = None
     clear: bool = False  # reset every GPU an earlier step broke
+    # The driver asks for a GPU reset of every GPU an earlier step broke, and gpumon's repair
+    # ladder carries it out (the pool repairs; docs/demo.md, "The repair").
+    repair: bool = False
     scale: int | None = Field(None, ge=0, le=200)  # the workload's replicas
     expect: Expect
     hold_seconds: float = Field(0.0, ge=0, le=600)  # keep showing the state once reached
@@ -96,7 +100,12 @@ class ScenarioStep(_ScenarioModel):
     def _one_action(self) -> ScenarioStep:
         actions = [
             a
-            for a, on in (("inject", self.inject), ("clear", self.clear), ("scale", self.scale is not None))
+            for a, on in (
+                ("inject", self.inject),
+                ("clear", self.clear),
+                ("repair", self.repair),
+                ("scale", self.scale is not None),
+            )
             if on
         ]
         if len(actions) > 1:
@@ -122,15 +131,26 @@ class Scenario(_ScenarioModel):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"step names must be unique: {', '.join(dup)}")
-        broken = False
+        broken = repairing = False
         for i, s in enumerate(self.steps):
             broken |= s.inject is not None
-            needs = "clear" if s.clear else s.expect.value
-            if needs in ("clear", Expect.QUARANTINED, Expect.RECOVERED) and not broken:
+            repairing |= s.repair
+            needs = "clear" if s.clear else "repair" if s.repair else s.expect.value
+            if (
+                needs in ("clear", "repair", Expect.QUARANTINED, Expect.RECOVERED, Expect.REPAIRED)
+                and not broken
+            ):
                 raise ValueError(
                     f"steps.{i} ({s.name}): {needs} needs an earlier step (or this one) to inject a fault"
                 )
+            if s.expect is Expect.REPAIRED and not repairing:
+                raise ValueError(f"steps.{i} ({s.name}): repaired needs a repair step (this one or earlier)")
         return self
+
+    @property
+    def repairs(self) -> bool:
+        """A step asks for gpumon's repair: the pool's repair ladder is on."""
+        return any(s.repair for s in self.steps)
 
     def with_pool_nodes(self, n: int) -> Scenario:
         return self.model_copy(update={"fleet": self.fleet.model_copy(update={"pool_nodes": n})})

@@ -10,7 +10,14 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
-from gpumon.controller.core.contract import CONDITION_TYPE, LABEL_STATE, TAINT_KEY
+from gpumon.controller.core.contract import (
+    ANNOTATION_REPAIR_NODE,
+    CONDITION_TYPE,
+    LABEL_REPAIR_STEP,
+    LABEL_STATE,
+    TAINT_KEY,
+)
+from gpumon.controller.core.repair_jobs import job_work
 from gpumon.devcluster import nodes
 from gpumon.devcluster.poolplan import POOL_LABEL
 from gpumon.devcluster.workloads import APP_LABEL
@@ -76,6 +83,17 @@ class PoolRow:
 
 
 @dataclass(frozen=True, slots=True)
+class JobRow:
+    """A repair step's Job, which the controller runs on a node (docs/controller.md, "Repair")."""
+
+    name: str
+    node: str  # the node it repairs
+    step: str  # reset, reboot, validate
+    state: str  # absent, running, succeeded, failed: as the repair ladder reads it
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class ActionEvent:
     at: float
     about: str  # kind/name
@@ -100,6 +118,7 @@ class ClusterView:
     pods: tuple[PodRow, ...] = ()
     pool: PoolRow | None = None
     events: tuple[ActionEvent, ...] = ()  # the controller's, oldest first
+    jobs: tuple[JobRow, ...] = ()  # the repair steps' Jobs, oldest first
     # node -> its GPUs as its exporter reports them; a node whose exporter did not answer is absent.
     gpus: Mapping[str, tuple[GpuView, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
@@ -108,6 +127,9 @@ class ClusterView:
 
     def pods_of(self, app: str) -> tuple[PodRow, ...]:
         return tuple(p for p in self.pods if p.app == app)
+
+    def jobs_of(self, node: str, step: str) -> tuple[JobRow, ...]:
+        return tuple(j for j in self.jobs if j.node == node and j.step == step)
 
     def pool_nodes(self) -> tuple[NodeRow, ...]:
         return tuple(n for n in self.nodes if self.pool is not None and n.pool == self.pool.name)
@@ -173,6 +195,17 @@ def pool_view(md: Mapping[str, Any]) -> PoolRow:
     )
 
 
+def job_view(obj: Mapping[str, Any]) -> JobRow:
+    meta = obj["metadata"]
+    return JobRow(
+        name=meta["name"],
+        node=str((meta.get("annotations") or {}).get(ANNOTATION_REPAIR_NODE, "")),
+        step=str((meta.get("labels") or {}).get(LABEL_REPAIR_STEP, "")),
+        state=job_work(obj).value,
+        created_at=_time(meta.get("creationTimestamp")),
+    )
+
+
 def event_view(obj: Mapping[str, Any]) -> ActionEvent:
     involved = obj.get("involvedObject") or {}
     stamp = obj.get("lastTimestamp") or obj.get("eventTime") or obj["metadata"].get("creationTimestamp")
@@ -217,6 +250,7 @@ def cluster_view(
     pool_obj: Mapping[str, Any] | None,
     event_objs: Sequence[Mapping[str, Any]],
     snapshots: Mapping[str, wire.SnapshotDoc],
+    job_objs: Sequence[Mapping[str, Any]] = (),
 ) -> ClusterView:
     return ClusterView(
         at=at,
@@ -224,5 +258,6 @@ def cluster_view(
         pods=tuple(sorted((pod_view(p) for p in pod_objs), key=lambda p: (p.app, p.name))),
         pool=pool_view(pool_obj) if pool_obj is not None else None,
         events=tuple(sorted((event_view(e) for e in event_objs), key=lambda e: e.at)),
+        jobs=tuple(sorted((job_view(j) for j in job_objs), key=lambda j: (j.created_at, j.name))),
         gpus=MappingProxyType({node: gpu_views(s) for node, s in snapshots.items()}),
     )

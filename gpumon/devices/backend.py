@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from gpumon.gpu.model import DriverInfo, FastFields, GpuIdentity, SlowFields, XidEvent
+from gpumon.gpu.model import DriverInfo, FastFields, GpuIdentity, RecoveryAction, SlowFields, XidEvent
 
 ErrorSink = Callable[[str, str], None]
 """Called as ``sink(source, kind)`` for a failed field read that did not fail the whole read
@@ -59,7 +59,11 @@ class DeviceBackend(Protocol):
         """Memory, utilization, temperatures, power, energy, clocks, throttle reasons, processes."""
 
     def read_slow(self, index: int) -> SlowFields:
-        """ECC counters, remapped rows, PCIe replays, MIG instances."""
+        """ECC counters, remapped rows, PCIe replays, MIG instances, the recovery action."""
+
+    def read_recovery_action(self, index: int) -> RecoveryAction | None:
+        """The driver's recovery action alone (also part of :meth:`read_slow`): asked again at
+        once after an Xid, which is when it changes. None where the driver does not report it."""
 
     def wait_xids(self, timeout_seconds: float) -> list[XidEvent]:
         """Block up to ``timeout_seconds`` for Xid events; return those that arrived."""

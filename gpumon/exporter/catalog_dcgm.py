@@ -320,6 +320,13 @@ _DCGM_FIELDS: tuple[Field, ...] = (
         slow=True,
     ),
     Field(
+        "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION",
+        "gauge",
+        "GPU Recovery Action (see nvmlDeviceGpuRecoveryAction_t for return values)",
+        one(from_slow(lambda s: s.recovery_action)),
+        slow=True,
+    ),
+    Field(
         "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
         "unknown",
         "Total number of NVLink bandwidth counters for all lanes.",

@@ -41,6 +41,7 @@ from gpumon.gpu.model import (
     GpuSample,
     HealthState,
     MigInstance,
+    RecoveryAction,
     Snapshot,
 )
 
@@ -50,6 +51,11 @@ def _nvlink_data(direction: str) -> Getter:
         return None if g.slow is None else number(g.slow.nvlink_data_bytes.get(direction))
 
     return get
+
+
+def _recovery_action_is(action: RecoveryAction) -> Getter:
+    """One series of the one-hot: absent where the driver does not report the action."""
+    return from_slow(lambda s: None if s.recovery_action is None else s.recovery_action is action)
 
 
 _NATIVE_MEMORY: tuple[tuple[str, str, MemoryGetter], ...] = (
@@ -257,6 +263,13 @@ _NATIVE_FIELDS: tuple[Field, ...] = (
         "gauge",
         "1 while the vGPU holds its licence, 0 while it does not (vGPU guests only).",
         one(from_slow(lambda s: s.vgpu_licensed)),
+        slow=True,
+    ),
+    Field(
+        "gpumon_gpu_recovery_action",
+        "gauge",
+        "What the driver says the GPU needs, one-hot over NVML's recovery actions.",
+        tuple(({"action": a.label}, _recovery_action_is(a)) for a in RecoveryAction),
         slow=True,
     ),
     *gpm_fields(_NATIVE_GPM),

@@ -19,6 +19,7 @@ from gpumon.gpu.model import (
     FastFields,
     GpuIdentity,
     GpuSample,
+    RecoveryAction,
     SlowFields,
     XidEvent,
     documented_xid,
@@ -52,6 +53,14 @@ def with_fast(state: GpuState, fields: FastFields, now: float) -> GpuState:
 
 def with_slow(state: GpuState, fields: SlowFields) -> GpuState:
     return replace(state, slow=fields, lost=False)
+
+
+def with_recovery_action(state: GpuState, action: RecoveryAction | None) -> GpuState:
+    """The recovery action read again on its own (after an Xid), kept with the slow fields it
+    belongs to; before the first slow reading there is nothing to keep it with."""
+    if state.slow is None or state.slow.recovery_action == action:
+        return state
+    return replace(state, slow=replace(state.slow, recovery_action=action))
 
 
 def with_lost(state: GpuState) -> GpuState:

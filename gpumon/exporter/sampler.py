@@ -22,7 +22,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
@@ -41,6 +41,7 @@ from gpumon.exporter.gpu_state import (
     to_sample,
     with_fast,
     with_lost,
+    with_recovery_action,
     with_slow,
     with_xids,
 )
@@ -157,6 +158,9 @@ class Sampler:
         self._xid_thread: threading.Thread | None = None
         # When the last Xid batch came (loop time): one after a quiet interval renders at once.
         self._last_xid_at = float("-inf")
+        # GPUs whose recovery action is to be read again (an Xid came), and the one task reading.
+        self._recovery_due: set[int] = set()
+        self._recovery_reader: asyncio.Task[None] | None = None
         self._xid_log = LogBudget(XID_LOG_BURST, XID_LOG_WINDOW_SECONDS)
         self._health_log = LogBudget(HEALTH_LOG_BURST, XID_LOG_WINDOW_SECONDS)
         self.snapshot: Snapshot | None = None
@@ -226,6 +230,8 @@ class Sampler:
         """Stop the Xid thread and close the backend; call after cancelling :meth:`run`."""
         self._stop.set()
         self._xids_allowed.set()  # wake the thread if it waits for the backend
+        if self._recovery_reader is not None:
+            self._recovery_reader.cancel()
         try:
             async with asyncio.timeout(self._sampling.call_timeout_seconds):
                 await asyncio.wrap_future(self._executor.submit(self._backend.close))
@@ -464,6 +470,34 @@ class Sampler:
         self._last_xid_at = now
         if quiet:
             self._publish()
+        self._read_recovery_actions(by_gpu)
+
+    def _read_recovery_actions(self, indices: Iterable[int]) -> None:
+        """Have the recovery action of these GPUs read again: an Xid is when the driver changes
+        it. One task reads, one call per GPU at a time, however many Xids a storm brings."""
+        self._recovery_due.update(indices)
+        if self._recovery_due and (self._recovery_reader is None or self._recovery_reader.done()):
+            self._recovery_reader = asyncio.get_running_loop().create_task(self._recovery_actions())
+
+    async def _recovery_actions(self) -> None:
+        source = f"{self._backend.name}.read_recovery_action"
+        while self._recovery_due and self._up:
+            indices = sorted(self._recovery_due)
+            self._recovery_due.clear()
+            results = await asyncio.gather(
+                *(self._call(("gpu", i), source, self._backend.read_recovery_action, i) for i in indices),
+                return_exceptions=True,
+            )
+            before = dict(self._states)
+            for index, result in zip(indices, results, strict=True):
+                if index not in self._states:
+                    continue
+                if isinstance(result, BaseException):
+                    self._handle_failure(index, "read_recovery_action", result)
+                else:
+                    self._states[index] = with_recovery_action(self._states[index], result)
+            if self._states != before:
+                self._publish()
 
     # -- publish -----------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from gpumon.config import DEFAULT_EXPORTER_PORT
 
 HELP = "inject faults into a running exporter's simulated GPUs, or list them"
 
-_MODES = ("lost", "ecc", "overheat", "slow", "remap", "clear", "unavailable")
+_MODES = ("lost", "ecc", "overheat", "slow", "remap", "clear", "unavailable", "recovery_action")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,11 +44,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=_MODES,
         help="lost: fell off the bus (Xid 79); ecc: uncorrectable ECC (Xid 48); overheat: thermal "
         "slowdown; slow: reads hang; remap: row remap failure (Xid 64); clear: reset the GPU "
-        "(all GPUs and the driver when --gpu is left out); unavailable: the driver goes away",
+        "(all GPUs and the driver when --gpu is left out); unavailable: the driver goes away; "
+        "recovery_action: the driver asks for --recovery-action",
     )
     fault.add_argument("--celsius", type=float, help="overheat: temperature to hold")
     fault.add_argument("--seconds", type=float, help="slow: how long each read blocks")
     fault.add_argument("--count", type=int, help="ecc: number of uncorrectable errors")
+    fault.add_argument(
+        "--recovery-action",
+        metavar="ACTION",
+        help="recovery_action: none, gpu_reset, node_reboot, drain_p2p, drain_and_reset, "
+        "recover_imex_domain, bus_reset or system_reboot",
+    )
 
 
 def fault_request(args: argparse.Namespace) -> tuple[str, dict[str, Any] | None]:
@@ -64,6 +71,8 @@ def fault_request(args: argparse.Namespace) -> tuple[str, dict[str, Any] | None]
         value = getattr(args, option)
         if value is not None:
             body[option] = value
+    if args.recovery_action is not None:
+        body["action"] = args.recovery_action
     return "POST", body
 
 

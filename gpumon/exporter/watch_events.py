@@ -57,6 +57,7 @@ def _line_key(g: GpuSample, pods: tuple[PodRef, ...], hot_celsius: float) -> tup
         slow.ecc_uncorrected,
         slow.row_remap_pending,
         slow.row_remap_failure,
+        slow.recovery_action,
         g.lost,
         tuple((e.xid, e.timestamp) for e in g.xids),
         pods,

@@ -29,6 +29,7 @@ from gpumon.gpu.model import (
     HealthReason,
     HealthState,
     HealthVerdict,
+    RecoveryAction,
     SlowFields,
     XidEvent,
 )
@@ -45,6 +46,7 @@ class Signal(enum.StrEnum):
     GPU_LOST = "gpu_lost"
     MEMORY_UTILIZATION = "memory_utilization"
     EXPORTER_HEALTH = "exporter_health"
+    RECOVERY_ACTION = "recovery_action"
     PROMQL = "promql"
 
 
@@ -123,6 +125,32 @@ REASONS: Mapping[str, ReasonCode] = MappingProxyType(
         "MemoryUtilization": ReasonCode("investigate the GPU", Signal.MEMORY_UTILIZATION),
         "ExporterVerdict": ReasonCode("investigate the GPU", Signal.EXPORTER_HEALTH),
         "Custom": ReasonCode("investigate the GPU", Signal.PROMQL),
+        # The driver's recovery action, one reason per action so the condition names it.
+        "GpuRecoveryAction": ReasonCode(
+            "do what the driver's recovery action asks (gpumon_gpu_recovery_action)", Signal.RECOVERY_ACTION
+        ),
+        "RecoveryGpuReset": ReasonCode("the driver asks for a GPU reset: drain the GPU, then reset it"),
+        "RecoveryNodeReboot": ReasonCode("the driver asks for a node reboot: drain the node, then reboot it"),
+        "RecoveryDrainP2p": ReasonCode("the driver asks that peer-to-peer work on the GPU be drained"),
+        "RecoveryDrainAndReset": ReasonCode(
+            "the GPU runs at reduced capacity: drain it, then reset it to regain the rest"
+        ),
+        "RecoveryImexDomain": ReasonCode("the driver asks for the GPU's IMEX domain to be recovered"),
+        "RecoveryBusReset": ReasonCode("the driver asks for a reset of the GPU's PCIe bus"),
+        "RecoverySystemReboot": ReasonCode("the driver asks for a full system reboot"),
+    }
+)
+
+# The reason a recovery action other than NONE is reported under.
+RECOVERY_REASONS: Mapping[RecoveryAction, str] = MappingProxyType(
+    {
+        RecoveryAction.GPU_RESET: "RecoveryGpuReset",
+        RecoveryAction.NODE_REBOOT: "RecoveryNodeReboot",
+        RecoveryAction.DRAIN_P2P: "RecoveryDrainP2p",
+        RecoveryAction.DRAIN_AND_RESET: "RecoveryDrainAndReset",
+        RecoveryAction.RECOVER_IMEX_DOMAIN: "RecoveryImexDomain",
+        RecoveryAction.BUS_RESET: "RecoveryBusReset",
+        RecoveryAction.SYSTEM_REBOOT: "RecoverySystemReboot",
     }
 )
 
@@ -158,8 +186,10 @@ class XidClass:
         return Severity.of(self.state)
 
 
-# Xids that describe application faults or recoverable events: counted, never acted on.
-INFORMATIONAL_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+# Xids that describe application faults or recoverable events: counted, never acted on. 154
+# announces that the driver's recovery action changed: the action itself is judged (the exporter
+# reads it again at once), so the code adds nothing to the verdict.
+INFORMATIONAL_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109, 154})
 
 # Xids that call for action. 48: double-bit ECC; 63: row remap recorded (reset needed);
 # 64: row remap failure; 74: NVLink error; 79: fallen off the bus; 92: high single-bit ECC
@@ -180,6 +210,56 @@ ACTION_XIDS: Mapping[int, XidClass] = MappingProxyType(
 )
 
 _INFORMATIONAL = XidClass(HealthState.HEALTHY, "XidInformational")
+
+# What stands in for the driver's recovery action where the driver does not report it: the
+# immediate action NVIDIA's Xid catalog documents for each code that calls for action, as the
+# action that comes closest (a GPU off the bus cannot be reset from the host: the node is
+# rebooted). Codes whose documented action is to restart the application are left out.
+XID_RESOLUTIONS: Mapping[int, RecoveryAction] = MappingProxyType(
+    {
+        48: RecoveryAction.GPU_RESET,
+        63: RecoveryAction.GPU_RESET,
+        64: RecoveryAction.GPU_RESET,
+        74: RecoveryAction.GPU_RESET,
+        79: RecoveryAction.NODE_REBOOT,
+        95: RecoveryAction.GPU_RESET,
+        119: RecoveryAction.GPU_RESET,
+        120: RecoveryAction.GPU_RESET,
+    }
+)
+
+
+# Where no Xid within the window documents one, the finding's reason does, by the same
+# catalog: a volatile uncorrectable ECC count or a pending remap is cleared by a reset, a lost GPU
+# by a reboot. Thermal and custom findings call for no recovery.
+REASON_RESOLUTIONS: Mapping[str, RecoveryAction] = MappingProxyType(
+    {
+        "XidFatal": RecoveryAction.GPU_RESET,
+        "EccUncorrectable": RecoveryAction.GPU_RESET,
+        "EccContained": RecoveryAction.GPU_RESET,
+        "EccHighSingleBitRate": RecoveryAction.GPU_RESET,
+        "RowRemapPending": RecoveryAction.GPU_RESET,
+        "RowRemapFailure": RecoveryAction.GPU_RESET,
+        "GpuLost": RecoveryAction.NODE_REBOOT,
+    }
+)
+
+
+def documented_resolution(
+    codes: Iterable[int], *, lost: bool = False, reasons: Iterable[str] = ()
+) -> RecoveryAction:
+    """The recovery that the Xid catalog documents for ``codes`` (a lost GPU's is a reboot), or
+    else for the findings' ``reasons``, the heaviest of them; NONE when none documents one."""
+    actions = [XID_RESOLUTIONS[c] for c in codes if c in XID_RESOLUTIONS]
+    if not actions:
+        actions = [REASON_RESOLUTIONS[r] for r in reasons if r in REASON_RESOLUTIONS]
+    if lost:
+        actions.append(RecoveryAction.NODE_REBOOT)
+    return max(actions, key=_heaviness, default=RecoveryAction.NONE)
+
+
+def _heaviness(action: RecoveryAction) -> int:
+    return 2 if action in (RecoveryAction.NODE_REBOOT, RecoveryAction.SYSTEM_REBOOT) else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +348,13 @@ def judge(
         elif slow.row_remap_pending:
             reasons.append(
                 HealthReason("RowRemapPending", "row remap pending: reset the GPU", HealthState.DEGRADED)
+            )
+        action = slow.recovery_action
+        if action is not None and action is not RecoveryAction.NONE:
+            reasons.append(
+                HealthReason(
+                    RECOVERY_REASONS[action], f"driver recovery action {action.name}", HealthState.UNHEALTHY
+                )
             )
     if fast is not None:
         temp = fast.temperature_gpu_celsius

@@ -34,6 +34,33 @@ _HEALTH_RANK = {
 }
 
 
+class RecoveryAction(enum.IntEnum):
+    """What the driver says a GPU needs to be whole again: NVML's nvmlDeviceGpuRecoveryAction_t
+    (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), with its numbers."""
+
+    NONE = 0
+    GPU_RESET = 1
+    NODE_REBOOT = 2
+    DRAIN_P2P = 3
+    DRAIN_AND_RESET = 4
+    RECOVER_IMEX_DOMAIN = 5
+    BUS_RESET = 6
+    SYSTEM_REBOOT = 7
+
+    @property
+    def label(self) -> str:
+        """The name in metric labels and config: ``gpu_reset``."""
+        return self.name.lower()
+
+    @classmethod
+    def from_label(cls, label: str) -> RecoveryAction:
+        """The action a label names; ValueError for any other text."""
+        action = cls.__members__.get(label.upper()) if label.islower() else None
+        if action is None:
+            raise ValueError(f"not a recovery action ({', '.join(a.label for a in cls)}): {label!r}")
+        return action
+
+
 @dataclass(frozen=True, slots=True)
 class DriverInfo:
     driver_version: str
@@ -205,6 +232,9 @@ class SlowFields:
     # Whether a vGPU guest's vGPU licence is held (DCGM's DCGM_FI_DEV_VGPU_LICENSE_STATUS);
     # None on a GPU that is not a vGPU, and when the driver cannot tell.
     vgpu_licensed: bool | None = None
+    # What the driver says the GPU needs (read again at once after every Xid); None where the
+    # driver does not report it (before the field existed) or reports a value gpumon does not know.
+    recovery_action: RecoveryAction | None = None
 
 
 # Xid codes NVIDIA documents: its Xid catalog

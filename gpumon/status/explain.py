@@ -22,6 +22,7 @@ from gpumon.status.model import (
     NodeStatus,
     TimelineEntry,
 )
+from gpumon.status.repair import repair_ladder
 from gpumon.status.state import ClusterState, EventInfo
 from gpumon.status.times import duration
 from gpumon.wire.v1 import SnapshotDoc
@@ -146,4 +147,5 @@ def build_explanation(state: ClusterState, *, pool_label: str, policy: Policy) -
         lift=lift(node, policy),
         controller=controller,
         problems=state.problems,
+        repair=repair_ladder(info.view.annotations),
     )

@@ -181,6 +181,27 @@ class TimelineEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class RepairStep:
+    attempt: int
+    step: str
+    gpus: tuple[str, ...]  # UUIDs; empty for the whole node
+    started: str
+    outcome: str
+    ended: str | None
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class RepairLadder:
+    """The node's repair ladder as its record (gpumon.io/repair) tells it."""
+
+    steps: tuple[RepairStep, ...]
+    gave_up_at: str | None
+    validated_at: str | None
+    next: str  # what comes next, in words
+
+
+@dataclass(frozen=True, slots=True)
 class Explanation:
     taken_at: str
     node: NodeStatus
@@ -194,3 +215,4 @@ class Explanation:
     lift: tuple[str, ...]  # what would lift the quarantine
     controller: ControllerStatus
     problems: tuple[str, ...]
+    repair: RepairLadder | None = None  # None: no ladder recorded on the node

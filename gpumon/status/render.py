@@ -22,6 +22,7 @@ from gpumon.status.model import (
     GpuCounts,
     GpuProblem,
     NodeStatus,
+    RepairLadder,
     ScaleTargetStatus,
 )
 from gpumon.status.times import duration
@@ -286,6 +287,8 @@ def explanation(view: Explanation) -> RenderableType:
         for b in view.blockers:
             bl.add_row(b.pod, ", ".join(b.pdbs) or "?", b.message)
         parts.append(bl)
+    if view.repair is not None:
+        parts.append(_repair(view.repair))
     if view.refused:
         parts.append(Text("Holding it back now:", style="bold"))
         parts += [Text(f"  - {line}") for line in view.refused]
@@ -293,6 +296,28 @@ def explanation(view: Explanation) -> RenderableType:
     parts += [Text(f"  - {line}") for line in view.lift]
     parts += [Text(f"could not read {p}", style="yellow") for p in view.problems]
     return Group(*parts)
+
+
+def _repair(ladder: RepairLadder) -> RenderableType:
+    tried = _table("Repair ladder", "#", "step", "GPUs", "started", "outcome", "ended", "why")
+    for s in ladder.steps:
+        style = "green" if s.outcome == "succeeded" else "yellow" if s.outcome == "running" else "red"
+        tried.add_row(
+            str(s.attempt),
+            s.step,
+            "\n".join(s.gpus) or "node",
+            s.started,
+            Text(s.outcome, style=style),
+            s.ended or "",
+            s.detail,
+        )
+    lines: list[RenderableType] = [tried] if ladder.steps else []
+    if ladder.gave_up_at is not None:
+        lines.append(Text(f"gave up at {ladder.gave_up_at}", style="bold red"))
+    if ladder.validated_at is not None:
+        lines.append(Text(f"validated at {ladder.validated_at}", style="green"))
+    lines.append(Text(f"next: {ladder.next}"))
+    return Group(*lines)
 
 
 def _amount(allocated: float | int, total: float | int | None) -> str:

@@ -40,6 +40,7 @@ from gpumon.gpu.model import (
     HealthVerdict,
     PodGpuUsage,
     PodRef,
+    RecoveryAction,
     SlowFields,
     Snapshot,
     XidEvent,
@@ -142,6 +143,8 @@ class GpuStatus(_WireModel):
     ecc_uncorrected: Count | None = None
     row_remap_pending: bool | None = None
     row_remap_failure: bool | None = None
+    # NVML's number; None where the driver does not report it.
+    recovery_action: RecoveryAction | None = None
     lost: bool = False
     xids: tuple[Xid, ...] = Field(default=(), max_length=MAX_XIDS_PER_GPU)
     pods: tuple[Pod, ...] = Field(default=(), max_length=MAX_PODS)
@@ -298,6 +301,7 @@ class Slow(_WireModel):
     nvlink_data_bytes_per_second: Number | None = None
     nvlink_errors: tuple[NvlinkError, ...] = Field(default=(), max_length=MAX_NVLINK_COUNTERS)
     vgpu_licensed: bool | None = None
+    recovery_action: RecoveryAction | None = None
 
 
 class Driver(_WireModel):
@@ -481,6 +485,7 @@ def gpu_status(g: GpuSample, pods: tuple[PodRef, ...]) -> GpuStatus:
         ecc_uncorrected=None if slow is None else slow.ecc_uncorrected,
         row_remap_pending=None if slow is None else slow.row_remap_pending,
         row_remap_failure=None if slow is None else slow.row_remap_failure,
+        recovery_action=None if slow is None else slow.recovery_action,
         lost=g.lost,
         xids=xids(g.xids, g.xid_counts),
         pods=pods,

@@ -50,6 +50,7 @@ REPO = Path(__file__).resolve().parents[2]
 RBAC = REPO / "deploy" / "rbac" / "controller.yaml"
 RBAC_DELETE = REPO / "deploy" / "rbac" / "controller-escalation-delete.yaml"
 RBAC_AUTOSCALING = REPO / "deploy" / "rbac" / "controller-autoscaling.yaml"
+RBAC_REPAIR = REPO / "deploy" / "rbac" / "controller-repair.yaml"
 TEST_LABEL = "test.gpumon.io/id"
 POOL_LABEL = "gpumon.io/pool"
 SA = "gpumon-controller"
@@ -94,8 +95,9 @@ async def _apply(api: client.ApiClient, doc: dict[str, Any]) -> None:
             await rbac.replace_cluster_role(meta["name"], doc)  # shared by tests: keep it current
 
 
-def rbac_docs(delete: bool, autoscaling: bool) -> list[dict[str, Any]]:
-    paths = (RBAC, *((RBAC_DELETE,) if delete else ()), *((RBAC_AUTOSCALING,) if autoscaling else ()))
+def rbac_docs(delete: bool, autoscaling: bool, repair: bool = False) -> list[dict[str, Any]]:
+    optional = ((RBAC_DELETE, delete), (RBAC_AUTOSCALING, autoscaling), (RBAC_REPAIR, repair))
+    paths = (RBAC, *(path for path, wanted in optional if wanted))
     return [doc for path in paths for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
@@ -149,10 +151,11 @@ async def service_account_kubeconfig(
     *,
     delete: bool = False,
     autoscaling: bool = False,
+    repair: bool = False,
 ) -> tuple[Path, list[str]]:
     """Apply the shipped RBAC in ``namespace`` and return a kubeconfig holding a token of its
     ServiceAccount, plus the names of the ClusterRoleBindings to delete afterwards."""
-    bindings = await apply_rbac(api, rbac_docs(delete, autoscaling), namespace, test_id)
+    bindings = await apply_rbac(api, rbac_docs(delete, autoscaling, repair), namespace, test_id)
     return await token_kubeconfig(api, devcluster, namespace, out), bindings
 
 
@@ -398,10 +401,10 @@ async def sa_kubeconfig_for_fixture(
     ServiceAccount, with the optional RBAC files applied as asked."""
     bindings: list[str] = []
 
-    async def make(*, delete: bool = False, autoscaling: bool = False) -> Path:
+    async def make(*, delete: bool = False, autoscaling: bool = False, repair: bool = False) -> Path:
         out = tmp_path / f"sa-{len(bindings)}.yaml"
         path, made = await service_account_kubeconfig(
-            api, devcluster, namespace, test_id, out, delete=delete, autoscaling=autoscaling
+            api, devcluster, namespace, test_id, out, delete=delete, autoscaling=autoscaling, repair=repair
         )
         bindings.extend(made)
         return path

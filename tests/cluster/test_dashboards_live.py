@@ -6,7 +6,8 @@ the real scheduler placed (whole GPUs, ``aliyun.com/gpu-mem`` shares, ``gpu-mem`
 ``gpu-core.percentage``). The test plays what kwok does not: the kubelet's pod-resources answer
 and the gpushare extender's annotations. One pool node gets a lost GPU (Xid 79) under a pod,
 an overheating GPU and ECC errors: the controller quarantines it, evicts the pod and asks the
-pool for a replacement. It is started before its RBAC is bound (as a release applied out of
+pool for a replacement; the driver asks for a reset of a GPU no pod holds, and the pool's repair
+ladder starts its reset Job. It is started before its RBAC is bound (as a release applied out of
 order is), so its API errors panel has something to show.
 
 Each panel target runs through ``/api/v1/query`` or ``/api/v1/query_range`` and each template
@@ -108,11 +109,19 @@ ALLOCATION_SERIES = {
     CGPU_CORE_RESOURCE: "gpumon_pod_gpu_core_allocated_ratio",
 }
 # On the pool node holding a pod on GPU 0: what the dashboards show and the controller acts on.
+# GPU 3 holds no pod: the driver asking for its reset starts the pool's repair ladder at once.
 FAULTS = (
     {"gpu": 0, "fault": "xid", "code": 79},
     {"gpu": 2, "fault": "overheat", "celsius": 97},
     {"gpu": 3, "fault": "ecc", "count": 2},
+    {"gpu": 3, "fault": "recovery_action", "action": "gpu_reset"},
 )
+# The pool repairs: a reset Job (kwok completes it; nothing plays the reset, so the ladder goes on
+# waiting for the GPU), for the repair panels to have something to show.
+REPAIR = {
+    "steps": ["reset"],
+    "reset_job": {"template": {"spec": {"containers": [{"name": "reset", "image": "x"}]}}},
+}
 
 
 @dataclass(frozen=True)
@@ -163,6 +172,7 @@ def _controller_config(
                 "template": nodes.pool_template(_labelled(KINDS[0], test_id)),
                 "min_replicas": 1,
                 "max_replicas": 6,
+                "repair": REPAIR,
             }
         ],
     }
@@ -271,7 +281,7 @@ async def _build(
         exporters[name] = exporter
 
     # The controller as the shipped ServiceAccount, started before its rights are bound.
-    docs = rbac_docs(delete=False, autoscaling=True)
+    docs = rbac_docs(delete=False, autoscaling=True, repair=True)
     identity = [d for d in docs if d["kind"] in ("ServiceAccount", "ConfigMap")]
     await apply_rbac(api, identity, test_id, test_id)
     kubeconfig = await token_kubeconfig(api, devcluster, test_id, root / "controller.kubeconfig")
@@ -332,6 +342,10 @@ async def _build(
     prometheus.wait_for(f'gpumon_controller_quarantined_nodes{{pool="{POOL}"}} == 1')
     prometheus.wait_for('gpumon_controller_evictions_total{result="evicted"} > 0')
     prometheus.wait_for("gpumon_controller_fault_to_taint_seconds_count > 0")
+    # The kubelet lets go of the evicted pod's GPU: the bad GPUs are free, and the reset starts.
+    staying = {p.metadata.name for p in await running_pods(core, test_id, "pool")}
+    kubelets[broken].pods = [p for p in kubelets[broken].pods if p.name in staying]
+    prometheus.wait_for('gpumon_controller_repairs_total{step="reset", result="started"} > 0')
     pool_size = sum(k.count for k in KINDS if k.pool)
     prometheus.wait_for(f'gpumon_autoscaler_replicas{{pool="{POOL}", kind="current"}} > {pool_size}')
     return Fleet(prometheus, exporters, broken)

@@ -20,6 +20,8 @@ import pytest
 import yaml
 from chart_render import CHART, render
 
+from gpumon.config.controller import ControllerConfig
+
 SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 Values = dict[str, Any]
@@ -38,6 +40,21 @@ PROMETHEUS_SA = {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace"
 
 # Each leaf of values.yaml: a value other than its default, and what must be set for it to
 # matter. Free-form maps (nodeSelector, labels, config, resources, ...) are leaves.
+# A pool that repairs: what the repair Jobs' values are rendered into.
+REPAIRING: Values = {
+    "controller.config": {
+        "pools": [
+            {
+                "name": "h100",
+                "target": {"namespace": "capi", "name": "gpu-h100"},
+                "node_selector": "pool=h100",
+                "template": {"resources": {"nvidia.com/gpu": 8}},
+                "max_replicas": 4,
+                "repair": {"steps": ["reset", "reboot"]},
+            }
+        ]
+    }
+}
 CHANGES: dict[str, tuple[Any, Values]] = {
     "image.repository": ("registry.example/gpumon", {}),
     "image.tag": ("1.2.3", {}),
@@ -82,6 +99,11 @@ CHANGES: dict[str, tuple[Any, Values]] = {
     "controller.server.headerTimeoutSeconds": (2.5, {}),
     "controller.server.idleTimeoutSeconds": (30, {}),
     "controller.server.maxConnections": (64, {}),
+    **{
+        f"controller.repairJobs.{step}.spec.{key}": (value, REPAIRING)
+        for step in ("reset", "reboot")
+        for key, value in (("hostPID", False), ("containers", [{"name": "mine", "image": "mine:1"}]))
+    },
     "tls.enabled": (True, {"tls.secretName": "gpumon-tls"}),
     "tls.secretName": ("other", {"tls.enabled": True, "tls.secretName": "gpumon-tls"}),
     "tls.certManager.enabled": (True, {**TLS_SECRET, "tls.certManager.issuerRef.name": "ca"}),
@@ -405,3 +427,30 @@ def test_device_taint_rights_follow_the_controllers_setting(helm: Path, value: A
     assert {"devicetaintrules", "resourceclaims", "resourceslices"} <= on
     off = resources({"controller.config": {"quarantine": {"device_taints": value}}})
     assert on - off == {"devicetaintrules"}
+
+
+def test_a_repairing_pool_gets_the_charts_node_local_jobs_and_only_then_their_rbac(helm: Path) -> None:
+    docs = render(helm, REPAIRING)
+    pool = ControllerConfig.model_validate(config_of(docs, "controller")).pools[0]
+    assert (
+        pool.repair is not None and pool.repair.reset_job is not None and pool.repair.reboot_job is not None
+    )
+    reset = pool.repair.reset_job.template["spec"]
+    assert reset["hostPID"] and reset["containers"][0]["securityContext"] == {"privileged": True}
+    assert "nvidia-smi --gpu-reset" in reset["containers"][0]["args"][0]
+    role = one(docs, "Role", "r-gpumon-controller")
+    assert {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get"]} in role["rules"]
+    # Without a repairing pool: no Job rights at all; a pool's own Job is kept as it is.
+    plain = one(render(helm, {}), "Role", "r-gpumon-controller")
+    assert not any("jobs" in r.get("resources", ()) for r in plain["rules"])
+    own = {"template": {"spec": {"containers": [{"name": "bmc", "image": "bmc:1"}]}}}
+    pools = [
+        {**REPAIRING["controller.config"]["pools"][0], "repair": {"steps": ["reboot"], "reboot_job": own}}
+    ]
+    mine = config_of(render(helm, {"controller.config": {"pools": pools}}), "controller")["pools"][0][
+        "repair"
+    ]
+    assert mine["reboot_job"] == own
+    # The exporter is never privileged by this.
+    exporter = container(docs, "DaemonSet", "exporter")
+    assert not (exporter.get("securityContext") or {}).get("privileged")

@@ -22,9 +22,11 @@ import pytest
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpumon.controller.core.contract import ANNOTATION_REPAIR_NODE, LABEL_REPAIR_STEP
 from gpumon.devcluster import capi, processes
 
 NAMESPACE = "gpumon-demo"
+CONTROLLER_NAMESPACE = "gpumon-system"  # where the controller runs its repair Jobs
 POOL = "gpu-pool"
 POOL_LABEL = "devcluster.gpumon.io/pool"
 TAINT = "gpumon.io/gpu-unhealthy"
@@ -89,6 +91,20 @@ def condition_true(node: dict[str, Any]) -> bool:
     return any(c["type"] == CONDITION and c["status"] == "True" for c in conditions)
 
 
+def succeeded(job: dict[str, Any]) -> bool:
+    return int((job.get("status") or {}).get("succeeded") or 0) > 0
+
+
+def repair_job(node: str, step: str) -> Callable[[Change], bool]:
+    def holds(c: Change) -> bool:
+        meta = c.obj["metadata"]
+        return (meta.get("labels") or {}).get(LABEL_REPAIR_STEP) == step and (
+            meta.get("annotations") or {}
+        ).get(ANNOTATION_REPAIR_NODE) == node
+
+    return holds
+
+
 def is_trainer(pod: dict[str, Any]) -> bool:
     return (pod["metadata"].get("labels") or {}).get("app") == WORKLOAD
 
@@ -136,12 +152,14 @@ async def test_default_demo_plays_every_step_in_the_cluster(tmp_path: Path) -> N
         api = await _wait_for_api(state / "kubeconfig", demo)
         async with api:
             core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
+            batch = client.BatchV1Api(api)
             watchers = [
                 asyncio.create_task(_watch(history, "Node", core.list_node)),
                 asyncio.create_task(_watch(history, "Pod", core.list_namespaced_pod, NAMESPACE)),
                 asyncio.create_task(
                     _watch(history, "Deployment", apps.list_namespaced_deployment, NAMESPACE)
                 ),
+                asyncio.create_task(_watch(history, "Job", batch.list_namespaced_job, CONTROLLER_NAMESPACE)),
                 asyncio.create_task(
                     _watch(
                         history,
@@ -193,8 +211,8 @@ def _check_history(h: History, output: str) -> None:
     assert steady is not None and steady < taint.at, fail("6 trainer pods never ran before the fault")
     assert not any(tainted(n) for n in h.state("Node", steady).values())
 
-    # 2. The Xid: taint and condition on one node; only the pod on the bad GPU evicted; its
-    # replacement ran elsewhere before the burst.
+    # 2. The fault (an uncorrectable ECC error, Xid 48): taint and condition on one node; only
+    # the pod on the bad GPU evicted; its replacement ran elsewhere before the burst.
     bad = taint.name
     assert h.first("Node", lambda c: c.name == bad and condition_true(c.obj), after=taint.at - 5), fail(
         f"{bad} never had {CONDITION}=True"
@@ -236,9 +254,26 @@ def _check_history(h: History, output: str) -> None:
     twelve = trainers_reach(12, after=up[0])
     assert twelve is not None, fail("the 12 trainer pods never all ran")
 
-    # 4. Recovery: after the burst had landed, the taint went, then the condition (two writes:
-    # the taint is in the spec, the condition in the status).
+    # 4. The repair: after the burst had landed, gpumon's reset Job for that node (kwok completed
+    # it, the demo played the reset), then its validation Job; the taint went only after the
+    # validation succeeded, then the condition (two writes: the taint is in the spec, the
+    # condition in the status).
     assert lift.at > twelve, fail("the taint was lifted before the burst landed")
+    reset = h.first("Job", repair_job(bad, "reset"))
+    assert reset is not None and reset.at > twelve, fail(f"no reset Job for {bad} after the burst landed")
+    reset_done = h.first("Job", lambda c: repair_job(bad, "reset")(c) and succeeded(c.obj))
+    assert reset_done is not None, fail("the reset Job never succeeded")
+    validation = h.first("Job", repair_job(bad, "validate"))
+    assert validation is not None and validation.at > reset_done.at, fail(
+        "no validation Job after the reset succeeded"
+    )
+    validated = h.first("Job", lambda c: repair_job(bad, "validate")(c) and succeeded(c.obj))
+    assert validated is not None and lift.at > validated.at, fail(
+        "the taint was lifted before the validation succeeded"
+    )
+    assert {c.name for c in h.of("Job")} == {reset.name, validation.name}, fail(
+        "one reset and one validation, nothing else"
+    )
     cleared = h.first(
         "Node", lambda c: c.name == bad and not tainted(c.obj) and not condition_true(c.obj), after=lift.at
     )

@@ -15,6 +15,7 @@ import argparse
 import collections
 import dataclasses
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -181,8 +182,39 @@ def slow_ticks(backend: NvmlBackend) -> dict[str, Any]:
     return {"devices": plain(gpus), "ticks": ticks}
 
 
+def recovery_action(backend: NvmlBackend, then: dict[str, Any]) -> dict[str, Any]:
+    """Each GPU's recovery action as read with the slow fields and alone; then the overrides
+    file (``MOCK_NVML_OVERRIDES``) replaced by ``then``, and each GPU it names read alone until
+    its action is the one ``then`` sets (at most ``CHANGE_DEADLINE`` seconds)."""
+    backend.open()
+    gpus = backend.devices()
+    before = {
+        "slow": [plain(backend.read_slow(g.index).recovery_action) for g in gpus],
+        "alone": [plain(backend.read_recovery_action(g.index)) for g in gpus],
+    }
+    path = Path(os.environ["MOCK_NVML_OVERRIDES"])
+    staged = path.with_suffix(".tmp")
+    staged.write_text(json.dumps(then))
+    staged.replace(path)
+    started = time.monotonic()
+    after: dict[str, Any] = {}
+    for index, device in then["devices"].items():
+        want = device["recovery_action"].upper()
+        got = None
+        while time.monotonic() - started < CHANGE_DEADLINE:
+            action = backend.read_recovery_action(int(index))
+            got = None if action is None else action.name
+            if got == want:
+                break
+            time.sleep(0.02)
+        after[index] = {"action": got, "seconds": time.monotonic() - started}
+    backend.close()
+    return {"devices": plain(gpus), "before": before, "after": after}
+
+
 REINITS = 3
 SLOW_TICKS = 3
+CHANGE_DEADLINE = 10.0
 SCENARIOS = {
     "inventory": inventory,
     "lost": lost,
@@ -190,6 +222,7 @@ SCENARIOS = {
     "reinit": reinit,
     "xid_burst": xid_burst,
     "slow_ticks": slow_ticks,
+    "recovery_action": recovery_action,
 }
 
 
@@ -202,6 +235,7 @@ def main() -> int:
         action="store_true",
         help="answer nvmlGpmMigSampleGet, which the mock stubs, with the whole GPU's nvmlGpmSampleGet",
     )
+    parser.add_argument("--then", type=json.loads, help="recovery_action: the overrides document to write")
     args = parser.parse_args()
     if args.mig_sample_from_gpu:
         pynvml.nvmlGpmMigSampleGet = lambda device, _gpu_instance, sample: pynvml.nvmlGpmSampleGet(
@@ -211,7 +245,8 @@ def main() -> int:
     backend = NvmlBackend(
         library_path=args.library, errors=lambda source, kind: errors.append((source, kind))
     )
-    result = SCENARIOS[args.scenario](backend)
+    scenario = SCENARIOS[args.scenario]
+    result = scenario(backend, args.then) if args.scenario == "recovery_action" else scenario(backend)
     # A field a GPU lacks is no error: reported apart, with how often (once per field and GPU).
     result["errors"] = sorted({e for e in errors if e[1] != "not_supported"})
     result["not_supported"] = dict(

@@ -73,11 +73,12 @@ def load_profile(mock: MockNvml, name: str) -> dict[str, Any]:
 
 
 # The blocks of a device's own entry that replace the defaults' (engine/config.go,
-# mergeDeviceOverride; `mig` by our patch). Others in a device entry are ignored by the mock.
+# mergeDeviceOverride; `mig` and `recovery_action` by our patches). Others in a device entry
+# are ignored by the mock.
 _DEVICE_BLOCKS = frozenset({
     "uuid", "name", "serial", "brand", "board_part_number", "vbios_version", "architecture",
     "memory", "bar1_memory", "power", "thermal", "clocks", "clocks_throttle_reasons",
-    "utilization", "ecc", "dynamic_metrics", "failure", "processes", "mig",
+    "utilization", "ecc", "dynamic_metrics", "failure", "processes", "mig", "recovery_action",
 })  # fmt: skip
 
 

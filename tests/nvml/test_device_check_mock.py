@@ -142,10 +142,13 @@ def test_the_device_check_runs_whole_on_the_mock(bundle: Path, mock: MockNvml, t
         "no NVML check of gpumon doctor fails",
     } <= checks
     families = steps["families"]["figures"]
-    # The H100 profile has no fan; GPM runs on the mock (read for real on Hopper for the first time).
+    # The H100 profile has no fan, and states no recovery action (its driver predates the field);
+    # GPM runs on the mock (read for real on Hopper for the first time).
     assert families["not_supported"] == {
         "gpumon_gpu_fan_speed_ratio": "fan_speed",
         "DCGM_FI_DEV_FAN_SPEED": "fan_speed",
+        "gpumon_gpu_recovery_action": "recovery_action",
+        "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION": "recovery_action",
     }
     assert families["missing"] == [] and "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" in families["present"]
     assert steps["footprint"]["figures"]["gpumon"]["series"] > 100

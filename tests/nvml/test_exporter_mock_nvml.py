@@ -44,7 +44,7 @@ from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.nodemaker import node_ready
 from gpumon.devcluster.waiting import eventually
 from gpumon.devices.nvml.convert import canonical_bus_id
-from gpumon.gpu.model import CLOCK_EVENT_REASONS
+from gpumon.gpu.model import CLOCK_EVENT_REASONS, RecoveryAction
 from gpumon.kube.client import KubeClient
 from gpumon.kube.kubeconfig import from_kubeconfig
 from gpumon.wire import v1 as wire
@@ -622,6 +622,63 @@ def test_uncorrectable_ecc_while_the_exporter_runs(node: Node) -> None:
     assert value(s, "gpumon_gpu_memory_total_bytes", gpu="2") == node.configs[2]["memory"]["total_bytes"]
     assert value(s, "DCGM_FI_DEV_XID_ERRORS", gpu="2") == 48
     assert (value(s, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", gpu="2") or 0) > 0
+
+
+# -- the driver's recovery action ---------------------------------------------------------------
+
+
+def test_the_recovery_action_is_exported_and_read_again_at_once_after_an_xid(
+    mock: MockNvml, tmp_path: Path
+) -> None:
+    """H100 profile on the patched mock: GPU 0 reports action NONE, GPU 1 GPU_RESET, the others
+    do not report it (absent in both profiles, counted once). Slow ticks are an hour apart, so
+    when GPU 0 then takes Xid 48 with the driver asking to drain and reset it, only the read
+    that follows the Xid can show the new action."""
+    h100 = load_profile(mock, "h100")
+    profile = with_device(with_device(h100, 0, recovery_action="none"), 1, recovery_action="gpu_reset")
+    gpus = len(device_configs(profile))
+    overrides = tmp_path / "overrides.yaml"
+    env = child_env(mock, write_profile(profile, tmp_path / "h100.yaml"), overrides=overrides)
+    env["GPUMON_PODS__ENABLED"] = "false"
+    log = tmp_path / "exporter.log"
+    with Exporter(env, log, "--metrics-profile", "both", "--slow-interval", "3600") as exporter:
+        s = exporter.until(lambda s: complete(s, gpus), "every GPU read")
+
+        def action(s: Series, gpu: int) -> dict[str, float]:
+            return {
+                dict(ls)["action"]: v
+                for ls, v in select(s, "gpumon_gpu_recovery_action", gpu=str(gpu)).items()
+            }
+
+        assert action(s, 0) == {a.label: float(a is RecoveryAction.NONE) for a in RecoveryAction}
+        assert action(s, 1)["gpu_reset"] == 1 and sum(action(s, 1).values()) == 1
+        assert action(s, 2) == {} and value(s, "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION", gpu="2") is None
+        assert value(s, "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION", gpu="1") == 1
+        assert not_supported(s)["nvml.recovery_action"] == gpus - 2
+        assert value(s, "gpumon_gpu_health", gpu="1", state="unhealthy") == 1
+        assert {dict(ls)["reason"] for ls in select(s, "gpumon_gpu_health_info", gpu="1")} == {
+            "RecoveryGpuReset"
+        }
+
+        staged = overrides.with_suffix(".tmp")
+        fault = {
+            "failure": {"mode": "ecc_uncorrectable", "xid": {"code": 48}},
+            "recovery_action": "drain_and_reset",
+        }
+        staged.write_text(yaml.safe_dump({"version": 1, "devices": {"0": fault}}))
+        staged.replace(overrides)
+        s = exporter.until(
+            lambda s: value(s, "gpumon_gpu_recovery_action", gpu="0", action="drain_and_reset") == 1,
+            "GPU 0's new action, read after its Xid",
+        )
+        assert value(s, "gpumon_gpu_xid_errors_total", gpu="0", xid="48") == 1
+        assert value(s, "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION", gpu="0") == 4
+        reasons = {dict(ls)["reason"] for ls in select(s, "gpumon_gpu_health_info", gpu="0")}
+        assert "RecoveryDrainAndReset" in reasons
+        # Only the one slow tick at start: the action came from the read after the Xid.
+        assert value(s, "gpumon_exporter_sample_duration_seconds_count", cadence="slow") == 1
+        assert not_supported(s)["nvml.recovery_action"] == gpus - 2, "still counted once"
+        assert nvml_errors(s) == {}
 
 
 # -- no library, or one that will not load --------------------------------------------------------

@@ -165,6 +165,9 @@ def check_inventory(profile: dict[str, Any], seen: dict[str, Any]) -> None:
             # A board without fans (count 0) answers NOT_SUPPORTED.
             "fan_speed_ratio": fan["speed_percent"] / 100 if fan.get("count") else None,
             "performance_state": int(cfg["performance_state"].removeprefix("P")),
+            # The shipped profiles declare no recovery action: NOT_SUPPORTED, as on a driver from
+            # before the field (the recovery action test sets one).
+            "recovery_action": None,
         }
 
     assert seen["xids"] == []
@@ -455,4 +458,34 @@ def test_gpm_per_mig_instance_held_between_ticks_with_the_mig_call_answered(
             assert got["pcie_tx_bytes_per_second"] is None and got["nvlink_rx_bytes_per_second"] is None
     assert all(slow["mig_profiling"] == [] for tick in seen["ticks"] for slow in tick[:3])
     assert "nvml.gpm_mig" not in seen["not_supported"]
+    assert seen["errors"] == [] and seen["log"] == ""
+
+
+def test_the_recovery_action_per_gpu_from_the_profile_and_changed_at_run_time(
+    mock: MockNvml, tmp_path: Path
+) -> None:
+    """Field 230 (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) through the real bindings on the patched
+    mock (hack/tools/mocknvml/patches/0003-gpu-recovery-action.patch): per GPU from the H100
+    profile, GPUs that do not declare it answer NOT_SUPPORTED as an older driver does (absent,
+    counted once per GPU), and the run-time overrides file changes it, seen by the next call."""
+    h100 = load_profile(mock, "h100")
+    profile = with_device(h100, 0, recovery_action="none")
+    profile = with_device(profile, 1, recovery_action="gpu_reset")
+    profile = with_device(profile, 2, recovery_action="system_reboot")
+    overrides = tmp_path / "overrides.yaml"
+    then = {
+        "version": 1,
+        "devices": {"0": {"recovery_action": "drain_and_reset"}, "1": {"recovery_action": "none"}},
+    }
+    seen = probe(
+        mock, "recovery_action", profile, tmp_path, overrides=overrides, options=["--then", json.dumps(then)]
+    )
+
+    gpus = len(seen["devices"])
+    # RecoveryAction's values as NVML's numbers: what plain() leaves of the enum.
+    assert seen["before"]["slow"] == [0, 1, 7] + [None] * (gpus - 3)
+    assert seen["before"]["alone"] == seen["before"]["slow"], "read alone (after an Xid) the same"
+    assert {i: a["action"] for i, a in seen["after"].items()} == {"0": "DRAIN_AND_RESET", "1": "NONE"}
+    # Not supported on the GPUs without it: counted once each, however often asked.
+    assert seen["not_supported"].get("nvml.recovery_action") == gpus - 3
     assert seen["errors"] == [] and seen["log"] == ""

@@ -31,6 +31,7 @@ from gpumon.controller.core.signals import FleetSignals
 from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
 from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource
 from gpumon.gpu.health import Severity
+from gpumon.gpu.model import RecoveryAction
 from gpumon.wire import v1 as wire
 
 JOB = "gpumon-exporter"
@@ -203,6 +204,28 @@ async def test_broken_gpus_get_the_right_verdicts_on_the_right_nodes(
     quiet = judge(reader.src.current(), KILLED)
     assert quiet.signals is SignalStatus.FRESH and quiet.severity is None and quiet.gpus == ()
     assert all(reader.rounds)
+
+
+async def test_the_drivers_recovery_action_reaches_the_policy_through_prometheus(
+    fleet: dict[str, ExporterProcess], reader: Reader, policy: Policy
+) -> None:
+    judge = Judge(policy)
+    fleet[HOT].inject({"gpu": 1, "fault": "recovery_action", "action": "drain_and_reset"})
+    uuid = uuids(fleet[HOT])[1]
+
+    def action_seen(f: FleetSignals) -> bool:
+        r = f.nodes.get(HOT)
+        g = r.gpu(uuid) if r is not None else None
+        return g is not None and g.recovery_action is RecoveryAction.DRAIN_AND_RESET
+
+    fleet_now = await reader.poll_until(action_seen, "the recovery action read back")
+    quiet = fleet_now.nodes[BROKEN].gpus[0]
+    assert quiet.recovery_action is RecoveryAction.NONE, "the simulator's driver reports NONE"
+    v = judge(fleet_now, HOT)
+    found = {g.uuid: g.findings for g in v.gpus}
+    assert [(f.rule, f.reason, f.evidence) for f in found[uuid]] == [
+        ("recovery-action", "RecoveryDrainAndReset", "driver recovery action DRAIN_AND_RESET")
+    ]
 
 
 async def test_a_killed_exporter_is_unknown_and_never_acted_on(

@@ -125,7 +125,29 @@ def view(
     snapshots: dict[str, wire.SnapshotDoc] | None = None,
     events: list[dict[str, Any]] | None = None,
     at: float = 100.0,
+    jobs: list[dict[str, Any]] | None = None,
 ) -> ClusterView:
     return cluster_view(
-        at, node_objs=nodes, pod_objs=pods, pool_obj=md, event_objs=events or [], snapshots=snapshots or {}
+        at,
+        node_objs=nodes,
+        pod_objs=pods,
+        pool_obj=md,
+        event_objs=events or [],
+        snapshots=snapshots or {},
+        job_objs=jobs or [],
     )
+
+
+def job(
+    node: str, step: str, *, succeeded: bool = True, created: str = "2026-01-01T00:00:00Z"
+) -> dict[str, Any]:
+    """A repair step's Job as the controller makes it, and as the Job controller leaves it."""
+    return {
+        "metadata": {
+            "name": f"gpumon-{step}-{node}-1",
+            "labels": {"gpumon.io/repair-step": step},
+            "annotations": {"gpumon.io/repair-node": node},
+            "creationTimestamp": created,
+        },
+        "status": {"succeeded": 1} if succeeded else {"active": 1},
+    }

@@ -496,6 +496,17 @@ CASES: list[Case] = [
         f"from config file {C}",
     ),
     controller_config(
+        "controller-config-pool-repair-template-without-image",
+        y(
+            "pools:\n  - name: a\n    target: {namespace: n, name: md}\n    node_selector: pool=a\n"
+            "    template: {resources: {nvidia.com/gpu: 8}}\n    max_replicas: 3\n"
+            "    repair:\n      steps: [reboot]\n"
+            "      reboot_job: {template: {spec: {containers: [{name: reboot}]}}}\n"
+        ),
+        "pools.0.repair.reboot_job.template: spec.containers.0: needs a name and an image",
+        f"from config file {C}",
+    ),
+    controller_config(
         "controller-config-inline-rule-threshold-bool",
         y("policy:\n  rules:\n    - {name: hot, signal: temperature, severity: degraded, threshold: true}\n"),
         "'hot'",

@@ -23,9 +23,12 @@ def test_builtins_cover_xid_classes_lost_ecc_remap_and_thermal():
         "gpu-lost",
         "ecc-uncorrectable",
         "row-remap-failure",
+        "recovery-action",
         "thermal-unhealthy",
         "thermal-degraded",
     }
+    assert rules["recovery-action"].severity is Severity.UNHEALTHY
+    assert (rules["recovery-action"].op, rules["recovery-action"].threshold) == (Op.GE, 1.0)  # not NONE (0)
     assert rules["xid-unhealthy"].severity is Severity.UNHEALTHY
     assert rules["xid-unhealthy"].xids is None  # classes come from gpu_health
     assert rules["thermal-unhealthy"].threshold == HealthPolicy().temperature_unhealthy_celsius

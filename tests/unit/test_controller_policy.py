@@ -21,7 +21,7 @@ from gpumon.controller.core.policy import (
 from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading, XidSeen
 from gpumon.controller.core.verdicts import SignalStatus
 from gpumon.gpu.health import HealthPolicy, Severity
-from gpumon.gpu.model import HealthReason, HealthState, HealthVerdict
+from gpumon.gpu.model import HealthReason, HealthState, HealthVerdict, RecoveryAction
 
 
 def gpu(index: int = 0, at: float = 0.0, **kw) -> GpuReading:
@@ -164,6 +164,35 @@ def test_lost_ecc_remap_and_exporter_verdict_signals():
     assert reasons == {0: "GpuLost", 1: "EccUncorrectable", 2: "RowRemapFailure", 3: "EccUncorrectable"}
     assert v.gpus[3].findings[0].rule == "exp"
     assert "exporter verdict unhealthy: 2 uncorrectable" in v.gpus[3].findings[0].evidence
+
+
+def test_a_recovery_action_other_than_none_is_unhealthy_with_a_reason_naming_it():
+    run = Run(policy(stale_after_seconds=1e9))
+    reading = node(
+        1.0,
+        gpu(0, 1.0, recovery_action=RecoveryAction.NONE),
+        gpu(1, 1.0, recovery_action=RecoveryAction.GPU_RESET),
+        gpu(2, 1.0, recovery_action=RecoveryAction.SYSTEM_REBOOT),
+        gpu(3, 1.0),  # the driver does not report it: unknown, nothing to judge
+    )
+    v = run(1.0, reading).verdict
+    assert v.severity is Severity.UNHEALTHY
+    found = {g.index: g.findings[0] for g in v.gpus}
+    assert set(found) == {1, 2}
+    assert (found[1].rule, found[1].reason, found[1].evidence) == (
+        "recovery-action",
+        "RecoveryGpuReset",
+        "driver recovery action GPU_RESET",
+    )
+    assert found[2].reason == "RecoverySystemReboot"
+    assert "reboot" in found[2].action
+
+    # The driver says NONE again after the reset: recovery through the usual hysteresis.
+    def cleared(t: float) -> NodeReading:
+        return node(t, *(gpu(i, t, recovery_action=RecoveryAction.NONE) for i in range(4)))
+
+    assert run(2.0, cleared(2.0)).verdict.recovering
+    assert run(902.0, cleared(902.0)).verdict.severity is None
 
 
 def test_for_duration_delays_firing_and_resets_when_condition_breaks():

@@ -254,6 +254,10 @@ async def test_state_label_follows_drain_phase_and_recovery():
     assert drain_started_at(k.view, now=70.0) == 70.0
     await k.step(verdict(gpu_verdict(recovering=True)), now=80.0, phase=c.NodePhase.DRAINED)
     assert k.obj["metadata"]["labels"][c.LABEL_STATE] == "recovering"
+    # A step of the repair ladder under way (its validation, say) is what the label tells, as the
+    # findings clear: the ladder decides when the quarantine lifts.
+    await k.step(verdict(gpu_verdict(recovering=True)), now=90.0, phase=c.NodePhase.VALIDATING)
+    assert k.obj["metadata"]["labels"][c.LABEL_STATE] == "validating"
 
 
 async def test_node_scoped_finding_is_recorded_for_the_node():

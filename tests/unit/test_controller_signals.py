@@ -26,6 +26,7 @@ from gpumon.controller.shell.signal_sources.direct import (
     DirectSettings,
     DirectSource,
     ExporterView,
+    gpu_reading,
     on_line,
     on_snapshot,
     read_bounded,
@@ -54,6 +55,7 @@ from gpumon.gpu.model import (
     HealthVerdict,
     PodGpuUsage,
     PodRef,
+    RecoveryAction,
     SlowFields,
     Snapshot,
     XidEvent,
@@ -95,6 +97,7 @@ def test_stream_readings_carry_the_numbers_as_sent():
         temperature_celsius=91.5,
         ecc_uncorrected=3,
         row_remap_failure=True,
+        recovery_action=RecoveryAction.NODE_REBOOT,
         xids=(wire.Xid(code=13, at=100.25, count=2), wire.Xid(code=79, at=123.5)),
         pods=(wire.Pod(namespace="ml", pod="a", container="main"),),
     )
@@ -105,6 +108,8 @@ def test_stream_readings_carry_the_numbers_as_sent():
     assert (g.uuid, g.index, g.observed_at) == ("G1", 1, 200.0)
     assert (g.temperature_celsius, g.ecc_uncorrectable, g.row_remap_failure, g.lost) == (91.5, 3, True, False)
     assert g.xids == (XidSeen(13, 100.25), XidSeen(79, 123.5)), "codes with their own times"
+    assert g.recovery_action is RecoveryAction.NODE_REBOOT
+    assert gpu_reading(status(), 1.0).recovery_action is None, "not reported: unknown, not NONE"
     assert g.health == HealthVerdict(
         HealthState.UNHEALTHY, (HealthReason("XidFatal", "Xid 79", HealthState.UNHEALTHY),)
     )
@@ -141,7 +146,7 @@ def test_snapshot_gives_raw_fields_pods_and_xids():
     sample = GpuSample(
         ident,
         FastFields(temperature_gpu_celsius=50.0, memory_utilization_ratio=0.5),
-        SlowFields(ecc_uncorrected=0, row_remap_failure=False),
+        SlowFields(ecc_uncorrected=0, row_remap_failure=False, recovery_action=RecoveryAction.GPU_RESET),
         HealthVerdict(HealthState.HEALTHY),
         30.0,
         xid_counts={13: 4},
@@ -162,6 +167,7 @@ def test_snapshot_gives_raw_fields_pods_and_xids():
         False,
     )
     assert g.observed_at == 30.0  # the exporter's sample time, not the fetch
+    assert g.recovery_action is RecoveryAction.GPU_RESET
     assert g.xids == (XidSeen(13, 12.5),) and g.pods == (PodRef("ml", "a", "c"),)
 
 
@@ -181,8 +187,10 @@ def test_queries_cover_the_signals_rules_use_plus_freshness_and_pods():
         "gpu_lost",
         "ecc_uncorrectable",
         "row_remap_failure",
+        "recovery_action",
         "temperature",
     }
+    assert q["recovery_action"] == "gpumon_gpu_recovery_action == 1"
     assert "offset 600s" in q["xid"] and "increase(gpumon_gpu_xid_errors_total[600s])" in q["xid"]
     custom = Rule("nv", Signal.PROMQL, Severity.UNHEALTHY, query="sum by (node) (x)", scope=Scope.NODE)
     health = Rule("h", Signal.EXPORTER_HEALTH, Severity.UNHEALTHY)
@@ -208,6 +216,10 @@ def test_results_fold_into_readings_per_node():
         "gpu_lost": [s(0, node="a", gpu="0", uuid="A0"), s(1, node="a", gpu="1", uuid="A1")],
         "xid": [s(1, node="a", gpu="1", uuid="A1", xid="79"), s(1, node="zz", gpu="0", uuid="Z", xid="79")],
         "exporter_health": [s(1, node="a", gpu="1", uuid="A1", state="lost")],
+        "recovery_action": [
+            s(1, node="a", gpu="0", uuid="A0", action="drain_and_reset"),
+            s(1, node="b", gpu="0", uuid="B0", action="reboot_the_moon"),  # a newer exporter's: skipped
+        ],
         "__health_info": [s(1, node="a", gpu="1", uuid="A1", reason="GpuLost", detail="gone")],
         PODS: [s(1, node="a", gpu="1", uuid="A1", namespace="ml", pod="p", container="c")],
         "rule:nv": [s(3, node="b")],
@@ -220,6 +232,8 @@ def test_results_fold_into_readings_per_node():
     g0, g1 = a.gpus
     assert (g0.temperature_celsius, g0.lost, g0.ecc_uncorrectable, g0.xids) == (70.0, False, None, ())
     assert g0.custom == {"g": 1.0}
+    assert (g0.recovery_action, g1.recovery_action) == (RecoveryAction.DRAIN_AND_RESET, None)
+    assert nodes["b"].gpus[0].recovery_action is None
     assert (g1.lost, g1.ecc_uncorrectable, g1.temperature_celsius) == (True, 2, None)
     # The query counted the code within the controller's window: seen as of the GPU's scrape.
     assert g1.xids == (XidSeen(79, 96.0),)

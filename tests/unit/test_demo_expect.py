@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from demo_builders import node, pod, pool, snapshot, view
+from demo_builders import job, node, pod, pool, snapshot, view
 
 from gpumon.demo import expect
 from gpumon.demo.expect import Broken, StepContext
@@ -123,6 +123,39 @@ def test_recovered_needs_taint_and_condition_gone() -> None:
     outcome = expect.check(Expect.RECOVERED, done, ctx)
     assert outcome.met and outcome.detail == "gpu-pool-0 GPU 1 healthy: taint lifted, GpuUnhealthy=False"
     assert not expect.check(Expect.RECOVERED, view([], [], pool(1)), ctx).met  # the node is gone
+
+
+def test_repaired_needs_the_reset_and_the_validation_succeeded_and_the_quarantine_lifted() -> None:
+    ctx = StepContext(
+        apps={}, attributed_app="trainer", pool_desired_before=2, broken=(Broken("gpu-pool-0", 1, ()),)
+    )
+    healthy = {"gpu-pool-0": snapshot(4)}
+    lifted = [node("gpu-pool-0")]
+    validating = view(
+        lifted,
+        [],
+        pool(1),
+        healthy,
+        jobs=[job("gpu-pool-0", "reset"), job("gpu-pool-0", "validate", succeeded=False)],
+    )
+    outcome = expect.check(Expect.REPAIRED, validating, ctx)
+    assert not outcome.met and "reset Job succeeded, validate Job running" in outcome.detail
+    # Lifted without the repair (a recovery on its own) is not a repair.
+    assert not expect.check(Expect.REPAIRED, view(lifted, [], pool(1), healthy), ctx).met
+    jobs = [job("gpu-pool-0", "reset"), job("gpu-pool-0", "validate"), job("gpu-pool-1", "reset")]
+    still = view(
+        [node("gpu-pool-0", taint="NoSchedule", condition="EccUncorrectable")],
+        [],
+        pool(1),
+        healthy,
+        jobs=jobs,
+    )
+    assert not expect.check(Expect.REPAIRED, still, ctx).met, "the hysteresis has not passed"
+    outcome = expect.check(Expect.REPAIRED, view(lifted, [], pool(1), healthy, jobs=jobs), ctx)
+    assert outcome.met and outcome.detail == (
+        "gpu-pool-0: reset Job succeeded, validate Job succeeded; "
+        "GPU 1 healthy: taint lifted, GpuUnhealthy=False"
+    )
 
 
 def test_scaled_down_needs_fewer_replicas_and_the_nodes_gone() -> None:

@@ -37,6 +37,16 @@ def test_the_controller_config_is_valid_and_acts() -> None:
     assert cfg.policy.recover_after_seconds == s.controller.recover_after_seconds
     pool = pool_from_config(cfg.pools[0])
     assert pool.max_replicas == 6 and not pool.replace_quarantined
+    # The repair step's ladder: a reset, then a validation; no reboot or replacement.
+    assert pool.repair is not None
+    policy = pool.repair.policy
+    assert policy.reset and policy.validate and not policy.reboot and not policy.replace
+    assert {s.value for s in pool.repair.templates} == {"reset", "validate"}
+    without = scenario.Scenario.model_validate({"steps": [{"name": "a", "expect": "steady"}]})
+    plain = ControllerConfig.model_validate(
+        fleet.controller_config(f, without, kubeconfig=Path("/k"), port=1)
+    )
+    assert plain.pools[0].repair is None, "no repair step: the ladder stays off"
     # A trainer pod selects linux nodes; a new pool node must be seen to offer that.
     assert pool.template.labels["kubernetes.io/os"] == "linux"
 

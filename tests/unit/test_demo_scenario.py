@@ -23,11 +23,12 @@ def test_the_embedded_default_plays_the_five_steps_in_order() -> None:
         Expect.STEADY,
         Expect.QUARANTINED,
         Expect.SCALED_UP,
-        Expect.RECOVERED,
+        Expect.REPAIRED,
         Expect.SCALED_DOWN,
     ]
-    assert s.steps[1].inject is not None and s.steps[1].inject.fault == "lost"
-    assert s.steps[2].scale == 12 and s.steps[3].clear and s.steps[4].scale == 2
+    assert s.steps[1].inject is not None and s.steps[1].inject.fault == "ecc"
+    assert s.steps[2].scale == 12 and s.steps[3].repair and s.steps[4].scale == 2
+    assert s.repairs, "the pool's repair ladder is on"
     assert s.with_pool_nodes(5).fleet.pool_nodes == 5 and s.fleet.pool_nodes == 3
 
 
@@ -62,6 +63,13 @@ def _step(body: str) -> str:
         (_step("inject: {fault: clear}, expect: steady"), "use `clear: true`"),
         (_step("scale: 2, clear: true, expect: steady"), "a step does one thing; this one has clear, scale"),
         (_step("expect: recovered"), "steps.0 (a): recovered needs an earlier step"),
+        (_step("repair: true, expect: repaired"), "steps.0 (a): repair needs an earlier step"),
+        (
+            "steps:\n  - {name: a, inject: {fault: ecc}, expect: quarantined}\n"
+            "  - {name: b, expect: repaired}",
+            "steps.1 (b): repaired needs a repair step",
+        ),
+        (_step("repair: true, scale: 2, expect: steady"), "this one has repair, scale"),
         (ONE + "\n  - {name: a, expect: steady}", "step names must be unique: a"),
         ("workload: {gpus_per_pod: 8}\n" + ONE, "exceeds fleet.gpus_per_node"),
         ("fleet: {pool_nodes: 0}\n" + ONE, "fleet.pool_nodes: Input should be greater"),

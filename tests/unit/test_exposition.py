@@ -42,6 +42,7 @@ from gpumon.gpu.model import (
     MigInstance,
     PodGpuUsage,
     PodRef,
+    RecoveryAction,
     SlowFields,
     Snapshot,
 )
@@ -82,6 +83,7 @@ def full_slow(**changes: object) -> SlowFields:
         nvlink_data_bytes={"tx": 3 * 1024, "rx": 5 * 1024},
         nvlink_data_bytes_per_second=2_048_000 * 1024 + 512,
         nvlink_errors={(0, "replay"): 2, (0, "crc"): 0, (17, "recovery"): 1},
+        recovery_action=RecoveryAction.DRAIN_AND_RESET,
     )
     return replace(slow, **changes)  # type: ignore[arg-type]
 
@@ -190,6 +192,7 @@ NATIVE_GPU_FAMILIES = {
     "gpumon_gpu_xid_errors": ("counter", ""),
     "gpumon_gpu_nvlink_data_bytes": ("counter", "bytes"),
     "gpumon_gpu_nvlink_errors": ("counter", ""),
+    "gpumon_gpu_recovery_action": ("gauge", ""),
     "gpumon_gpu_health": ("gauge", ""),
     "gpumon_gpu_health_info": ("gauge", ""),
 }
@@ -250,6 +253,8 @@ def test_native_values_in_base_units() -> None:
     assert value(s, "gpumon_gpu_nvlink_data_bytes_total", direction="rx", **ids) == 5 * 1024
     errors = {(lab["link"], lab["type"]): v for lab, v in s["gpumon_gpu_nvlink_errors_total"]}
     assert errors == {("0", "replay"): 2, ("0", "crc"): 0, ("17", "recovery"): 1}
+    actions = {lab["action"]: v for lab, v in s["gpumon_gpu_recovery_action"]}
+    assert actions == {a.label: float(a is RecoveryAction.DRAIN_AND_RESET) for a in RecoveryAction}, "one-hot"
 
 
 def test_native_info_labels() -> None:
@@ -440,6 +445,7 @@ def test_odd_label_values_round_trip_in_both_formats(name: str) -> None:
 # --- dcgm profile -------------------------------------------------------------------------------
 
 DCGM_FAMILIES = {
+    "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION": "gauge",
     "DCGM_FI_DEV_SM_CLOCK": "gauge",
     "DCGM_FI_DEV_MEM_CLOCK": "gauge",
     "DCGM_FI_DEV_MEMORY_TEMP": "gauge",
@@ -498,6 +504,7 @@ def test_dcgm_units_and_values() -> None:
     assert v["DCGM_FI_DEV_ROW_REMAP_FAILURE"] == 0
     assert v["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"] == CLOCK_EVENT_REASONS["sw_power_cap"] | 0x40
     assert v["DCGM_FI_DEV_XID_ERRORS"] == 79  # the last Xid, not a count
+    assert v["DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"] == 4  # NVML's number: drain and reset
     # DCGM's NVLink "bandwidth": KiB per second, TX and RX together, / 1000, truncated.
     assert v["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"] == 2048
 

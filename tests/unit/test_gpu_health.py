@@ -16,16 +16,19 @@ from gpumon.gpu.health import (
     ACTION_XIDS,
     INFORMATIONAL_XIDS,
     REASONS,
+    RECOVERY_REASONS,
+    XID_RESOLUTIONS,
     HealthPolicy,
     Severity,
     Signal,
     XidClass,
     classify_xid,
     default_reason,
+    documented_resolution,
     judge,
     recommended_action,
 )
-from gpumon.gpu.model import FastFields, HealthState, XidEvent
+from gpumon.gpu.model import FastFields, HealthState, RecoveryAction, SlowFields, XidEvent
 from gpumon.wire import v1 as wire
 
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -46,6 +49,7 @@ def test_every_reason_code_has_one_entry_and_every_signal_a_default():
         Signal.GPU_LOST: "GpuLost",
         Signal.MEMORY_UTILIZATION: "MemoryUtilization",
         Signal.EXPORTER_HEALTH: "ExporterVerdict",
+        Signal.RECOVERY_ACTION: "GpuRecoveryAction",
         Signal.PROMQL: "Custom",
     }
     assert "reset the GPU" in recommended_action("XidFatal")
@@ -173,3 +177,51 @@ def test_a_storm_of_distinct_codes_gives_one_reason_per_class_within_the_wire_li
     assert wire.Verdict.model_validate(verdict, from_attributes=True).reasons[0].detail == "Xid 74, 79", (
         "within the wire's limits"
     )
+
+
+@PROPERTY
+@given(action=st.sampled_from(RecoveryAction))
+def test_exporter_verdict_and_controller_rules_agree_on_every_recovery_action(action: RecoveryAction):
+    exporter = judge(
+        fast=None,
+        slow=SlowFields(recovery_action=action),
+        recent_xids=(),
+        lost=False,
+        now=10.0,
+        policy=HealthPolicy(),
+    )
+    controller = evaluate_node(
+        "n1",
+        {},
+        node(10.0, gpu(at=10.0, recovery_action=action)),
+        EMPTY_NODE_STATE,
+        10.0,
+        build_policy(ControllerConfig()),
+    ).verdict
+    if action is RecoveryAction.NONE:
+        assert exporter.state is HealthState.HEALTHY and controller.severity is None
+        return
+    assert exporter.state is HealthState.UNHEALTHY and controller.severity is Severity.UNHEALTHY
+    assert exporter.reason == controller.findings[0].reason == RECOVERY_REASONS[action]
+    assert (
+        exporter.reasons[0].detail
+        == controller.findings[0].evidence
+        == f"driver recovery action {action.name}"
+    )
+
+
+def test_every_recovery_action_but_none_has_a_reason_of_its_own():
+    assert set(RECOVERY_REASONS) == set(RecoveryAction) - {RecoveryAction.NONE}
+    assert len(set(RECOVERY_REASONS.values())) == len(RECOVERY_REASONS)
+    assert all(code in REASONS for code in RECOVERY_REASONS.values())
+
+
+def test_the_catalog_stands_in_for_a_driver_without_the_recovery_action():
+    assert set(XID_RESOLUTIONS) <= set(ACTION_XIDS), "only codes that call for action"
+    assert documented_resolution([13, 43]) is RecoveryAction.NONE, "application faults: nothing to repair"
+    assert documented_resolution([48]) is RecoveryAction.GPU_RESET
+    assert documented_resolution([48, 79]) is RecoveryAction.NODE_REBOOT, "the heaviest of them"
+    assert documented_resolution([], lost=True) is RecoveryAction.NODE_REBOOT
+    assert documented_resolution([], reasons=["EccUncorrectable"]) is RecoveryAction.GPU_RESET
+    assert documented_resolution([], reasons=["Thermal", "Custom"]) is RecoveryAction.NONE
+    assert documented_resolution([79], reasons=["EccUncorrectable"]) is RecoveryAction.NODE_REBOOT

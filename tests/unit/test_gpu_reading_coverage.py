@@ -41,6 +41,7 @@ def from_the_model(g: GpuSample, pods: tuple[PodGpuUsage, ...]) -> dict[str, obj
         "memory_utilization_ratio": g.fast.memory_utilization_ratio,
         "ecc_uncorrectable": g.slow.ecc_uncorrected,
         "row_remap_failure": g.slow.row_remap_failure,
+        "recovery_action": g.slow.recovery_action,
         "lost": g.lost,
         "health": g.health,
         "xids": tuple(XidSeen(e.xid, e.timestamp) for e in sorted(g.xids, key=lambda e: e.xid)),

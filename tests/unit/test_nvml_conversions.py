@@ -11,6 +11,7 @@ import pytest
 
 from gpumon.devices.backend import BackendUnavailable, GpuLostError
 from gpumon.devices.nvml.convert import (
+    FI_GPU_RECOVERY_ACTION,
     GPM_METRICS,
     GPM_MIG_METRICS,
     THROTTLE_REASONS,
@@ -34,6 +35,7 @@ from gpumon.devices.nvml.convert import (
     process_samples,
     profiling,
     ratio,
+    recovery_action,
     seconds,
     text,
     throttle_reasons,
@@ -48,7 +50,15 @@ from gpumon.devices.nvml.errors import (
     init_failure_message,
     read_failure,
 )
-from gpumon.gpu.model import GpuIdentity, MemoryInfo, MigInstance, ProcessSample, Profiling, XidEvent
+from gpumon.gpu.model import (
+    GpuIdentity,
+    MemoryInfo,
+    MigInstance,
+    ProcessSample,
+    Profiling,
+    RecoveryAction,
+    XidEvent,
+)
 
 GiB = 2**30
 MiB = 2**20
@@ -569,6 +579,19 @@ def test_profiling_leaves_non_finite_answers_out() -> None:
 )
 def test_performance_state(pstate: int, expected: int | None) -> None:
     assert performance_state(pstate) == expected
+
+
+def test_recovery_action_is_nvmls_number_and_an_unknown_one_is_no_reading() -> None:
+    assert recovery_action(float(pynvml.NVML_GPU_RECOVERY_ACTION_NONE)) is RecoveryAction.NONE
+    assert (
+        recovery_action(float(pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET))
+        is RecoveryAction.DRAIN_AND_RESET
+    )
+    assert (
+        recovery_action(float(pynvml.NVML_GPU_RECOVERY_ACTION_SYSTEM_REBOOT)) is RecoveryAction.SYSTEM_REBOOT
+    )
+    assert recovery_action(8.0) is None
+    assert FI_GPU_RECOVERY_ACTION == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 
 
 def test_violation_time_is_seconds() -> None:

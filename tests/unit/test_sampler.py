@@ -29,6 +29,7 @@ from gpumon.gpu.model import (
     PodGpuUsage,
     PodRef,
     Profiling,
+    RecoveryAction,
     SlowFields,
     Snapshot,
     XidEvent,
@@ -530,3 +531,31 @@ async def test_gpm_per_mig_instance_and_vgpu_licence_in_both_profiles(executor, 
             assert licensed == {"1": "1.0", "2": "0.0"}, name
     finally:
         backend.close()
+
+
+async def test_an_xid_has_the_recovery_action_read_at_once_not_at_the_next_slow_tick(
+    backend, executor, clocks
+) -> None:
+    sampler = make_sampler(backend, executor, clocks)
+    snap = await sample(sampler)
+    assert snap.gpus[2].slow is not None and snap.gpus[2].slow.recovery_action is RecoveryAction.NONE
+    assert await value(sampler, "gpumon_gpu_recovery_action", gpu="2", action="none") == 1
+    # The driver changes its verdict with the Xid (what Xid 154 announces on a real driver).
+    backend.inject(parse_fault({"gpu": 2, "fault": "recovery_action", "action": "gpu_reset"}))
+    uuid = backend.devices()[2].uuid
+    sampler.ingest_xids([XidEvent(uuid, 154, clocks.wall, 2)])
+    await _until(
+        lambda: (
+            sampler.snapshot is not None
+            and sampler.snapshot.gpus[2].slow is not None
+            and sampler.snapshot.gpus[2].slow.recovery_action is RecoveryAction.GPU_RESET
+        )
+    )
+    gpu = sampler.snapshot.gpus[2]
+    assert gpu.health.state is HealthState.UNHEALTHY
+    assert [r.code for r in gpu.health.reasons] == ["RecoveryGpuReset"]
+    assert await value(sampler, "gpumon_gpu_recovery_action", gpu="2", action="gpu_reset") == 1
+    assert await value(sampler, "gpumon_gpu_recovery_action", gpu="2", action="none") == 0
+    assert await value(sampler, "gpumon_gpu_recovery_action", gpu="1", action="none") == 1, (
+        "other GPUs as read"
+    )

@@ -19,6 +19,7 @@ from gpumon.devices.nvml import NvmlBackend
 from gpumon.devices.simulated import SimulatedBackend
 from gpumon.devices.simulated_http import fault_routes
 from gpumon.exporter.server import make_app
+from gpumon.gpu.model import RecoveryAction
 
 MakeClient = Callable[..., Awaitable[TestClient[Any, Any]]]
 
@@ -45,9 +46,16 @@ async def test_fault_then_list(aiohttp_client: MakeClient, capsys: pytest.Captur
     )
     assert code == 0
     assert backend.read_fast(0).temperature_gpu_celsius == 99
+    args = ("--gpu", "1", "--mode", "recovery_action", "--recovery-action", "gpu_reset")
+    code, _, _ = await _cli(capsys, "fault", "--exporter", url, *args)
+    assert code == 0 and backend.read_recovery_action(1) is RecoveryAction.GPU_RESET
     code, out, _ = await _cli(capsys, "faults", "--exporter", url)
     assert code == 0
-    assert "gpu 0: overheat 99 C" in out and "gpu 1: healthy" in out and "xid gpu=1 code=79" in out
+    assert (
+        "gpu 0: overheat 99 C" in out
+        and "gpu 1: recovery action gpu_reset" in out
+        and "xid gpu=1 code=79" in out
+    )
     code, out, _ = await _cli(capsys, "fault", "--exporter", url, "--mode", "clear")
     assert code == 0 and backend.status().active == {}
 

@@ -18,6 +18,7 @@ from gpumon.devices.simulated import (
     load_scenario,
     parse_fault,
 )
+from gpumon.gpu.model import RecoveryAction
 
 MiB = 1 << 20
 T0 = 1_800_000_000.0
@@ -177,6 +178,20 @@ def test_ecc_and_remap_faults_show_in_slow_fields_with_their_xids() -> None:
     assert [(e.index, e.xid) for e in b.wait_xids(0)] == [(0, 48), (3, 64)]
     b.inject(parse_fault({"gpu": 0, "fault": "clear"}))
     assert b.read_slow(0).ecc_uncorrected == 0
+
+
+def test_the_driver_recovery_action_is_set_by_a_fault_and_a_reset_sets_it_back() -> None:
+    b, _ = backend()
+    assert b.read_slow(1).recovery_action is RecoveryAction.NONE
+    b.inject(parse_fault({"gpu": 1, "fault": "recovery_action", "action": "node_reboot"}))
+    assert b.read_recovery_action(1) is RecoveryAction.NODE_REBOOT
+    assert b.read_slow(1).recovery_action is RecoveryAction.NODE_REBOOT
+    assert b.read_recovery_action(0) is RecoveryAction.NONE, "per GPU"
+    assert b.status().active == {1: ("recovery action node_reboot",)}
+    b.inject(parse_fault({"gpu": 1, "fault": "clear"}))
+    assert b.read_recovery_action(1) is RecoveryAction.NONE
+    with pytest.raises(SimulationError, match="not a recovery action"):
+        parse_fault({"gpu": 1, "fault": "recovery_action", "action": "GPU_RESET"})
 
 
 def test_remap_needs_an_ampere_or_later_board() -> None:

@@ -168,3 +168,49 @@ def test_latest_signals_from_the_exporters_snapshot() -> None:
     assert (healthy.health, healthy.temperature_celsius, healthy.ecc_uncorrected) == ("healthy", 40.0, 0)
     unreachable = explain(snapshot_error="no running exporter pod on the node")
     assert unreachable.signals == () and unreachable.signals_error == "no running exporter pod on the node"
+
+
+def test_the_repair_ladder_tried_so_far_and_what_comes_next() -> None:
+    from rich.console import Console
+
+    from gpumon.controller.core.contract.repair import (
+        Attempt,
+        AttemptOutcome,
+        LadderStep,
+        RepairRecord,
+        record_to_json,
+    )
+    from gpumon.status import render
+
+    n = node(NAME, records=(record(1),), quarantined_ago=900, state="rebooting")
+    t0 = 1_800_000_000.0
+    ladder = RepairRecord(
+        (
+            Attempt(
+                LadderStep.RESET,
+                1,
+                ("GPU-1",),
+                t0,
+                AttemptOutcome.TIMED_OUT,
+                ended_at=t0 + 600,
+                detail="not finished",
+            ),
+            Attempt(LadderStep.REBOOT, 2, ("",), t0 + 610),
+        )
+    )
+    n["metadata"]["annotations"]["gpumon.io/repair"] = record_to_json(ladder)
+    why = explain(node_obj=n)
+    assert why.repair is not None
+    assert [(s.attempt, s.step, s.gpus, s.outcome, s.detail) for s in why.repair.steps] == [
+        (1, "reset", ("GPU-1",), "timed_out", "not finished"),
+        (2, "reboot", (), "running", ""),
+    ]
+    assert why.repair.next == "waiting for the reboot Job of attempt 2 to finish"
+    console = Console(width=200, record=True)
+    console.print(render.explanation(why))
+    text = console.export_text()
+    assert "Repair ladder" in text and "timed_out" in text and "next: waiting for the reboot Job" in text
+    assert explain().repair is None, "no ladder on the node"
+    gave_up = RepairRecord(ladder.attempts[:1], gave_up_at=t0 + 700)
+    n["metadata"]["annotations"]["gpumon.io/repair"] = record_to_json(gave_up)
+    assert explain(node_obj=n).repair.next.startswith("nothing: the ladder gave up")  # type: ignore[union-attr]

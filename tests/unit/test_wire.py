@@ -22,6 +22,7 @@ from gpumon.gpu.model import (
     PodGpuUsage,
     PodRef,
     ProcessSample,
+    RecoveryAction,
     SlowFields,
     Snapshot,
     XidEvent,
@@ -59,6 +60,7 @@ def sample(index: int = 0, **kw: Any) -> GpuSample:
             row_remap_pending=False,
             row_remap_failure=True,
             mig_instances=(MigInstance(1, 0, "3g.40gb", "MIG-1", MemoryInfo(40, 1, 39)),),
+            recovery_action=RecoveryAction.DRAIN_AND_RESET,
         ),
         "health": BAD,
         "sampled_at": 1700000000.25,
@@ -119,6 +121,7 @@ def test_the_snapshot_document_round_trips_and_keeps_every_number() -> None:
     assert g.fast is not None and g.fast.temperature_gpu_celsius == 96.5
     assert g.fast.throttle_reasons == ("hw_thermal", "sw_thermal")
     assert g.slow is not None and (g.slow.ecc_uncorrected, g.slow.row_remap_failure) == (3, True)
+    assert g.slow.recovery_action is RecoveryAction.DRAIN_AND_RESET
     assert [(x.code, x.at, x.count) for x in g.xids] == [(13, 1699999990.5, 1), (79, 1699999999.75, 2)]
     assert again.gpus[1].lost and again.gpus[1].fast is None
     assert again.pods[0].ref == wire.Pod(namespace="ml", pod="train-0", container="main", uid="uid-1")
@@ -135,6 +138,10 @@ def test_a_gpu_line_carries_the_numbers_the_policy_reads() -> None:
     assert [(x.code, x.at) for x in g.xids] == [(13, 1699999990.5), (79, 1699999999.75)]
     assert tuple(map(wire.pod_ref, g.pods)) == (POD.ref,) and wire.health_verdict(g.health) == BAD
     assert lost.lost and lost.temperature_celsius is None and lost.ecc_uncorrected is None and lost.pods == ()
+    # NVML's number, as a number; unknown (not NONE) for the lost GPU.
+    assert (g.recovery_action, lost.recovery_action) == (RecoveryAction.DRAIN_AND_RESET, None)
+    assert json.loads(wire.encode(g))["recovery_action"] == 4
+    assert _refused(_state(gpus=[{**json.loads(wire.encode(g)), "recovery_action": 8}])) == "invalid"
 
 
 def _state(**override: Any) -> dict[str, Any]:

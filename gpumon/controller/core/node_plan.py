@@ -164,7 +164,7 @@ def _quarantine_desired(
     else:
         annotations[c.ANNOTATION_DRAIN_STARTED_AT] = None
     annotations.update(_karpenter_held(view))
-    label = c.NodePhase.RECOVERING if verdict.recovering else phase
+    label = c.NodePhase.RECOVERING if verdict.recovering and phase not in c.REPAIR_PHASES else phase
     cordon = view.unschedulable or (policy.cordon and severity is Severity.UNHEALTHY)
     actions = tuple(f.action for f in verdict.findings)
     condition = _with_transition(view, "True", records[0].reason, condition_message(records, actions), now)

@@ -29,6 +29,7 @@ from gpumon.controller.core.contract.node import GpuRecord
 from gpumon.controller.core.signals import GpuReading, NodeReading
 from gpumon.controller.core.verdicts import Finding, GpuVerdict, NodeVerdict, SignalStatus
 from gpumon.gpu.health import (
+    RECOVERY_REASONS,
     HealthPolicy,
     Op,
     Scope,
@@ -227,6 +228,14 @@ def _observe_gpu(rule: Rule, g: GpuReading | None, policy: Policy, now: float) -
             if not _COMPARE[rule.op](float(g.lost), rule.threshold):
                 return _Obs(False, "", "", at)
             return _Obs(True, "GPU is lost" if g.lost else "GPU present", "", at)
+        case Signal.RECOVERY_ACTION:
+            action = g.recovery_action
+            if action is None:
+                return _UNKNOWN
+            if not _COMPARE[rule.op](float(action), rule.threshold):
+                return _Obs(False, "", "", at)
+            reason = RECOVERY_REASONS.get(action, default_reason(Signal.RECOVERY_ACTION))
+            return _Obs(True, f"driver recovery action {action.name}", reason, at)
         case Signal.EXPORTER_HEALTH:
             if g.health is None:
                 return _UNKNOWN

@@ -20,6 +20,7 @@ from typing import Any
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.demand import Template
 from gpumon.controller.core.objects import from_rfc3339
+from gpumon.controller.core.repair_jobs import PoolRepair
 from gpumon.k8s.resources import milli
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
@@ -75,6 +76,7 @@ class Pool:
     headroom_nodes: int = 0
     replace_quarantined: bool = True
     allow_cluster_autoscaler: bool = False
+    repair: PoolRepair | None = None  # None: no repair ladder for the pool's nodes
 
 
 # ---------------------------------------------------------------------------------------------

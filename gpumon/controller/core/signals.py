@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
-from gpumon.gpu.model import HealthVerdict, PodRef
+from gpumon.gpu.model import HealthVerdict, PodRef, RecoveryAction
 
 _NO_VALUES: Mapping[str, float] = MappingProxyType({})
 
@@ -38,6 +38,8 @@ class GpuReading:
     ecc_uncorrectable: int | None = None
     row_remap_failure: bool | None = None
     lost: bool | None = None
+    # What the driver says the GPU needs; None when the driver does not report it.
+    recovery_action: RecoveryAction | None = None
     # The exporter's own verdict (gpumon_gpu_health), with its reasons.
     health: HealthVerdict | None = None
     # Xid codes with when each was last seen; None when the source cannot tell. Which of them

@@ -43,6 +43,7 @@ from gpumon.controller.core.contract.breakers import (
     breakers_from_annotations,
 )
 from gpumon.controller.core.contract.node import is_excluded, is_quarantined, node_records, quarantined_at
+from gpumon.controller.core.contract.repair import record_from_json
 from gpumon.controller.core.device_taints import EFFECT, RulesPlan, RuleView, plan_rules, wanted_rules
 from gpumon.controller.core.drain_plan import DrainPolicy, Escalation, needs_drain, plan_drain
 from gpumon.controller.core.node_plan import QuarantinePolicy, drain_started_at, node_ref, plan_node
@@ -57,6 +58,7 @@ from gpumon.controller.core.policy import (
     with_records,
 )
 from gpumon.controller.core.pools import pool_of
+from gpumon.controller.core.repair import holds_quarantine, repair_phase
 from gpumon.controller.core.signals import NodeReading, SignalSource
 from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
 from gpumon.controller.shell.metrics import ControllerMetrics
@@ -469,6 +471,9 @@ class Reconciler:
     ) -> None:
         if verdict.signals is not SignalStatus.FRESH:
             return  # unknown holds everything: no quarantine, no drain, no recovery
+        repair = record_from_json(view.annotations.get(c.ANNOTATION_REPAIR))
+        if verdict.severity is None and is_quarantined(view) and holds_quarantine(repair):
+            return  # healthy, but the repair's validation Job has not passed yet
         drain_plan: DrainPlan | None = None
         phase = c.NodePhase.QUARANTINED
         headed_for_quarantine = is_quarantined(view) or (refusal is None and not is_excluded(view))
@@ -494,6 +499,7 @@ class Reconciler:
                 holds=holds_by_pod(pods, self._claims.items(), self._slices.indexed(view.name)),
             )
             phase = drain_plan.phase
+        phase = repair_phase(repair) or phase  # a step of the repair ladder under way
         plan = plan_node(
             view, verdict, now=now, phase=phase, refusal=refusal, policy=self.settings.quarantine
         )

@@ -22,6 +22,7 @@ import pynvml
 
 from gpumon.devices.backend import BackendUnavailable, DeviceCallError, ErrorSink, GpuLostError
 from gpumon.devices.nvml.convert import (
+    FI_GPU_RECOVERY_ACTION,
     NVLINK_DATA_FIELDS,
     canonical_bus_id,
     cuda_version,
@@ -35,6 +36,7 @@ from gpumon.devices.nvml.convert import (
     nvlink_requests,
     performance_state,
     ratio,
+    recovery_action,
     seconds,
     text,
     throttle_reasons,
@@ -52,6 +54,7 @@ from gpumon.gpu.model import (
     DriverInfo,
     FastFields,
     GpuIdentity,
+    RecoveryAction,
     SlowFields,
     XidEvent,
 )
@@ -326,8 +329,13 @@ class NvmlBackend:
                 performance_state=None if pstate is None else performance_state(pstate),
                 violation_seconds=self._violations(gpu),
                 vgpu_licensed=self._vgpu_licensed(gpu),
+                recovery_action=self._recovery_action(gpu),
                 **self._nvlink(gpu),
             )
+
+    def read_recovery_action(self, index: int) -> RecoveryAction | None:
+        with self._reading(index) as gpu:
+            return self._recovery_action(gpu)
 
     def wait_xids(self, timeout_seconds: float) -> list[XidEvent]:
         return self._xids.wait(self._open_gpus, timeout_seconds)
@@ -435,6 +443,15 @@ class NvmlBackend:
                 return None
             out.append(number)
         return out
+
+    def _recovery_action(self, gpu: Gpu) -> RecoveryAction | None:
+        values = self._field_values(gpu, "recovery_action", [FI_GPU_RECOVERY_ACTION])
+        if values is None:
+            return None
+        action = recovery_action(values[0])
+        if action is None:
+            self._reader.errors("nvml.recovery_action", "unknown_value")
+        return action
 
     def _vgpu_licensed(self, gpu: Gpu) -> bool | None:
         """Only a vGPU guest's device (virtualization mode VGPU) has a vGPU licence to hold; on

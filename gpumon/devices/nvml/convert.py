@@ -21,6 +21,7 @@ from gpumon.gpu.model import (
     MigInstance,
     ProcessSample,
     Profiling,
+    RecoveryAction,
     XidEvent,
 )
 
@@ -229,6 +230,19 @@ def vgpu_licensed(features: Any) -> bool | None:
         if feature.featureCode == pynvml.NVML_GRID_LICENSE_FEATURE_CODE_VGPU:
             return bool(feature.featureState)
     return None
+
+
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, by number: nvidia-ml-py before 13 does not name it.
+FI_GPU_RECOVERY_ACTION = 230
+
+
+def recovery_action(value: float) -> RecoveryAction | None:
+    """The field's nvmlDeviceGpuRecoveryAction_t; None for a number gpumon does not know (a
+    driver newer than this table)."""
+    try:
+        return RecoveryAction(int(value))
+    except ValueError:
+        return None
 
 
 def gpu_instance_profiles(instances: Iterable[MigInstance]) -> dict[int, str]:

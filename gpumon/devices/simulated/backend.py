@@ -26,6 +26,7 @@ from gpumon.devices.simulated.faults import (
     InjectedFault,
     LostFault,
     OverheatFault,
+    RecoveryActionFault,
     RemapFault,
     SlowFault,
     UnavailableFault,
@@ -42,6 +43,7 @@ from gpumon.gpu.model import (
     GpuIdentity,
     MemoryInfo,
     MigInstance,
+    RecoveryAction,
     SlowFields,
     XidEvent,
 )
@@ -199,6 +201,12 @@ class SimulatedBackend:
             self._enter_read(index)
             return self._slow_fields(index)
 
+    def read_recovery_action(self, index: int) -> RecoveryAction | None:
+        self._block_if_slow(index)
+        with self._cond:
+            self._enter_read(index)
+            return self._faults[index].recovery_action
+
     def wait_xids(self, timeout_seconds: float) -> list[XidEvent]:
         with self._cond:
             self._apply_due()
@@ -273,6 +281,8 @@ class SimulatedBackend:
             case SlowFault(seconds=seconds):
                 f.slow_seconds = seconds
                 f.release = threading.Event()
+            case RecoveryActionFault(action=action):
+                f.recovery_action = action
             case ClearFault():
                 f.release.set()
                 self._faults[spec.gpu] = GpuFaults()
@@ -406,6 +416,7 @@ class SimulatedBackend:
             row_remap_pending=False if remap else None,
             row_remap_failure=faults.remap_failures > 0 if remap else None,
             mig_instances=self._mig.get(index, ()),
+            recovery_action=faults.recovery_action,
         )
 
 

@@ -8,11 +8,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from gpumon.config.files import format_validation_error
 from gpumon.config.numbers import Float, Int
 from gpumon.devices.simulated.boards import SimulationError
+from gpumon.gpu.model import RecoveryAction
 
 
 class _Fault(BaseModel):
@@ -61,6 +70,18 @@ class SlowFault(_Fault):
     seconds: Float = Field(5.0, gt=0, le=3600)
 
 
+def _action(value: Any) -> Any:
+    return RecoveryAction.from_label(value) if isinstance(value, str) else value
+
+
+class RecoveryActionFault(_Fault):
+    """The driver asks for ``action`` (NVML's GPU recovery action, by name: ``gpu_reset``,
+    ``node_reboot``, ...) until a reset (``clear``) or another of these sets it."""
+
+    fault: Literal["recovery_action"]
+    action: Annotated[RecoveryAction, BeforeValidator(_action)]
+
+
 class ClearFault(_Fault):
     """A GPU reset: faults removed, volatile ECC counters and remap state cleared."""
 
@@ -102,6 +123,7 @@ FaultSpec = Annotated[
     | LostFault
     | OverheatFault
     | SlowFault
+    | RecoveryActionFault
     | ClearFault
     | UnavailableFault
     | XidStormFault,
@@ -114,6 +136,7 @@ FAULT_KINDS: tuple[str, ...] = (
     "lost",
     "overheat",
     "slow",
+    "recovery_action",
     "clear",
     "unavailable",
     "xid_storm",
@@ -141,6 +164,7 @@ class GpuFaults:
     release: threading.Event = field(default_factory=threading.Event)
     ecc_uncorrected: int = 0
     remap_failures: int = 0
+    recovery_action: RecoveryAction = RecoveryAction.NONE
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,4 +196,6 @@ def describe(f: GpuFaults) -> tuple[str, ...]:
         out.append(f"ecc {f.ecc_uncorrected} uncorrected")
     if f.remap_failures:
         out.append("remap failure")
+    if f.recovery_action is not RecoveryAction.NONE:
+        out.append(f"recovery action {f.recovery_action.label}")
     return tuple(out)

@@ -7,8 +7,9 @@ ExtendedResourceToleration admission plugin, so it would not keep them away.
 The names are here. What gpumon keeps under them is written and read back by one module per
 kind of record beside this one, so that a new leader, ``gpumon status`` and the docs read each
 record the same way: :mod:`.node` (what a quarantined Node carries), :mod:`.breakers` (the open
-circuit breakers on the controller's ConfigMap) and :mod:`.autoscaler` (what the autoscaler
-remembers on a pool's ``/scale`` target). A new kind of record gets its names here and its
+circuit breakers on the controller's ConfigMap), :mod:`.autoscaler` (what the autoscaler
+remembers on a pool's ``/scale`` target) and :mod:`.repair` (the repair ladder's attempts on a
+Node). A new kind of record gets its names here and its
 codec in a module of its own.
 """
 
@@ -30,6 +31,13 @@ ANNOTATION_CORDON_PREEXISTING = "gpumon.io/cordon-preexisting"
 # gpumon acted, and when the current drain began (its deadline counts from here).
 ANNOTATION_TAINT_PREEXISTING = "gpumon.io/taint-preexisting"
 ANNOTATION_DRAIN_STARTED_AT = "gpumon.io/drain-started-at"
+# The repair ladder's record: what was tried on the node (codec: .repair).
+ANNOTATION_REPAIR = "gpumon.io/repair"
+# On a repair Job and its pod: which node it repairs (a node's name may exceed a label value's 63
+# characters, so the label carries a digest and the annotation the name), and which step it is.
+LABEL_REPAIR_NODE = "gpumon.io/repair-node"
+ANNOTATION_REPAIR_NODE = "gpumon.io/repair-node"
+LABEL_REPAIR_STEP = "gpumon.io/repair-step"
 # On a quarantined Karpenter node: the value Karpenter's do-not-disrupt annotation had before
 # gpumon set it (JSON; null: there was none), put back on recovery.
 ANNOTATION_DO_NOT_DISRUPT_PREEXISTING = "gpumon.io/do-not-disrupt-preexisting"
@@ -85,6 +93,18 @@ class NodePhase(enum.StrEnum):
     DRAINING = "draining"
     DRAINED = "drained"
     RECOVERING = "recovering"
+    # The repair ladder's steps (gpumon.controller.core.repair).
+    RESETTING = "resetting"
+    REBOOTING = "rebooting"
+    REPLACING = "replacing"
+    VALIDATING = "validating"
+
+
+# While one of these runs, gpumon.io/state says so, even as the findings clear through the
+# hysteresis (which is "recovering" otherwise): the ladder decides when the quarantine can lift.
+REPAIR_PHASES = frozenset(
+    {NodePhase.RESETTING, NodePhase.REBOOTING, NodePhase.REPLACING, NodePhase.VALIDATING}
+)
 
 
 # Events and log lines about a decision that dry-run kept from being written start with this.

@@ -33,7 +33,7 @@ from gpumon.controller.core.signals import (
     XidSeen,
 )
 from gpumon.gpu.health import Scope, Signal
-from gpumon.gpu.model import HealthReason, HealthState, HealthVerdict, PodRef
+from gpumon.gpu.model import HealthReason, HealthState, HealthVerdict, PodRef, RecoveryAction
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ def builtin_queries(xid_window_seconds: float) -> dict[Signal, str]:
         Signal.ROW_REMAP_FAILURE: "gpumon_gpu_row_remap_failure",
         Signal.EXPORTER_HEALTH: "gpumon_gpu_health == 1",
         Signal.GPU_LOST: 'gpumon_gpu_health{state="lost"}',
+        Signal.RECOVERY_ACTION: "gpumon_gpu_recovery_action == 1",
         # increase() misses a counter's first sample, and the exporter creates an Xid series only
         # when the code is first seen: count series that did not exist a window ago as well.
         Signal.XID: (
@@ -181,6 +182,14 @@ def readings_from_results(
         if g is not None:
             why = reasons.get((s.labels.get(node_label, ""), g.uuid), [])
             g.fields["health"] = HealthVerdict(state, tuple(HealthReason(code, d, state) for code, d in why))
+    for s in results.get(Signal.RECOVERY_ACTION.value, ()):
+        g = target(s.labels)
+        try:
+            action = RecoveryAction.from_label(s.labels.get("action", ""))
+        except ValueError:
+            continue
+        if g is not None:
+            g.fields["recovery_action"] = action
     for s in results.get(Signal.XID.value, ()):
         g = target(s.labels)
         # xid="other" (undocumented codes, gpumon.gpu.model.XID_OTHER) names no code to judge.
@@ -219,6 +228,7 @@ def readings_from_results(
                 ecc_uncorrectable=f.get("ecc_uncorrectable"),
                 row_remap_failure=f.get("row_remap_failure"),
                 lost=f.get("lost"),
+                recovery_action=f.get("recovery_action"),
                 health=f.get("health"),
                 xids=_seen(f["xids"], g.at) if Signal.XID.value in results else None,
                 pods=tuple(f["pods"]),
