@@ -12,8 +12,9 @@ from gpumon.devcluster.waiting import eventually
 
 
 def test_every_component_is_healthy(devcluster: DevCluster) -> None:
+    """The base five always; the parts a test started on demand (Cluster API, Karpenter) too."""
     health = devcluster.health()
-    assert set(health) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"}
+    assert {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"} <= set(health)
     assert {name: p.ok for name, p in health.items()} == dict.fromkeys(health, True), health
 
 

@@ -52,6 +52,15 @@ async def node_pool(
     await custom.delete_cluster_custom_object(
         karpenter.GROUP, karpenter.VERSION, karpenter.NODE_POOLS, test_id
     )
+    # Karpenter removes a deleted pool's nodes in the background; a later test's scheduler would
+    # still count them (tainted ones as "untolerated taint" before any node selector is looked at).
+    core = client.CoreV1Api(api)
+
+    async def nodes_gone() -> bool | None:
+        left = await core.list_node(label_selector=f"{TEST_LABEL}={test_id}")
+        return True if not left.items else None
+
+    await eventually(nodes_gone, what=f"NodePool {test_id}'s nodes removed", timeout_seconds=120)
 
 
 def gpu_pod(name: str, test_id: str, limits: dict[str, str] | None = None) -> dict[str, Any]:
