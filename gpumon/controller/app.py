@@ -361,6 +361,7 @@ def _repair_loop(
             state_configmap=config.state_configmap,
             dry_run=config.dry_run,
         ),
+        state=lambda: reconciler.state_annotations,
         wall_clock=wall_clock,
     )
 

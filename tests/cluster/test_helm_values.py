@@ -440,9 +440,24 @@ def test_a_repairing_pool_gets_the_charts_node_local_jobs_and_only_then_their_rb
     assert "nvidia-smi --gpu-reset" in reset["containers"][0]["args"][0]
     role = one(docs, "Role", "r-gpumon-controller")
     assert {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get"]} in role["rules"]
+    # The replacement step: get and delete the Machine or NodeClaim, nothing else of them.
+    cluster_role = one(docs, "ClusterRole", "r-gpumon-controller")
+    replacing = [r for r in cluster_role["rules"] if "delete" in r.get("verbs", ())]
+    assert {
+        "apiGroups": ["cluster.x-k8s.io"],
+        "resources": ["machines"],
+        "verbs": ["get", "delete"],
+    } in replacing
+    assert {
+        "apiGroups": ["karpenter.sh"],
+        "resources": ["nodeclaims"],
+        "verbs": ["get", "delete"],
+    } in replacing
     # Without a repairing pool: no Job rights at all; a pool's own Job is kept as it is.
     plain = one(render(helm, {}), "Role", "r-gpumon-controller")
     assert not any("jobs" in r.get("resources", ()) for r in plain["rules"])
+    plain_cluster = one(render(helm, {}), "ClusterRole", "r-gpumon-controller")
+    assert not any({"machines", "nodeclaims"} & set(r.get("resources", ())) for r in plain_cluster["rules"])
     own = {"template": {"spec": {"containers": [{"name": "bmc", "image": "bmc:1"}]}}}
     pools = [
         {**REPAIRING["controller.config"]["pools"][0], "repair": {"steps": ["reboot"], "reboot_job": own}}

@@ -44,8 +44,7 @@ from kubernetes_asyncio import client
 from test_autoscale_pools import PoolFactory, autoscaling, make_pool, pool_config  # noqa: F401
 
 from gpumon.controller.core import contract as c
-from gpumon.controller.core.contract.repair import record_from_json
-from gpumon.controller.core.repair_jobs import node_key
+from gpumon.controller.core.contract.repair import node_key, record_from_json
 from gpumon.devcluster.waiting import eventually
 
 JOB = {"template": {"spec": {"containers": [{"name": "step", "image": "nvidia/cuda:12"}]}}}

@@ -289,6 +289,11 @@ def test_a_gpu_faulting_again_within_the_flap_window_has_its_machine_replaced() 
     assert step(node(record=stale, machinery=Machinery.KARPENTER), T0).step is LadderStep.RESET
     now = step(node(machinery=Machinery.KARPENTER), T0, replace(POLICY, replace_immediately=True))
     assert now.step is LadderStep.REPLACE and "the pool replaces straight away" in now.reasons
+    # The second ladder's attempts are numbered from 1 again: its Events are not taken for
+    # repeats of the first ladder's (an Event recorder sends one per key an hour).
+    first = step(node(machinery=Machinery.KARPENTER), T0 - 3700)
+    again = step(node(record=rec, machinery=Machinery.KARPENTER), T0)
+    assert (first.attempt, again.attempt) == (1, 1) and first.events[0].key != again.events[0].key
 
 
 def test_the_driver_asking_for_nothing_gpumon_runs() -> None:

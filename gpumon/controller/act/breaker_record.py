@@ -9,18 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpumon.controller.act.state_record import annotate_state
 from gpumon.controller.core.contract.breakers import BreakerTrip, breaker_to_annotation
-from gpumon.kube.client import KubeApi, NotFound
+from gpumon.kube.client import KubeApi
 
 
 async def record_breaker(api: KubeApi, namespace: str, name: str, trip: BreakerTrip) -> Mapping[str, Any]:
     """Annotate the ConfigMap (creating it when missing); returns the object as written."""
     key, value = breaker_to_annotation(trip)
-    path = f"/api/v1/namespaces/{namespace}/configmaps/{name}"
-    try:
-        return await api.patch(path, {"metadata": {"annotations": {key: value}}})
-    except NotFound:
-        return await api.post(
-            f"/api/v1/namespaces/{namespace}/configmaps",
-            {"metadata": {"name": name, "namespace": namespace, "annotations": {key: value}}},
-        )
+    return await annotate_state(api, namespace, name, {key: value})

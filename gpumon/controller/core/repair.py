@@ -481,7 +481,7 @@ def _start(
         gpus=gpus,
         reasons=why,
         record=rec.with_attempt(attempt),
-        events=(_event(inp.node, reason, message, key=f"{reason}:{number}"),),
+        events=(_event(inp.node, reason, message, key=f"{reason}:{number}:{now:.0f}"),),
         next_check_at=now + policy.deadline(step),
     )
 
@@ -543,7 +543,9 @@ def _ended(inp: RepairInput, a: Attempt, outcome: AttemptOutcome, now: float, de
         gpus=a.gpus,
         reasons=(detail,),
         record=inp.record.with_attempt(a.finished(outcome, now, detail)),
-        events=(_event(inp.node, reason, message, warning=not ok, key=f"{reason}:{a.number}"),),
+        events=(
+            _event(inp.node, reason, message, warning=not ok, key=f"{reason}:{a.number}:{a.started_at:.0f}"),
+        ),
         next_check_at=now,
     )
 
@@ -565,7 +567,9 @@ def _give_up(inp: RepairInput, now: float, why: tuple[str, ...]) -> RepairPlan:
         LadderStep.GIVE_UP,
         reasons=why,
         record=replace(inp.record, gave_up_at=now),
-        events=(_event(inp.node, "GpuRepairGaveUp", message, warning=True),),
+        events=(
+            _event(inp.node, "GpuRepairGaveUp", message, warning=True, key=f"GpuRepairGaveUp:{now:.0f}"),
+        ),
     )
 
 
@@ -587,5 +591,12 @@ def _finish_ladder(inp: RepairInput, now: float, policy: RepairPolicy) -> Repair
         LadderStep.DONE,
         reasons=(f"healthy again after: {steps}",),
         record=RepairRecord(repaired=MappingProxyType(repaired)),
-        events=(_event(inp.node, "GpuRepairDone", f"node back in service after: {steps}"),),
+        events=(
+            _event(
+                inp.node,
+                "GpuRepairDone",
+                f"node back in service after: {steps}",
+                key=f"GpuRepairDone:{now:.0f}",
+            ),
+        ),
     )

@@ -11,14 +11,13 @@ number, so creating it again (a new leader continuing an attempt) finds the one 
 from __future__ import annotations
 
 import copy
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from gpumon.controller.core import contract as c
-from gpumon.controller.core.contract.repair import LadderStep
+from gpumon.controller.core.contract.repair import LadderStep, node_key
 from gpumon.controller.core.repair import RepairPolicy, Work
 
 _NO_JOBS: Mapping[LadderStep, Mapping[str, Any]] = MappingProxyType({})
@@ -31,10 +30,6 @@ class PoolRepair:
 
     policy: RepairPolicy
     templates: Mapping[LadderStep, Mapping[str, Any]] = field(default_factory=lambda: _NO_JOBS)
-
-
-def node_key(node: str) -> str:
-    return hashlib.sha256(node.encode()).hexdigest()[:10]
 
 
 def job_name(node: str, step: LadderStep, attempt: int) -> str:

@@ -7,8 +7,13 @@ Before a reboot it lists the node's pods through the API (the caches hold GPU po
 reboot takes every pod down) and evicts them, PDBs holding, until the node is free.
 
 Only the leader plans and writes. Dry-run records the Events (prefixed) and writes nothing; as
-dry-run never quarantines, its ladders never start. Replacement needs the pool's machinery
-(Cluster API, Karpenter), which gpumon does not drive yet: such a ladder gives up with a report.
+dry-run never quarantines, its ladders never start.
+
+A replacement deletes the node's Machine (Cluster API) or NodeClaim (Karpenter), read off the
+Node (:mod:`gpumon.controller.core.node_owner`); a node neither owns gives up with a report. The
+replacement is recorded on the controller's ConfigMap before the deletion, because the Node and
+its record go with it: each round follows the recorded replacements whose Node is gone until a
+new node joined the pool or the deadline passed (:mod:`gpumon.controller.core.repair_replace`).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
@@ -28,6 +34,8 @@ from gpumon.controller.act.breaker_record import record_breaker
 from gpumon.controller.act.events import EventRecorder
 from gpumon.controller.act.evict import EvictionResult, Evictor
 from gpumon.controller.act.repair_jobs import ensure_job, node_pods, read_job, write_record
+from gpumon.controller.act.replace import delete_owner, pool_nodes, read_node, read_owner
+from gpumon.controller.act.state_record import annotate_state
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.breaker import PoolView, SafetyPolicy
@@ -39,9 +47,19 @@ from gpumon.controller.core.contract.repair import (
     AttemptOutcome,
     LadderStep,
     RepairRecord,
+    Replacement,
     record_from_json,
+    replacement_to_annotation,
+    replacements_from_annotations,
 )
-from gpumon.controller.core.objects import GpuResources, NodeView, PodView, node_from_json, pod_from_json
+from gpumon.controller.core.node_owner import NodeOwner, node_owner
+from gpumon.controller.core.objects import (
+    GpuResources,
+    NodeView,
+    PodView,
+    node_from_json,
+    pod_from_json,
+)
 from gpumon.controller.core.plans import DrainTarget, Event, ObjectRef
 from gpumon.controller.core.policy import Policy, signal_status
 from gpumon.controller.core.pools import Pool
@@ -59,6 +77,13 @@ from gpumon.controller.core.repair import (
 )
 from gpumon.controller.core.repair_gate import admit_repairs, continuing_refusal
 from gpumon.controller.core.repair_jobs import PoolRepair, job_manifest, job_name, job_work
+from gpumon.controller.core.repair_replace import (
+    Ending,
+    ReplacementView,
+    follow_replacement,
+    machinery_of,
+    owner_work,
+)
 from gpumon.controller.core.signals import NodeReading, SignalSource
 from gpumon.k8s.selectors import parse_selector
 from gpumon.kube.client import KubeApi, KubeError
@@ -70,7 +95,8 @@ log = logging.getLogger(__name__)
 # mirror pods leaves): the default resources only fill in the view.
 _POD_RESOURCES = GpuResources()
 _JOB_STEPS = frozenset({LadderStep.RESET, LadderStep.REBOOT, LadderStep.VALIDATE})
-# The Jobs API refusing: asked again after 5 s, then 10, 20 ... up to 5 minutes.
+# An API refusing (the Jobs API, or deleting Machines or NodeClaims): asked again after 5 s,
+# then 10, 20 ... up to 5 minutes.
 JOBS_BACKOFF = Backoff(initial_seconds=5.0, max_seconds=300.0)
 
 
@@ -130,9 +156,9 @@ class RepairMetrics:
         )
 
 
-class _JobsAccess:
-    """The Jobs API refusing gpumon (its RBAC not applied, say): counted every time, logged and
-    told in an Event once per outage, and asked again only with backoff."""
+class _Access:
+    """An API refusing gpumon (its RBAC not applied, say): counted every time, logged and told
+    in an Event once per outage, and asked again only with backoff."""
 
     def __init__(self, backoff: Backoff = JOBS_BACKOFF) -> None:
         self._backoff = backoff
@@ -178,6 +204,7 @@ class RepairLoop:
         open_breakers: Callable[[], Mapping[str, BreakerTrip]],
         metrics: RepairMetrics,
         settings: RepairSettings,
+        state: Callable[[], Mapping[str, str]] = dict,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._api = api
@@ -194,10 +221,14 @@ class RepairLoop:
         self.settings = settings
         self._wall = wall_clock
         self.rounds = 0
-        self._jobs = _JobsAccess()
+        self._jobs = _Access()
+        self._replace = _Access()  # reading and deleting Machines and NodeClaims
+        self._state = state
+        # Which Machine or NodeClaim owns a node (read off the Node once: it never changes).
+        self._owners: dict[str, NodeOwner | None] = {}
         # Pods evicted before a reboot, by node, until a listing of the node no longer shows them.
         self._evicted: dict[str, set[str]] = {}
-        metrics.registry.register(_Ladders(lambda: ((m.pool.name, m.record) for m in self._members())))
+        metrics.registry.register(_Ladders(self._ladders))
 
     async def run(self) -> None:
         await self._nodes.synced.wait()
@@ -206,6 +237,13 @@ class RepairLoop:
             if self._is_leader():
                 await self.round()
             await asyncio.sleep(self.settings.interval_seconds)
+
+    def _ladders(self) -> Iterable[tuple[str, RepairRecord]]:
+        for m in self._members():
+            yield m.pool.name, m.record
+        for r in replacements_from_annotations(self._state()):
+            if r.gave_up_at is not None:  # its Node is gone: the ConfigMap keeps the give-up
+                yield r.pool, RepairRecord(gave_up_at=r.gave_up_at)
 
     def _members(self) -> list[_Member]:
         out = []
@@ -264,6 +302,7 @@ class RepairLoop:
             if plan.drain_node and continuing_refusal(m.pool.name, breakers, safety) is not None:
                 plan = replace(plan, drain_node=False)  # evicting is disruptive: held the same way
             await self._apply(m, inp, plan, holders.get(m.view.name, ()))
+        await self._follow_replacements(now)
 
     async def _record_trip(self, trip: BreakerTrip) -> None:
         """A wave of ladders tripped the pool's breaker: recorded on the controller's ConfigMap
@@ -332,11 +371,30 @@ class RepairLoop:
             node_free=not held,
             work=await self._work(view.name, m.record),
             others_repairing=len(repairing.get(m.pool.name, set()) - {view.name}),
-            machinery=Machinery.NONE,
+            machinery=await self._machinery(m),
         )
+
+    async def _owner(self, node: str) -> NodeOwner | None:
+        """The Machine or NodeClaim behind ``node``, read off the Node (the cache keeps none of
+        the keys that say it) once per node."""
+        if node not in self._owners:
+            try:
+                obj = await read_node(self._api, node)
+            except KubeError as e:
+                self._metrics.errors.labels("read_node", type(e).__name__).inc()
+                return None  # asked again next round
+            self._owners[node] = node_owner(obj) if obj is not None else None
+        return self._owners[node]
+
+    async def _machinery(self, m: _Member) -> Machinery:
+        if not m.repair.policy.replace:
+            return Machinery.NONE
+        return machinery_of(await self._owner(m.view.name))
 
     async def _work(self, node: str, record: RepairRecord) -> Work:
         running = record.running
+        if running is not None and running.step is LadderStep.REPLACE:
+            return await self._replace_work(node)
         if running is None or running.step not in _JOB_STEPS:
             return Work.ABSENT
         if not self._jobs.allowed(self._wall()):
@@ -350,6 +408,20 @@ class RepairLoop:
         self._jobs_answered()
         return job_work(job)
 
+    async def _replace_work(self, node: str) -> Work:
+        """The running replacement's work: the node's Machine or NodeClaim gone, deleting, or
+        not asked to go yet."""
+        owner = await self._owner(node)
+        if owner is None or not self._replace.allowed(self._wall()):
+            return Work.RUNNING  # unknown: held as it is, the deadline still counts
+        try:
+            obj = await read_owner(self._api, owner.path)
+        except KubeError as e:
+            await self._replace_refused(node, owner, "read_owner", e)
+            return Work.RUNNING
+        self._replace_answered()
+        return owner_work(obj)
+
     async def _jobs_refused(self, node: str, what: str, e: KubeError) -> None:
         self._metrics.errors.labels(what, type(e).__name__).inc()
         if not self._jobs.failed(self._wall()):
@@ -361,6 +433,21 @@ class RepairLoop:
         )
         log.error("repair Jobs unavailable", extra={"namespace": ns, "error": str(e)})
         await self._recorder.record(_node_event(node, "GpuRepairJobsUnavailable", message))
+
+    async def _replace_refused(self, node: str, owner: NodeOwner, what: str, e: KubeError) -> None:
+        self._metrics.errors.labels(what, type(e).__name__).inc()
+        if not self._replace.failed(self._wall()):
+            return
+        message = (
+            f"the API refuses gpumon the {owner.kind} {owner.name} ({e}): no replacement can run; "
+            "with RBAC missing, apply deploy/rbac/controller-repair.yaml. Retrying with backoff"
+        )
+        log.error("repair replacement unavailable", extra={"kind": owner.kind, "error": str(e)})
+        await self._recorder.record(_node_event(node, "GpuRepairReplaceUnavailable", message))
+
+    def _replace_answered(self) -> None:
+        if self._replace.succeeded():
+            log.info("repair replacement available again")
 
     def _jobs_answered(self) -> None:
         if self._jobs.succeeded():
@@ -439,6 +526,123 @@ class RepairLoop:
             self._nodes.update_local(node, node_from_json(written), _version(written))
         if plan.move in (Move.START, Move.ENSURE) and plan.step in _JOB_STEPS and plan.attempt is not None:
             await self._ensure_job(m, inp, plan)
+        if plan.move in (Move.START, Move.ENSURE) and plan.step is LadderStep.REPLACE:
+            await self._ensure_replacement(m, plan)
+        ended = plan.record is not None and plan.record.running is None
+        if plan.move is Move.RECORD and plan.step is LadderStep.REPLACE and ended:
+            # Ended while the Node was there: its record says how, the ConfigMap's copy goes.
+            await self._forget_replacement(node)
+
+    async def _ensure_replacement(self, m: _Member, plan: RepairPlan) -> None:
+        """Record the replacement on the ConfigMap, then delete the Machine or NodeClaim. A
+        leader that dies in between leaves a recorded replacement whose Node is still there and
+        whose owner is not deleting: the next one deletes it (the same object, once)."""
+        assert plan.attempt is not None
+        node, now = m.view.name, self._wall()
+        owner = await self._owner(node)
+        if owner is None or not self._replace.allowed(now):
+            return
+        selector = parse_selector(m.pool.node_selector)
+        before = sorted(v.name for v in self._nodes.items().values() if selector.matches(v.labels))
+        replacement = Replacement(
+            node=node,
+            pool=m.pool.name,
+            owner=owner.path,
+            machinery=owner.machinery,
+            attempt=plan.attempt,
+            gpus=plan.gpus,
+            started_at=now,
+            deadline_at=now + m.repair.policy.deadline(LadderStep.REPLACE),
+            before=tuple(before),
+        )
+        recorded = {r.node: r for r in replacements_from_annotations(self._state())}.get(node)
+        if recorded is None or recorded.attempt != plan.attempt:
+            key, value = replacement_to_annotation(replacement)
+            if not await self._annotate_state({key: value}):
+                return
+        try:
+            await delete_owner(self._api, owner)
+        except KubeError as e:
+            await self._replace_refused(node, owner, "delete_owner", e)
+            return
+        self._replace_answered()
+        log.info("replacement asked", extra={"node": node, "kind": owner.kind, "name": owner.name})
+
+    async def _forget_replacement(self, node: str) -> None:
+        for r in replacements_from_annotations(self._state()):
+            if r.node == node:
+                await self._annotate_state({r.key: None})
+
+    async def _annotate_state(self, annotations: Mapping[str, str | None]) -> bool:
+        ns, name = self.settings.namespace, self.settings.state_configmap
+        try:
+            await annotate_state(self._api, ns, name, annotations)
+        except KubeError as e:
+            self._metrics.errors.labels("replacement_record", type(e).__name__).inc()
+            log.warning("replacement record not written; next round", extra={"error": str(e)})
+            return False
+        return True
+
+    async def _follow_replacements(self, now: float) -> None:
+        """The recorded replacements: dropped once the Node's own record ended them; once the
+        Node is gone, ended when the owner is gone and a new node joined, or given up at the
+        deadline (Events on the pool's /scale target)."""
+        recorded = replacements_from_annotations(self._state())
+        if not recorded or self.settings.dry_run or not self._is_leader():
+            return
+        nodes = self._nodes.items()  # as this round left them: its records written
+        pools = {p.name: p for p, _ in self._pools}
+        for r in recorded:
+            pool = pools.get(r.pool)
+            if pool is None or r.gave_up_at is not None:
+                continue
+            if r.node in nodes:
+                running = record_from_json(nodes[r.node].annotations.get(c.ANNOTATION_REPAIR)).running
+                view = ReplacementView(
+                    node_present=True,
+                    attempt_running=running is not None and running.number == r.attempt,
+                )
+            else:
+                view = await self._replacement_view(r, pool)
+            target = pool.target
+            about = ObjectRef(target.kind, target.name, "", target.namespace, target.api_version)
+            plan = follow_replacement(r, view, now=now, about=about)
+            if plan.event is not None:
+                await self._recorder.record(plan.event)
+            if plan.ending is Ending.SUCCEEDED:
+                self._metrics.repairs.labels(LadderStep.REPLACE.value, "succeeded").inc()
+                self._metrics.repairs.labels(LadderStep.DONE.value, "done").inc()
+            elif plan.ending is Ending.GAVE_UP:
+                self._metrics.repairs.labels(LadderStep.REPLACE.value, "timed_out").inc()
+                self._metrics.repairs.labels(LadderStep.GIVE_UP.value, "gave_up").inc()
+            if plan.ending in (Ending.SUCCEEDED, Ending.DROP):
+                await self._annotate_state({r.key: None})
+            elif plan.record is not None:
+                await self._annotate_state(dict([replacement_to_annotation(plan.record)]))
+
+    async def _replacement_view(self, r: Replacement, pool: Pool) -> ReplacementView:
+        """A recorded replacement whose Node is gone: its owner gone, and the pool's new nodes."""
+        try:
+            owner = await read_owner(self._api, r.owner)
+        except KubeError as e:
+            self._metrics.errors.labels("read_owner", type(e).__name__).inc()
+            return ReplacementView(node_present=False)
+        if owner is not None:
+            return ReplacementView(node_present=False, owner_gone=False)
+        try:
+            listed = await pool_nodes(self._api, pool.node_selector)
+        except KubeError as e:
+            self._metrics.errors.labels("list_nodes", type(e).__name__).inc()
+            return ReplacementView(node_present=False)
+        before = set(r.before)
+        joined = tuple(
+            sorted(
+                name
+                for obj in listed
+                if (name := str(obj["metadata"]["name"])) not in before and _serving(obj, pool)
+            )
+        )
+        return ReplacementView(node_present=False, owner_gone=True, joined=joined)
 
     async def _ensure_job(self, m: _Member, inp: RepairInput, plan: RepairPlan) -> None:
         assert plan.step is not None and plan.attempt is not None
@@ -485,6 +689,19 @@ class RepairLoop:
             ended = next((a for a in plan.record.attempts if a.number == plan.attempt), None)
             if ended is not None and ended.outcome is not AttemptOutcome.RUNNING:
                 self._metrics.repairs.labels(step, ended.outcome.value).inc()
+
+
+def _serving(obj: Mapping[str, Any], pool: Pool) -> bool:
+    """A node that replaces another: Ready, the GPU resources of the pool's template allocatable,
+    and not quarantined by gpumon (its GPUs judged like any node's)."""
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    if c.LABEL_STATE in (meta.get("labels") or {}) or meta.get("deletionTimestamp"):
+        return False
+    ready = any(
+        x.get("type") == "Ready" and x.get("status") == "True" for x in status.get("conditions") or ()
+    )
+    allocatable = status.get("allocatable") or {}
+    return ready and all(r in allocatable for r in pool.template.gpu_resources)
 
 
 def _node_event(node: str, reason: str, message: str) -> Event:

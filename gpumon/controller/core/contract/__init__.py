@@ -53,6 +53,9 @@ LABEL_POOL = "gpumon.io/pool"
 # On the controller's own ConfigMap: a tripped breaker per pool, and the runtime pause switch.
 BREAKER_ANNOTATION_PREFIX = "breaker.gpumon.io/"
 ANNOTATION_PAUSED = "gpumon.io/paused"
+# Also there: a repair's replacement under way, one per node (its Node goes with the
+# replacement, so the record cannot stay on it; codec: .repair).
+REPLACEMENT_ANNOTATION_PREFIX = "replace.gpumon.io/"
 
 # On a pool's /scale target: what the autoscaler remembers between rounds.
 RECORD_ANNOTATION = "gpumon.io/autoscaler"

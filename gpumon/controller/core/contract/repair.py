@@ -6,12 +6,14 @@ Pure: values and their one JSON codec, no I/O.
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from gpumon.controller.core.contract import REPLACEMENT_ANNOTATION_PREFIX
 from gpumon.controller.core.objects import from_rfc3339, to_rfc3339
 
 
@@ -161,3 +163,81 @@ def record_from_json(text: str | None) -> RepairRecord:
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         return RepairRecord(gave_up_at=0.0)
+
+
+def node_key(node: str) -> str:
+    """A digest of a node's name where the name itself may not fit (a label value, an
+    annotation key: 63 characters)."""
+    return hashlib.sha256(node.encode()).hexdigest()[:10]
+
+
+@dataclass(frozen=True, slots=True)
+class Replacement:
+    """A replacement under way, on the controller's state ConfigMap: the Node it replaces goes
+    away with it, and with the Node its ``gpumon.io/repair`` record. Written before the Machine
+    or NodeClaim is deleted, so whoever leads next follows it to its end and never deletes a
+    second time; removed when it ends."""
+
+    node: str
+    pool: str
+    owner: str  # the API path of the Machine or NodeClaim deleted
+    machinery: str  # "cluster-api", "karpenter"
+    attempt: int  # the number of the ladder's attempt on the Node
+    gpus: tuple[str, ...]
+    started_at: float
+    deadline_at: float
+    # The pool's nodes when it began: the replacement is a node none of these.
+    before: tuple[str, ...] = ()
+    gave_up_at: float | None = None  # kept, counted as a ladder that gave up, until a person removes it
+
+    @property
+    def key(self) -> str:
+        return f"{REPLACEMENT_ANNOTATION_PREFIX}{node_key(self.node)}"
+
+
+def replacement_to_annotation(r: Replacement) -> tuple[str, str]:
+    doc: dict[str, Any] = {
+        "node": r.node,
+        "pool": r.pool,
+        "owner": r.owner,
+        "machinery": r.machinery,
+        "n": r.attempt,
+        "gpus": list(r.gpus),
+        "startedAt": to_rfc3339(r.started_at),
+        "deadline": to_rfc3339(r.deadline_at),
+        "before": list(r.before),
+    }
+    if r.gave_up_at is not None:
+        doc["gaveUpAt"] = to_rfc3339(r.gave_up_at)
+    return r.key, json.dumps(doc, separators=(",", ":"))
+
+
+def replacements_from_annotations(annotations: Mapping[str, str]) -> list[Replacement]:
+    """The replacements recorded on the ConfigMap; one gpumon cannot read (edited by hand) is
+    left alone: nothing is done on its strength."""
+    out = []
+    for key, value in sorted(annotations.items()):
+        if not key.startswith(REPLACEMENT_ANNOTATION_PREFIX):
+            continue
+        try:
+            doc = json.loads(value)
+            started, deadline = _time(doc["startedAt"]), _time(doc["deadline"])
+            if started is None or deadline is None:
+                raise ValueError("no times")
+            r = Replacement(
+                node=str(doc["node"]),
+                pool=str(doc["pool"]),
+                owner=str(doc["owner"]),
+                machinery=str(doc["machinery"]),
+                attempt=int(doc["n"]),
+                gpus=tuple(str(g) for g in doc.get("gpus") or ()),
+                started_at=started,
+                deadline_at=deadline,
+                before=tuple(str(n) for n in doc.get("before") or ()),
+                gave_up_at=_time(doc.get("gaveUpAt")),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if r.key == key:
+            out.append(r)
+    return out

@@ -1,0 +1,36 @@
+"""The repair ladder's replacement: the Machine or NodeClaim behind a Node, read and deleted
+through the API, and the pool's nodes read to see the new one join."""
+
+from __future__ import annotations
+
+from gpumon.controller.core.node_owner import NodeOwner
+from gpumon.kube.client import Json, KubeApi, NotFound
+
+
+async def read_node(api: KubeApi, node: str) -> Json | None:
+    try:
+        return await api.get(f"/api/v1/nodes/{node}")
+    except NotFound:
+        return None
+
+
+async def read_owner(api: KubeApi, path: str) -> Json | None:
+    """The Machine or NodeClaim at ``path`` (:attr:`NodeOwner.path`); None: gone."""
+    try:
+        return await api.get(path)
+    except NotFound:
+        return None
+
+
+async def delete_owner(api: KubeApi, owner: NodeOwner) -> None:
+    """Delete the Machine or NodeClaim: its own controllers drain and remove the Node. Gone
+    already is done."""
+    try:
+        await api.delete(owner.path)
+    except NotFound:
+        return
+
+
+async def pool_nodes(api: KubeApi, selector: str) -> list[Json]:
+    listed = await api.get("/api/v1/nodes", {"labelSelector": selector})
+    return list(listed.get("items") or ())

@@ -1,0 +1,283 @@
+"""The repair ladder's replacement step on the real control plane, through the pool's own
+machinery: Cluster API v1.13.6's manager (a Machine deleted, its MachineSet making a new one)
+and Karpenter v1.15.0 with its kwok provider (a NodeClaim deleted). The controller runs with the
+shipped ServiceAccount and its RBAC (controller-autoscaling.yaml, controller-repair.yaml, or
+without the latter where that is what a test is about).
+
+Where the tests stop: kwok runs no containers, so the reboot Job before a replacement is a pod
+held by a scheduling gate that never runs (the reboot times out); the replacement itself is
+Cluster API's and Karpenter's own controllers, unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from controller_harness import (  # noqa: F401 - fixtures
+    TEST_LABEL,
+    KubeconfigFactory,
+    controller_config,
+    events,
+    exporters,
+    fresh_signals,
+    node_obj,
+    running,
+    sa_kubeconfig_for_fixture,
+    tainted,
+    wait_for_event,
+)
+from kubernetes_asyncio import client
+from test_cluster_api_pools import (  # noqa: F401 - the fixture
+    PoolFactory,
+    at_size,
+    capi_pool,
+    pool_config,
+)
+from test_karpenter_pools import TAINT_KEY, gpu_pod, node_pool  # noqa: F401 - the fixture
+from test_repair_ladder import NEVER, ladder_done
+
+from gpumon.controller.core import contract as c
+from gpumon.controller.core.node_owner import node_owner
+from gpumon.devcluster import capi, karpenter, nodes
+from gpumon.devcluster.waiting import eventually
+
+STATE = "gpumon-controller"
+
+
+async def metrics_text(url: str) -> str:
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as resp:
+        return await resp.text()
+
+
+async def replacements(core: client.CoreV1Api, namespace: str) -> dict[str, str]:
+    cm = await core.read_namespaced_config_map(STATE, namespace)
+    annotations = cm.metadata.annotations or {}
+    return {k: v for k, v in annotations.items() if k.startswith(c.REPLACEMENT_ANNOTATION_PREFIX)}
+
+
+@contextlib.asynccontextmanager
+async def watching_replicas(read: Any) -> AsyncIterator[list[int]]:
+    """The pool's replicas read every 0.2 s while the block runs."""
+    seen: list[int] = []
+
+    async def poll() -> None:
+        while True:
+            seen.append(await read())
+            await asyncio.sleep(0.2)
+
+    task = asyncio.create_task(poll())
+    try:
+        yield seen
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_reboot_that_fails_is_followed_by_the_machine_replaced_through_cluster_api(
+    api: client.ApiClient,
+    namespace: str,
+    test_id: str,
+    capi_pool: PoolFactory,  # noqa: F811 - the fixture
+    sa_kubeconfig_for: KubeconfigFactory,
+) -> None:
+    """A GPU whose driver asks for a node reboot; the reboot Job never runs and fails at its deadline; the
+    ladder deletes the node's Machine, Cluster API drains and deletes the Node and its
+    MachineSet makes a new Machine whose Node joins. The pool's replicas stay 2 throughout, the
+    autoscaler watching it neither scales up nor down, and the replacement is recorded on the
+    controller's ConfigMap until it succeeded (Event on the MachineDeployment)."""
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    pool = await capi_pool(replicas=2)
+    names = sorted(await eventually(lambda: at_size(pool, 2), what="2 nodes", timeout_seconds=90))
+    bad = names[0]
+    machine = {node: m for m, node in (await pool.linked()).items()}[bad]
+    kubeconfig: Path = await sa_kubeconfig_for(autoscaling=True, repair=True)
+    repair = {
+        "steps": ["reboot", "replace"],
+        "reboot_job": NEVER,
+        "reboot_deadline_seconds": 6,
+        "replace_deadline_seconds": 120,
+    }
+    pools = [
+        pool_config(pool, test_id, min_replicas=2, max_replicas=4, replace_quarantined=False, repair=repair)
+    ]
+    async with exporters(names, gpus=8) as ex:
+        cfg = controller_config(
+            kubeconfig=kubeconfig,
+            namespace=namespace,
+            test_id=test_id,
+            endpoints={n: e.url for n, e in ex.items()},
+            pools=pools,
+        )
+        async with running(cfg) as ctl, watching_replicas(pool.replicas) as seen:
+            await eventually(lambda: fresh_signals(ctl, 2), what="both nodes' signals")
+            ex[bad].fault(gpu=0, fault="recovery_action", action="node_reboot")
+
+            async def deleting() -> bool | None:
+                machines = {m["metadata"]["name"]: m for m in await pool.machines()}
+                m = machines.get(machine)
+                return True if m is None or m["metadata"].get("deletionTimestamp") else None
+
+            await eventually(deleting, what="the bad node's Machine deleting", timeout_seconds=60)
+            deleted_at = time.monotonic()
+            (escalated,) = await events(core, "default", bad, "GpuRepairEscalated")
+            assert "reboot failed: now replace" in escalated.message, escalated.message
+            recorded = await replacements(core, namespace)
+            assert len(recorded) == 1 and bad in next(iter(recorded.values())), recorded
+
+            async def replaced() -> set[str] | None:
+                now = await at_size(pool, 2)
+                return now if now and bad not in now else None
+
+            after = await eventually(replaced, what="a new node in the pool", timeout_seconds=120)
+            (joined,) = after - set(names)
+            done = await wait_for_event(core, namespace, pool.name, "GpuRepairSucceeded", seconds=60)
+            print(
+                f"Machine deleting -> replacement recorded as succeeded: {time.monotonic() - deleted_at:.1f}s"
+            )
+            assert bad in done.message and f"Machine {machine} is gone" in done.message, done.message
+            assert joined in done.message, done.message
+            assert await replacements(core, namespace) == {}, "the record goes with its end"
+            metrics = await metrics_text(ctl.url)
+        assert set(seen) == {2}, f"the pool's replicas moved during the swap: {sorted(set(seen))}"
+        scaled = [
+            e.reason
+            for e in await events(core, namespace, pool.name)
+            if e.reason in ("GpuPoolScaleUp", "GpuPoolScaleDown", "GpuPoolScaledDown")
+        ]
+        assert scaled == [], scaled
+        assert machine not in {m["metadata"]["name"] for m in await pool.machines()}
+        assert len(await pool.machines()) == 2
+        for line in (
+            'gpumon_controller_repairs_total{result="failed",step="reboot"} 1.0',
+            'gpumon_controller_repairs_total{result="started",step="replace"} 1.0',
+            'gpumon_controller_repairs_total{result="succeeded",step="replace"} 1.0',
+        ):
+            assert line in metrics, line
+        md = await custom.get_namespaced_custom_object(
+            capi.GROUP, capi.VERSION, namespace, capi.MACHINE_DEPLOYMENTS, pool.name
+        )
+        assert md["spec"]["replicas"] == 2
+
+
+async def test_a_flapping_gpu_has_its_karpenter_node_claim_deleted(
+    api: client.ApiClient,
+    namespace: str,
+    test_id: str,
+    node_pool: str,  # noqa: F811 - the fixture
+    sa_kubeconfig_for: KubeconfigFactory,
+) -> None:
+    """A Karpenter node's GPU asks for a reset; the reset runs and the GPU comes back; the same
+    GPU faults again within the flap window, so the ladder goes straight to replacement and
+    deletes the node's NodeClaim, although the quarantined node carries
+    ``karpenter.sh/do-not-disrupt``: that annotation holds Karpenter's own disruption, not an
+    explicit deletion. Karpenter drains and removes the node; the replacement ends when the
+    NodeClaim is gone."""
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    # The node must stay while it is empty between the two faults: no consolidation here.
+    await custom.patch_cluster_custom_object(
+        karpenter.GROUP,
+        karpenter.VERSION,
+        karpenter.NODE_POOLS,
+        node_pool,
+        {"spec": {"disruption": {"consolidateAfter": "Never"}}},
+        _content_type="application/merge-patch+json",
+    )
+    await core.create_namespaced_pod(namespace, gpu_pod("first", test_id))
+
+    async def placed() -> str | None:
+        pod = await core.read_namespaced_pod("first", namespace)
+        return pod.spec.node_name if pod.status.phase == "Running" else None
+
+    bad = await eventually(placed, what="Karpenter's node running the pod", timeout_seconds=90)
+    owner = node_owner(await node_obj(core, bad))
+    assert owner is not None and owner.kind == "NodeClaim"
+    await core.delete_namespaced_pod("first", namespace, grace_period_seconds=0)
+    md = capi.machine_deployment(test_id, namespace, replicas=0)  # a target gpumon refuses to scale
+    await custom.create_namespaced_custom_object(
+        capi.GROUP, capi.VERSION, namespace, capi.MACHINE_DEPLOYMENTS, md
+    )
+    pool = {
+        "name": "karpenter",
+        "target": {"namespace": namespace, "name": test_id},
+        "node_selector": f"{karpenter.NODEPOOL_LABEL}={node_pool}",
+        "template": {"resources": {nodes.GPU: 8}, "labels": {TEST_LABEL: test_id}},
+        "max_replicas": 4,
+        "repair": {
+            "steps": ["reset", "replace"],
+            # The test's NodePool taints its nodes with the test's key: the Job tolerates it.
+            "reset_job": {
+                "template": {
+                    "spec": {
+                        "tolerations": [{"key": TAINT_KEY, "operator": "Exists"}],
+                        "containers": [{"name": "step", "image": "nvidia/cuda:12"}],
+                    }
+                }
+            },
+            "reset_deadline_seconds": 60,
+            "replace_deadline_seconds": 120,
+            "flap_window_seconds": 600,
+        },
+    }
+    kubeconfig: Path = await sa_kubeconfig_for(autoscaling=True, repair=True)
+    async with exporters([bad], gpus=8) as ex:
+        cfg = controller_config(
+            kubeconfig=kubeconfig,
+            namespace=namespace,
+            test_id=test_id,
+            endpoints={bad: ex[bad].url},
+            pools=[pool],
+        )
+        async with running(cfg) as ctl:
+            await eventually(lambda: fresh_signals(ctl, 1), what="the node's signals")
+            ex[bad].fault(gpu=2, fault="recovery_action", action="gpu_reset")
+            await eventually(lambda: tainted(core, bad), what="the Karpenter node quarantined")
+            await wait_for_event(core, "default", bad, "GpuRepairStarted", seconds=60)
+            await eventually(
+                lambda: _reset_done(api, namespace), what="the reset Job done", timeout_seconds=90
+            )
+            ex[bad].fault(gpu=2, fault="clear")  # the reset's effect
+            uuid = ex[bad].uuid(2)
+            await eventually(ladder_done(core, bad, uuid), what="the GPU back in service", timeout_seconds=90)
+
+            ex[bad].fault(gpu=2, fault="recovery_action", action="gpu_reset")  # the same GPU again
+            quarantined = await eventually(lambda: tainted(core, bad), what="quarantined again")
+            assert quarantined["metadata"]["annotations"][c.KARPENTER_DO_NOT_DISRUPT_ANNOTATION] == "true"
+
+            async def claim_gone() -> bool | None:
+                try:
+                    await custom.get_cluster_custom_object(
+                        karpenter.GROUP, karpenter.VERSION, karpenter.NODE_CLAIMS, owner.name
+                    )
+                except client.ApiException as e:
+                    return True if e.status == 404 else None
+                return None
+
+            again_at = time.monotonic()
+            await eventually(claim_gone, what="the NodeClaim deleted by Karpenter", timeout_seconds=120)
+            print(f"quarantined again -> NodeClaim gone: {time.monotonic() - again_at:.1f}s")
+            assert bad not in {n.metadata.name for n in (await core.list_node()).items}, "its Node went first"
+            (started,) = [
+                e for e in await events(core, "default", bad, "GpuRepairStarted") if "replace" in e.message
+            ]
+            assert f"faulted again within 600s of a repair: {uuid}" in started.message, started.message
+            done = await wait_for_event(core, namespace, test_id, "GpuRepairSucceeded", seconds=60)
+            assert f"NodeClaim {owner.name} is gone" in done.message, done.message
+            assert await replacements(core, namespace) == {}
+            metrics = await metrics_text(ctl.url)
+        for line in (
+            'gpumon_controller_repairs_total{result="succeeded",step="reset"} 1.0',
+            'gpumon_controller_repairs_total{result="started",step="replace"} 1.0',
+            'gpumon_controller_repairs_total{result="succeeded",step="replace"} 1.0',
+        ):
+            assert line in metrics, line
+
+
+async def _reset_done(api: client.ApiClient, namespace: str) -> bool | None:
+    jobs = (await client.BatchV1Api(api).list_namespaced_job(namespace)).items
+    return True if any((j.status.succeeded or 0) > 0 for j in jobs) else None
