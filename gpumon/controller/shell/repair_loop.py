@@ -566,7 +566,7 @@ class RepairLoop:
             await self._replace_refused(node, owner, "delete_owner", e)
             return
         self._replace_answered()
-        log.info("replacement asked", extra={"node": node, "kind": owner.kind, "name": owner.name})
+        log.info("replacement asked", extra={"node": node, "kind": owner.kind, "owner": owner.name})
 
     async def _forget_replacement(self, node: str) -> None:
         for r in replacements_from_annotations(self._state()):
