@@ -286,15 +286,30 @@ KWOK_OPTIONS = {
 
 
 def audit_policy() -> str:
-    """The API server's audit policy: every watch, once, when it starts (the ResponseStarted
-    stage of a long-running request), with its user and request URI, and nothing else. The
-    tests count watches by (resource, selectors) from it (tests/cluster/test_controller_watches.py)."""
+    """The API server's audit policy, with user and request URI: every watch, once, when it
+    starts (the ResponseStarted stage of a long-running request), and every delete of a Cluster
+    API Machine or Karpenter NodeClaim once it is answered; nothing else. The tests count watches
+    by (resource, selectors) from it (tests/cluster/test_controller_watches.py) and tell who
+    deleted a Machine (tests/cluster/test_repair_replace.py)."""
+    deletes = [
+        {"group": "cluster.x-k8s.io", "resources": ["machines"]},
+        {"group": "karpenter.sh", "resources": ["nodeclaims"]},
+    ]
     return yaml.safe_dump(
         {
             "apiVersion": "audit.k8s.io/v1",
             "kind": "Policy",
-            "omitStages": ["RequestReceived", "ResponseComplete", "Panic"],
-            "rules": [{"level": "Metadata", "verbs": ["watch"]}, {"level": "None"}],
+            "omitStages": ["RequestReceived", "Panic"],
+            "rules": [
+                {"level": "Metadata", "verbs": ["watch"], "omitStages": ["ResponseComplete"]},
+                {
+                    "level": "Metadata",
+                    "verbs": ["delete"],
+                    "resources": deletes,
+                    "omitStages": ["ResponseStarted"],
+                },
+                {"level": "None"},
+            ],
         },
         sort_keys=False,
     )

@@ -165,12 +165,38 @@ async def test_karpenter_launches_the_instance_type_each_gpu_request_needs(
     for name, (limits, _) in wanted.items():
         await core.create_namespaced_pod(namespace, gpu_pod(name, test_id, limits))
 
+    custom = client.CustomObjectsApi(api)
+    last: dict[str, object] = {}
+
     async def all_running() -> dict[str, str] | None:
         pods = (await core.list_namespaced_pod(namespace, label_selector="app=train")).items
         up = {p.metadata.name: p.spec.node_name for p in pods if p.status.phase == "Running"}
-        return up if len(up) == len(wanted) else None
+        if len(up) == len(wanted):
+            return up
+        last["pods"] = {p.metadata.name: (p.status.phase, p.spec.node_name) for p in pods}
+        claims = await custom.list_cluster_custom_object(
+            karpenter.GROUP,
+            karpenter.VERSION,
+            karpenter.NODE_CLAIMS,
+            label_selector=f"{karpenter.NODEPOOL_LABEL}={node_pool}",
+        )
+        last["claims"] = {
+            c["metadata"]["name"]: (
+                c["metadata"].get("labels", {}).get("node.kubernetes.io/instance-type"),
+                (c.get("status") or {}).get("nodeName"),
+                [
+                    f"{k['type']}={k['status']}:{k.get('reason', '')}"
+                    for k in (c.get("status") or {}).get("conditions") or ()
+                    if k.get("status") != "True"
+                ],
+            )
+            for c in claims["items"]
+        }
+        return None
 
-    placed = await eventually(all_running, what="each pod Running on a Karpenter node", timeout_seconds=120)
+    placed = await eventually(
+        all_running, what="each pod Running on a Karpenter node", timeout_seconds=120, seen=lambda: last
+    )
     for name, (_, instance_type) in wanted.items():
         node = await node_obj(core, placed[name])
         assert node["metadata"]["labels"]["node.kubernetes.io/instance-type"] == instance_type, name

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -36,6 +37,8 @@ from test_cluster_api_pools import (  # noqa: F401 - the fixture
     PoolFactory,
     at_size,
     capi_pool,
+    create,
+    mhc_object,
     pool_config,
 )
 from test_karpenter_pools import TAINT_KEY, gpu_pod, node_pool  # noqa: F401 - the fixture
@@ -44,9 +47,23 @@ from test_repair_ladder import NEVER, ladder_done
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.node_owner import node_owner
 from gpumon.devcluster import capi, karpenter, nodes
+from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.waiting import eventually
 
 STATE = "gpumon-controller"
+SA = "gpumon-controller"
+
+
+def machine_deleters(audit_log: Path, machine: str) -> set[str]:
+    """Who deleted the Machine, by the API server's audit log (its policy records every delete
+    of a Machine: gpumon.devcluster.components.audit_policy)."""
+    users = set()
+    for line in audit_log.read_text().splitlines():
+        event: dict[str, Any] = json.loads(line)
+        ref = event.get("objectRef") or {}
+        if event.get("verb") == "delete" and ref.get("resource") == "machines" and ref.get("name") == machine:
+            users.add(event["user"]["username"])
+    return users
 
 
 async def metrics_text(url: str) -> str:
@@ -81,6 +98,7 @@ async def watching_replicas(read: Any) -> AsyncIterator[list[int]]:
 
 async def test_a_reboot_that_fails_is_followed_by_the_machine_replaced_through_cluster_api(
     api: client.ApiClient,
+    devcluster: DevCluster,
     namespace: str,
     test_id: str,
     capi_pool: PoolFactory,  # noqa: F811 - the fixture
@@ -153,6 +171,9 @@ async def test_a_reboot_that_fails_is_followed_by_the_machine_replaced_through_c
         assert scaled == [], scaled
         assert machine not in {m["metadata"]["name"] for m in await pool.machines()}
         assert len(await pool.machines()) == 2
+        assert f"system:serviceaccount:{namespace}:{SA}" in machine_deleters(
+            devcluster.layout.audit_log, machine
+        )
         for line in (
             'gpumon_controller_repairs_total{result="failed",step="reboot"} 1.0',
             'gpumon_controller_repairs_total{result="started",step="replace"} 1.0',
@@ -163,6 +184,68 @@ async def test_a_reboot_that_fails_is_followed_by_the_machine_replaced_through_c
             capi.GROUP, capi.VERSION, namespace, capi.MACHINE_DEPLOYMENTS, pool.name
         )
         assert md["spec"]["replicas"] == 2
+
+
+async def test_a_machine_health_check_covering_the_machine_replaces_the_node_gpumon_deleting_nothing(
+    api: client.ApiClient,
+    devcluster: DevCluster,
+    namespace: str,
+    test_id: str,
+    capi_pool: PoolFactory,  # noqa: F811 - the fixture
+    sa_kubeconfig_for: KubeconfigFactory,
+) -> None:
+    """A pool that replaces straight away, its Machines judged by a MachineHealthCheck that
+    watches GpuReplacementRequested=True: the ladder sets that condition on the bad node and
+    deletes nothing; Cluster API's health check marks the Machine, its MachineSet deletes it and
+    makes a new one. By the API server's audit log, only Cluster API deleted the Machine; the
+    pool's replicas stay 2 and the replacement ends as succeeded."""
+    core = client.CoreV1Api(api)
+    pool = await capi_pool(replicas=2)
+    names = sorted(await eventually(lambda: at_size(pool, 2), what="2 nodes", timeout_seconds=90))
+    mhc = capi.machine_health_check(
+        pool.name, namespace, deployment=pool.name, conditions=[(c.REPLACEMENT_CONDITION_TYPE, "True", 0)]
+    )
+    await create(api, namespace, mhc)
+
+    async def judging() -> bool | None:
+        return True if ((await mhc_object(pool)).get("status") or {}).get("expectedMachines") == 2 else None
+
+    await eventually(judging, what="the MachineHealthCheck judging both Machines", timeout_seconds=90)
+    bad = names[0]
+    machine = {node: m for m, node in (await pool.linked()).items()}[bad]
+    kubeconfig: Path = await sa_kubeconfig_for(autoscaling=True, repair=True)
+    repair = {"steps": ["replace"], "replace_immediately": True, "replace_deadline_seconds": 120}
+    pools = [
+        pool_config(pool, test_id, min_replicas=2, max_replicas=4, replace_quarantined=False, repair=repair)
+    ]
+    async with exporters(names, gpus=8) as ex:
+        cfg = controller_config(
+            kubeconfig=kubeconfig,
+            namespace=namespace,
+            test_id=test_id,
+            endpoints={n: e.url for n, e in ex.items()},
+            pools=pools,
+        )
+        async with running(cfg) as ctl, watching_replicas(pool.replicas) as seen:
+            await eventually(lambda: fresh_signals(ctl, 2), what="both nodes' signals")
+            ex[bad].fault(gpu=0, fault="recovery_action", action="node_reboot")
+            asked = await wait_for_event(core, "default", bad, "GpuRepairReplaceRequested", seconds=60)
+            assert f"MachineHealthCheck {pool.name} covers Machine {machine}" in asked.message, asked.message
+            conditions = {x["type"]: x for x in (await node_obj(core, bad))["status"]["conditions"]}
+            assert conditions[c.REPLACEMENT_CONDITION_TYPE]["status"] == "True"
+
+            async def replaced() -> set[str] | None:
+                now = await at_size(pool, 2)
+                return now if now and bad not in now else None
+
+            await eventually(replaced, what="a new node in the pool", timeout_seconds=120)
+            done = await wait_for_event(core, namespace, pool.name, "GpuRepairSucceeded", seconds=60)
+            assert f"Machine {machine} is gone" in done.message, done.message
+            blind = [e for e in await events(core, "default", bad) if e.reason == "GpuRepairHealthCheckBlind"]
+            assert blind == [], "the check watches the condition"
+    assert set(seen) == {2}, f"the pool's replicas moved during the swap: {sorted(set(seen))}"
+    deleters = machine_deleters(devcluster.layout.audit_log, machine)
+    assert deleters and f"system:serviceaccount:{namespace}:{SA}" not in deleters, deleters
 
 
 async def test_a_flapping_gpu_has_its_karpenter_node_claim_deleted(

@@ -48,4 +48,6 @@ def test_the_walk_finds_a_reserved_key(tmp_path: Path) -> None:
 
 def test_a_reserved_key_is_what_logging_refuses() -> None:
     with pytest.raises(KeyError, match="overwrite 'name'"):
-        logging.getLogger("gpumon.test").makeRecord("n", logging.INFO, "f", 1, "m", (), None, extra={"name": 1})
+        logging.getLogger("gpumon.test").makeRecord(
+            "n", logging.INFO, "f", 1, "m", (), None, extra={"name": 1}
+        )

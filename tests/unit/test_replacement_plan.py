@@ -18,10 +18,14 @@ from gpumon.controller.core.plans import ObjectRef
 from gpumon.controller.core.repair import Machinery, Work
 from gpumon.controller.core.repair_replace import (
     Ending,
+    HealthCheckCover,
     ReplacementView,
+    covering_health_check,
     follow_replacement,
+    health_check_events,
     machinery_of,
     owner_work,
+    replacement_condition,
 )
 
 T = 1_800_000_000.0
@@ -104,3 +108,55 @@ def test_past_the_deadline_it_gives_up_once_and_keeps_the_record_for_a_person() 
         assert plan.event is not None and plan.event.warning and missing in plan.event.message
         again = follow_replacement(plan.record, view, now=late + 5, about=ABOUT)
         assert again.ending is Ending.KEEP and again.event is None
+
+
+MACHINE = {
+    "metadata": {"name": "h100-abc", "labels": {"cluster.x-k8s.io/deployment-name": "h100", "gpu": "h100"}},
+    "spec": {"clusterName": "prod"},
+}
+
+
+def health_check(name: str, selector: dict, *, cluster: str = "prod", conditions=()) -> dict:
+    checks = {
+        "unhealthyNodeConditions": [{"type": t, "status": s, "timeoutSeconds": 0} for t, s in conditions]
+    }
+    return {
+        "metadata": {"name": name},
+        "spec": {"clusterName": cluster, "selector": selector, "checks": checks},
+    }
+
+
+def test_a_health_check_covers_a_machine_of_its_cluster_its_selector_matches() -> None:
+    by_deployment = {"matchLabels": {"cluster.x-k8s.io/deployment-name": "h100"}}
+    by_expression = {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100", "a100"]}]}
+    other_pool = {"matchLabels": {"cluster.x-k8s.io/deployment-name": "a100"}}
+    assert covering_health_check(MACHINE, []) is None
+    assert covering_health_check(MACHINE, [health_check("a", other_pool)]) is None
+    assert covering_health_check(MACHINE, [health_check("a", by_deployment, cluster="staging")]) is None
+    assert covering_health_check(
+        MACHINE, [health_check("b", by_deployment), health_check("a", by_expression)]
+    ) == (HealthCheckCover("a", watches=False))
+    watching = health_check(
+        "c", by_deployment, conditions=[("Ready", "False"), (c.REPLACEMENT_CONDITION_TYPE, "True")]
+    )
+    assert covering_health_check(MACHINE, [watching]) == HealthCheckCover("c", watches=True)
+    wrong_status = health_check("d", by_deployment, conditions=[(c.REPLACEMENT_CONDITION_TYPE, "False")])
+    assert covering_health_check(MACHINE, [wrong_status]) == HealthCheckCover("d", watches=False)
+
+
+def test_the_condition_asks_and_withdraws_by_type() -> None:
+    asked = replacement_condition(True, at="2027-01-15T08:00:00Z", message="m")["status"]["conditions"]
+    assert [(x["type"], x["status"], x["reason"]) for x in asked] == [
+        (c.REPLACEMENT_CONDITION_TYPE, "True", "GpuRepairReplace")
+    ]
+    withdrawn = replacement_condition(False, at="2027-01-15T08:00:00Z", message="m")["status"]["conditions"]
+    assert [(x["type"], x["status"]) for x in withdrawn] == [(c.REPLACEMENT_CONDITION_TYPE, "False")]
+
+
+def test_a_health_check_that_does_not_watch_the_condition_is_told_with_the_fix() -> None:
+    (asked,) = health_check_events("n1", "h100-abc", HealthCheckCover("mhc", watches=True), 2)
+    assert asked.reason == "GpuRepairReplaceRequested" and not asked.warning
+    assert "MachineHealthCheck mhc covers Machine h100-abc" in asked.message
+    _, blind = health_check_events("n1", "h100-abc", HealthCheckCover("mhc", watches=False), 2)
+    assert blind.warning and blind.reason == "GpuRepairHealthCheckBlind"
+    assert f'{{type: {c.REPLACEMENT_CONDITION_TYPE}, status: "True", timeoutSeconds: 0}}' in blind.message

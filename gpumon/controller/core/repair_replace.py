@@ -15,14 +15,16 @@ record with it, so the attempt is also recorded on the controller's ConfigMap
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpumon.controller.core.contract import REPLACEMENT_CONDITION_TYPE
 from gpumon.controller.core.contract.repair import Replacement
 from gpumon.controller.core.node_owner import NodeOwner
 from gpumon.controller.core.plans import Event, ObjectRef
 from gpumon.controller.core.repair import Machinery, Work
+from gpumon.k8s.selectors import LabelSelector
 
 
 def machinery_of(owner: NodeOwner | None) -> Machinery:
@@ -38,6 +40,78 @@ def owner_work(owner: Mapping[str, Any] | None) -> Work:
         return Work.SUCCEEDED
     meta = owner.get("metadata") or {}
     return Work.RUNNING if meta.get("deletionTimestamp") else Work.ABSENT
+
+
+@dataclass(frozen=True, slots=True)
+class HealthCheckCover:
+    """The MachineHealthCheck that judges a Machine: where one does, gpumon asks it to replace
+    the node (the ``GpuReplacementRequested`` condition) and deletes nothing itself, so that the
+    check's own limits (``remediation.triggerIf``, external remediation templates) still rule
+    and never two parts remediate one Machine."""
+
+    name: str
+    watches: bool  # lists GpuReplacementRequested=True among its unhealthyNodeConditions
+
+
+def covering_health_check(
+    machine: Mapping[str, Any], checks: Iterable[Mapping[str, Any]]
+) -> HealthCheckCover | None:
+    """The first (by name) of ``checks``, listed in the Machine's namespace, that selects
+    ``machine``: the same cluster, its selector matching the Machine's labels (how Cluster API's
+    MachineHealthCheck controller picks its targets)."""
+    labels = (machine.get("metadata") or {}).get("labels") or {}
+    cluster = (machine.get("spec") or {}).get("clusterName")
+    covering = []
+    for check in checks:
+        spec = check.get("spec") or {}
+        if spec.get("clusterName") != cluster or not LabelSelector.from_json(spec.get("selector")).matches(
+            labels
+        ):
+            continue
+        conditions = (spec.get("checks") or {}).get("unhealthyNodeConditions") or ()
+        watches = any(
+            c.get("type") == REPLACEMENT_CONDITION_TYPE and c.get("status") == "True" for c in conditions
+        )
+        covering.append(HealthCheckCover(str((check.get("metadata") or {}).get("name", "")), watches))
+    return min(covering, key=lambda c: c.name, default=None)
+
+
+def replacement_condition(requested: bool, *, at: str, message: str) -> dict[str, Any]:
+    """The Node status patch (strategic, merged by type) that sets ``GpuReplacementRequested``."""
+    condition = {
+        "type": REPLACEMENT_CONDITION_TYPE,
+        "status": "True" if requested else "False",
+        "reason": "GpuRepairReplace" if requested else "GpuRepairEnded",
+        "message": message,
+        "lastTransitionTime": at,
+        "lastHeartbeatTime": at,
+    }
+    return {"status": {"conditions": [condition]}}
+
+
+def health_check_events(node: str, machine: str, cover: HealthCheckCover, attempt: int) -> tuple[Event, ...]:
+    """What the Node's Events say when a MachineHealthCheck is asked to replace it."""
+    about = ObjectRef("Node", node)
+    asked = Event(
+        about,
+        "GpuRepairReplaceRequested",
+        f"MachineHealthCheck {cover.name} covers Machine {machine}: {REPLACEMENT_CONDITION_TYPE}=True "
+        f"set (attempt {attempt}) for it to replace the node; gpumon deletes nothing itself",
+        key=f"GpuRepairReplaceRequested:{node}:{attempt}",
+    )
+    if cover.watches:
+        return (asked,)
+    blind = Event(
+        about,
+        "GpuRepairHealthCheckBlind",
+        f"MachineHealthCheck {cover.name} covers Machine {machine} but does not watch "
+        f"{REPLACEMENT_CONDITION_TYPE}=True: the replacement waits for the check's own conditions "
+        f'or gives up at its deadline. Add {{type: {REPLACEMENT_CONDITION_TYPE}, status: "True", '
+        "timeoutSeconds: 0}} to its spec.checks.unhealthyNodeConditions",
+        warning=True,
+        key=f"GpuRepairHealthCheckBlind:{node}:{attempt}",
+    )
+    return (asked, blind)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,14 @@ from gpumon.controller.act.breaker_record import record_breaker
 from gpumon.controller.act.events import EventRecorder
 from gpumon.controller.act.evict import EvictionResult, Evictor
 from gpumon.controller.act.repair_jobs import ensure_job, node_pods, read_job, write_record
-from gpumon.controller.act.replace import delete_owner, pool_nodes, read_node, read_owner
+from gpumon.controller.act.replace import (
+    delete_owner,
+    health_checks,
+    patch_node_status,
+    pool_nodes,
+    read_node,
+    read_owner,
+)
 from gpumon.controller.act.state_record import annotate_state
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.backoff import Backoff
@@ -59,6 +66,7 @@ from gpumon.controller.core.objects import (
     PodView,
     node_from_json,
     pod_from_json,
+    to_rfc3339,
 )
 from gpumon.controller.core.plans import DrainTarget, Event, ObjectRef
 from gpumon.controller.core.policy import Policy, signal_status
@@ -79,10 +87,14 @@ from gpumon.controller.core.repair_gate import admit_repairs, continuing_refusal
 from gpumon.controller.core.repair_jobs import PoolRepair, job_manifest, job_name, job_work
 from gpumon.controller.core.repair_replace import (
     Ending,
+    HealthCheckCover,
     ReplacementView,
+    covering_health_check,
     follow_replacement,
+    health_check_events,
     machinery_of,
     owner_work,
+    replacement_condition,
 )
 from gpumon.controller.core.signals import NodeReading, SignalSource
 from gpumon.k8s.selectors import parse_selector
@@ -228,6 +240,9 @@ class RepairLoop:
         self._owners: dict[str, NodeOwner | None] = {}
         # Pods evicted before a reboot, by node, until a listing of the node no longer shows them.
         self._evicted: dict[str, set[str]] = {}
+        # The attempt whose replacement a MachineHealthCheck was asked for, by node: asked once
+        # (a new leader asks once more; the condition patch is idempotent).
+        self._asked: dict[str, int] = {}
         metrics.registry.register(_Ladders(self._ladders))
 
     async def run(self) -> None:
@@ -561,6 +576,18 @@ class RepairLoop:
             if not await self._annotate_state({key: value}):
                 return
         try:
+            # Never both: where a MachineHealthCheck judges the Machine, it replaces the node.
+            cover = await self._health_check(owner)
+        except KubeError as e:
+            await self._replace_refused(node, owner, "health_checks", e)
+            return
+        if cover is not None:
+            try:
+                await self._ask_health_check(node, owner, cover, plan.attempt)
+            except KubeError as e:
+                await self._replace_refused(node, owner, "replacement_condition", e)
+            return
+        try:
             await delete_owner(self._api, owner)
         except KubeError as e:
             await self._replace_refused(node, owner, "delete_owner", e)
@@ -568,10 +595,60 @@ class RepairLoop:
         self._replace_answered()
         log.info("replacement asked", extra={"node": node, "kind": owner.kind, "owner": owner.name})
 
+    async def _health_check(self, owner: NodeOwner) -> HealthCheckCover | None:
+        """The MachineHealthCheck covering a Machine; a refused list raises (and nothing is
+        deleted: gpumon cannot tell that no check would remediate the same Machine)."""
+        if owner.kind != "Machine" or owner.namespace is None:
+            return None
+        machine = await read_owner(self._api, owner.path)
+        if machine is None:
+            return None
+        return covering_health_check(machine, await health_checks(self._api, owner.namespace))
+
+    async def _ask_health_check(
+        self, node: str, owner: NodeOwner, cover: HealthCheckCover, attempt: int
+    ) -> None:
+        if self._asked.get(node) == attempt:
+            return
+        message = (
+            f"gpumon's repair ladder asks MachineHealthCheck {cover.name} to replace this node "
+            f"(attempt {attempt})"
+        )
+        await patch_node_status(
+            self._api, node, replacement_condition(True, at=to_rfc3339(self._wall()), message=message)
+        )
+        self._replace_answered()
+        self._asked[node] = attempt
+        for event in health_check_events(node, owner.name, cover, attempt):
+            await self._recorder.record(event)
+        log.info(
+            "replacement asked of a MachineHealthCheck",
+            extra={"node": node, "health_check": cover.name, "watches": cover.watches},
+        )
+
     async def _forget_replacement(self, node: str) -> None:
         for r in replacements_from_annotations(self._state()):
             if r.node == node:
+                await self._end_request(node)
                 await self._annotate_state({r.key: None})
+
+    async def _end_request(self, node: str) -> None:
+        """The ladder ended with the Node still there: a GpuReplacementRequested=True left on it
+        would have a MachineHealthCheck replace a node that no longer needs it."""
+        self._asked.pop(node, None)
+        try:
+            obj = await read_node(self._api, node)
+            conditions = ((obj or {}).get("status") or {}).get("conditions") or ()
+            if any(
+                x.get("type") == c.REPLACEMENT_CONDITION_TYPE and x.get("status") == "True"
+                for x in conditions
+            ):
+                message = "gpumon's repair ladder ended with the node in place: no replacement wanted"
+                patch = replacement_condition(False, at=to_rfc3339(self._wall()), message=message)
+                await patch_node_status(self._api, node, patch)
+        except KubeError as e:
+            self._metrics.errors.labels("replacement_condition", type(e).__name__).inc()
+            log.warning("replacement request not withdrawn", extra={"node": node, "error": str(e)})
 
     async def _annotate_state(self, annotations: Mapping[str, str | None]) -> bool:
         ns, name = self.settings.namespace, self.settings.state_configmap
@@ -615,6 +692,8 @@ class RepairLoop:
             elif plan.ending is Ending.GAVE_UP:
                 self._metrics.repairs.labels(LadderStep.REPLACE.value, "timed_out").inc()
                 self._metrics.repairs.labels(LadderStep.GIVE_UP.value, "gave_up").inc()
+            if plan.ending is Ending.DROP:
+                await self._end_request(r.node)
             if plan.ending in (Ending.SUCCEEDED, Ending.DROP):
                 await self._annotate_state({r.key: None})
             elif plan.record is not None:

@@ -23,6 +23,10 @@ KEY_PREFIX = "gpumon.io/"
 
 TAINT_KEY = "gpumon.io/gpu-unhealthy"
 CONDITION_TYPE = "GpuUnhealthy"
+# Set True on a Node whose repair ladder reached replacement while a MachineHealthCheck covers its
+# Machine: the check replaces it (its unhealthyNodeConditions list this type), gpumon deletes
+# nothing. False once the ladder ends with the Node still there.
+REPLACEMENT_CONDITION_TYPE = "GpuReplacementRequested"
 
 ANNOTATION_UNHEALTHY_GPUS = "gpumon.io/unhealthy-gpus"
 ANNOTATION_QUARANTINED_AT = "gpumon.io/quarantined-at"
