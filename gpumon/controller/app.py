@@ -54,7 +54,8 @@ from gpumon.controller.shell.autoscaler_loop import AutoscaleMetrics, Autoscaler
 from gpumon.controller.shell.leader import LeaderElector, LeaderSettings
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
 from gpumon.controller.shell.remediation_loop import Reconciler, ReconcilerSettings
-from gpumon.controller.shell.repair_loop import RepairLoop, RepairMetrics, RepairSettings
+from gpumon.controller.shell.repair_loop import RepairLoop, RepairSettings
+from gpumon.controller.shell.repair_metrics import RepairMetrics
 from gpumon.controller.shell.signal_sources.direct import DirectSettings, DirectSource
 from gpumon.controller.shell.signal_sources.endpoints import DiscoveredEndpoints, StaticEndpoints
 from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource

@@ -31,7 +31,8 @@ from gpumon.controller.core.contract.repair import (
 from gpumon.controller.core.objects import PodView, node_from_json, to_rfc3339
 from gpumon.controller.core.policy import Policy
 from gpumon.controller.core.signals import GpuReading, NodeReading
-from gpumon.controller.shell.repair_loop import RepairLoop, RepairMetrics, RepairSettings
+from gpumon.controller.shell.repair_loop import RepairLoop, RepairSettings
+from gpumon.controller.shell.repair_metrics import RepairMetrics
 from gpumon.gpu.health import Severity
 from gpumon.gpu.model import HealthReason, HealthState, HealthVerdict, RecoveryAction
 from gpumon.kube.informer import Selection, View

@@ -9,24 +9,19 @@ reboot takes every pod down) and evicts them, PDBs holding, until the node is fr
 Only the leader plans and writes. Dry-run records the Events (prefixed) and writes nothing; as
 dry-run never quarantines, its ladders never start.
 
-A replacement deletes the node's Machine (Cluster API) or NodeClaim (Karpenter), read off the
-Node (:mod:`gpumon.controller.core.node_owner`); a node neither owns gives up with a report. The
-replacement is recorded on the controller's ConfigMap before the deletion, because the Node and
-its record go with it: each round follows the recorded replacements whose Node is gone until a
-new node joined the pool or the deadline passed (:mod:`gpumon.controller.core.repair_replace`).
+The replacement step is carried out and followed by
+:class:`gpumon.controller.shell.replacements.ReplacementStep`; a node that neither Cluster API nor
+Karpenter owns gives up with a report.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -34,17 +29,7 @@ from gpumon.controller.act.breaker_record import record_breaker
 from gpumon.controller.act.events import EventRecorder
 from gpumon.controller.act.evict import EvictionResult, Evictor
 from gpumon.controller.act.repair_jobs import ensure_job, node_pods, read_job, write_record
-from gpumon.controller.act.replace import (
-    delete_owner,
-    health_checks,
-    patch_node_status,
-    pool_nodes,
-    read_node,
-    read_owner,
-)
-from gpumon.controller.act.state_record import annotate_state
 from gpumon.controller.core import contract as c
-from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.breaker import PoolView, SafetyPolicy
 from gpumon.controller.core.contract import DRY_RUN_PREFIX
 from gpumon.controller.core.contract.breakers import BreakerTrip, breaker_to_annotation
@@ -54,19 +39,15 @@ from gpumon.controller.core.contract.repair import (
     AttemptOutcome,
     LadderStep,
     RepairRecord,
-    Replacement,
     record_from_json,
-    replacement_to_annotation,
     replacements_from_annotations,
 )
-from gpumon.controller.core.node_owner import NodeOwner, node_owner
 from gpumon.controller.core.objects import (
     GpuResources,
     NodeView,
     PodView,
     node_from_json,
     pod_from_json,
-    to_rfc3339,
 )
 from gpumon.controller.core.plans import DrainTarget, Event, ObjectRef
 from gpumon.controller.core.policy import Policy, signal_status
@@ -85,18 +66,10 @@ from gpumon.controller.core.repair import (
 )
 from gpumon.controller.core.repair_gate import admit_repairs, continuing_refusal
 from gpumon.controller.core.repair_jobs import PoolRepair, job_manifest, job_name, job_work
-from gpumon.controller.core.repair_replace import (
-    Ending,
-    HealthCheckCover,
-    ReplacementView,
-    covering_health_check,
-    follow_replacement,
-    health_check_events,
-    machinery_of,
-    owner_work,
-    replacement_condition,
-)
 from gpumon.controller.core.signals import NodeReading, SignalSource
+from gpumon.controller.shell.api_access import ApiAccess
+from gpumon.controller.shell.repair_metrics import RepairMetrics
+from gpumon.controller.shell.replacements import ReplacementStep
 from gpumon.k8s.selectors import parse_selector
 from gpumon.kube.client import KubeApi, KubeError
 from gpumon.kube.informer import View
@@ -107,9 +80,6 @@ log = logging.getLogger(__name__)
 # mirror pods leaves): the default resources only fill in the view.
 _POD_RESOURCES = GpuResources()
 _JOB_STEPS = frozenset({LadderStep.RESET, LadderStep.REBOOT, LadderStep.VALIDATE})
-# An API refusing (the Jobs API, or deleting Machines or NodeClaims): asked again after 5 s,
-# then 10, 20 ... up to 5 minutes.
-JOBS_BACKOFF = Backoff(initial_seconds=5.0, max_seconds=300.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,48 +118,6 @@ class _Ladders(Collector):
             gave_up.add_metric([pool], stuck)
         yield repairing
         yield gave_up
-
-
-class RepairMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-        self.repairs = Counter(
-            "gpumon_controller_repairs",
-            "Repair ladder moves by step and result (started, succeeded, failed, timed_out, "
-            "refused, gave_up, done).",
-            ["step", "result"],
-            registry=registry,
-        )
-        self.errors = Counter(
-            "gpumon_controller_repair_errors",
-            "Repair writes and reads the API refused or could not take, by what.",
-            ["what", "error"],
-            registry=registry,
-        )
-
-
-class _Access:
-    """An API refusing gpumon (its RBAC not applied, say): counted every time, logged and told
-    in an Event once per outage, and asked again only with backoff."""
-
-    def __init__(self, backoff: Backoff = JOBS_BACKOFF) -> None:
-        self._backoff = backoff
-        self.failures = 0
-        self._retry_at = -math.inf
-
-    def allowed(self, now: float) -> bool:
-        return now >= self._retry_at
-
-    def failed(self, now: float) -> bool:
-        """Back off; True for the outage's first failure."""
-        self.failures += 1
-        self._retry_at = now + self._backoff.delay(self.failures)
-        return self.failures == 1
-
-    def succeeded(self) -> bool:
-        """True when this ends an outage."""
-        ended, self.failures, self._retry_at = self.failures > 0, 0, -math.inf
-        return ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,16 +161,19 @@ class RepairLoop:
         self.settings = settings
         self._wall = wall_clock
         self.rounds = 0
-        self._jobs = _Access()
-        self._replace = _Access()  # reading and deleting Machines and NodeClaims
+        self._jobs = ApiAccess()
         self._state = state
-        # Which Machine or NodeClaim owns a node (read off the Node once: it never changes).
-        self._owners: dict[str, NodeOwner | None] = {}
+        self._replacements = ReplacementStep(
+            api=api,
+            recorder=recorder,
+            metrics=metrics,
+            namespace=settings.namespace,
+            state_configmap=settings.state_configmap,
+            state=state,
+            wall_clock=wall_clock,
+        )
         # Pods evicted before a reboot, by node, until a listing of the node no longer shows them.
         self._evicted: dict[str, set[str]] = {}
-        # The attempt whose replacement a MachineHealthCheck was asked for, by node: asked once
-        # (a new leader asks once more; the condition patch is idempotent).
-        self._asked: dict[str, int] = {}
         metrics.registry.register(_Ladders(self._ladders))
 
     async def run(self) -> None:
@@ -317,7 +248,9 @@ class RepairLoop:
             if plan.drain_node and continuing_refusal(m.pool.name, breakers, safety) is not None:
                 plan = replace(plan, drain_node=False)  # evicting is disruptive: held the same way
             await self._apply(m, inp, plan, holders.get(m.view.name, ()))
-        await self._follow_replacements(now)
+        if not self.settings.dry_run and self._is_leader():
+            pools = {p.name: p for p, _ in self._pools}
+            await self._replacements.follow(now, self._nodes.items(), pools)  # as this round left them
 
     async def _record_trip(self, trip: BreakerTrip) -> None:
         """A wave of ladders tripped the pool's breaker: recorded on the controller's ConfigMap
@@ -389,27 +322,15 @@ class RepairLoop:
             machinery=await self._machinery(m),
         )
 
-    async def _owner(self, node: str) -> NodeOwner | None:
-        """The Machine or NodeClaim behind ``node``, read off the Node (the cache keeps none of
-        the keys that say it) once per node."""
-        if node not in self._owners:
-            try:
-                obj = await read_node(self._api, node)
-            except KubeError as e:
-                self._metrics.errors.labels("read_node", type(e).__name__).inc()
-                return None  # asked again next round
-            self._owners[node] = node_owner(obj) if obj is not None else None
-        return self._owners[node]
-
     async def _machinery(self, m: _Member) -> Machinery:
         if not m.repair.policy.replace:
             return Machinery.NONE
-        return machinery_of(await self._owner(m.view.name))
+        return await self._replacements.machinery(m.view.name)
 
     async def _work(self, node: str, record: RepairRecord) -> Work:
         running = record.running
         if running is not None and running.step is LadderStep.REPLACE:
-            return await self._replace_work(node)
+            return await self._replacements.work(node)
         if running is None or running.step not in _JOB_STEPS:
             return Work.ABSENT
         if not self._jobs.allowed(self._wall()):
@@ -423,20 +344,6 @@ class RepairLoop:
         self._jobs_answered()
         return job_work(job)
 
-    async def _replace_work(self, node: str) -> Work:
-        """The running replacement's work: the node's Machine or NodeClaim gone, deleting, or
-        not asked to go yet."""
-        owner = await self._owner(node)
-        if owner is None or not self._replace.allowed(self._wall()):
-            return Work.RUNNING  # unknown: held as it is, the deadline still counts
-        try:
-            obj = await read_owner(self._api, owner.path)
-        except KubeError as e:
-            await self._replace_refused(node, owner, "read_owner", e)
-            return Work.RUNNING
-        self._replace_answered()
-        return owner_work(obj)
-
     async def _jobs_refused(self, node: str, what: str, e: KubeError) -> None:
         self._metrics.errors.labels(what, type(e).__name__).inc()
         if not self._jobs.failed(self._wall()):
@@ -448,21 +355,6 @@ class RepairLoop:
         )
         log.error("repair Jobs unavailable", extra={"namespace": ns, "error": str(e)})
         await self._recorder.record(_node_event(node, "GpuRepairJobsUnavailable", message))
-
-    async def _replace_refused(self, node: str, owner: NodeOwner, what: str, e: KubeError) -> None:
-        self._metrics.errors.labels(what, type(e).__name__).inc()
-        if not self._replace.failed(self._wall()):
-            return
-        message = (
-            f"the API refuses gpumon the {owner.kind} {owner.name} ({e}): no replacement can run; "
-            "with RBAC missing, apply deploy/rbac/controller-repair.yaml. Retrying with backoff"
-        )
-        log.error("repair replacement unavailable", extra={"kind": owner.kind, "error": str(e)})
-        await self._recorder.record(_node_event(node, "GpuRepairReplaceUnavailable", message))
-
-    def _replace_answered(self) -> None:
-        if self._replace.succeeded():
-            log.info("repair replacement available again")
 
     def _jobs_answered(self) -> None:
         if self._jobs.succeeded():
@@ -541,187 +433,28 @@ class RepairLoop:
             self._nodes.update_local(node, node_from_json(written), _version(written))
         if plan.move in (Move.START, Move.ENSURE) and plan.step in _JOB_STEPS and plan.attempt is not None:
             await self._ensure_job(m, inp, plan)
-        if plan.move in (Move.START, Move.ENSURE) and plan.step is LadderStep.REPLACE:
-            await self._ensure_replacement(m, plan)
+        if (
+            plan.move in (Move.START, Move.ENSURE)
+            and plan.step is LadderStep.REPLACE
+            and plan.attempt is not None
+        ):
+            await self._ensure_replacement(m, plan.attempt, plan.gpus)
         ended = plan.record is not None and plan.record.running is None
         if plan.move is Move.RECORD and plan.step is LadderStep.REPLACE and ended:
             # Ended while the Node was there: its record says how, the ConfigMap's copy goes.
-            await self._forget_replacement(node)
+            await self._replacements.forget(node)
 
-    async def _ensure_replacement(self, m: _Member, plan: RepairPlan) -> None:
-        """Record the replacement on the ConfigMap, then delete the Machine or NodeClaim. A
-        leader that dies in between leaves a recorded replacement whose Node is still there and
-        whose owner is not deleting: the next one deletes it (the same object, once)."""
-        assert plan.attempt is not None
-        node, now = m.view.name, self._wall()
-        owner = await self._owner(node)
-        if owner is None or not self._replace.allowed(now):
-            return
-        selector = parse_selector(m.pool.node_selector)
+    async def _ensure_replacement(self, m: _Member, attempt: int, gpus: Sequence[str]) -> None:
+        selector = next(s for p, s in self._pools if p.name == m.pool.name)
         before = sorted(v.name for v in self._nodes.items().values() if selector.matches(v.labels))
-        replacement = Replacement(
-            node=node,
+        await self._replacements.ensure(
+            node=m.view.name,
             pool=m.pool.name,
-            owner=owner.path,
-            machinery=owner.machinery,
-            attempt=plan.attempt,
-            gpus=plan.gpus,
-            started_at=now,
-            deadline_at=now + m.repair.policy.deadline(LadderStep.REPLACE),
-            before=tuple(before),
+            attempt=attempt,
+            gpus=gpus,
+            deadline_seconds=m.repair.policy.deadline(LadderStep.REPLACE),
+            before=before,
         )
-        recorded = {r.node: r for r in replacements_from_annotations(self._state())}.get(node)
-        if recorded is None or recorded.attempt != plan.attempt:
-            key, value = replacement_to_annotation(replacement)
-            if not await self._annotate_state({key: value}):
-                return
-        try:
-            # Never both: where a MachineHealthCheck judges the Machine, it replaces the node.
-            cover = await self._health_check(owner)
-        except KubeError as e:
-            await self._replace_refused(node, owner, "health_checks", e)
-            return
-        if cover is not None:
-            try:
-                await self._ask_health_check(node, owner, cover, plan.attempt)
-            except KubeError as e:
-                await self._replace_refused(node, owner, "replacement_condition", e)
-            return
-        try:
-            await delete_owner(self._api, owner)
-        except KubeError as e:
-            await self._replace_refused(node, owner, "delete_owner", e)
-            return
-        self._replace_answered()
-        log.info("replacement asked", extra={"node": node, "kind": owner.kind, "owner": owner.name})
-
-    async def _health_check(self, owner: NodeOwner) -> HealthCheckCover | None:
-        """The MachineHealthCheck covering a Machine; a refused list raises (and nothing is
-        deleted: gpumon cannot tell that no check would remediate the same Machine)."""
-        if owner.kind != "Machine" or owner.namespace is None:
-            return None
-        machine = await read_owner(self._api, owner.path)
-        if machine is None:
-            return None
-        return covering_health_check(machine, await health_checks(self._api, owner.namespace))
-
-    async def _ask_health_check(
-        self, node: str, owner: NodeOwner, cover: HealthCheckCover, attempt: int
-    ) -> None:
-        if self._asked.get(node) == attempt:
-            return
-        message = (
-            f"gpumon's repair ladder asks MachineHealthCheck {cover.name} to replace this node "
-            f"(attempt {attempt})"
-        )
-        await patch_node_status(
-            self._api, node, replacement_condition(True, at=to_rfc3339(self._wall()), message=message)
-        )
-        self._replace_answered()
-        self._asked[node] = attempt
-        for event in health_check_events(node, owner.name, cover, attempt):
-            await self._recorder.record(event)
-        log.info(
-            "replacement asked of a MachineHealthCheck",
-            extra={"node": node, "health_check": cover.name, "watches": cover.watches},
-        )
-
-    async def _forget_replacement(self, node: str) -> None:
-        for r in replacements_from_annotations(self._state()):
-            if r.node == node:
-                await self._end_request(node)
-                await self._annotate_state({r.key: None})
-
-    async def _end_request(self, node: str) -> None:
-        """The ladder ended with the Node still there: a GpuReplacementRequested=True left on it
-        would have a MachineHealthCheck replace a node that no longer needs it."""
-        self._asked.pop(node, None)
-        try:
-            obj = await read_node(self._api, node)
-            conditions = ((obj or {}).get("status") or {}).get("conditions") or ()
-            if any(
-                x.get("type") == c.REPLACEMENT_CONDITION_TYPE and x.get("status") == "True"
-                for x in conditions
-            ):
-                message = "gpumon's repair ladder ended with the node in place: no replacement wanted"
-                patch = replacement_condition(False, at=to_rfc3339(self._wall()), message=message)
-                await patch_node_status(self._api, node, patch)
-        except KubeError as e:
-            self._metrics.errors.labels("replacement_condition", type(e).__name__).inc()
-            log.warning("replacement request not withdrawn", extra={"node": node, "error": str(e)})
-
-    async def _annotate_state(self, annotations: Mapping[str, str | None]) -> bool:
-        ns, name = self.settings.namespace, self.settings.state_configmap
-        try:
-            await annotate_state(self._api, ns, name, annotations)
-        except KubeError as e:
-            self._metrics.errors.labels("replacement_record", type(e).__name__).inc()
-            log.warning("replacement record not written; next round", extra={"error": str(e)})
-            return False
-        return True
-
-    async def _follow_replacements(self, now: float) -> None:
-        """The recorded replacements: dropped once the Node's own record ended them; once the
-        Node is gone, ended when the owner is gone and a new node joined, or given up at the
-        deadline (Events on the pool's /scale target)."""
-        recorded = replacements_from_annotations(self._state())
-        if not recorded or self.settings.dry_run or not self._is_leader():
-            return
-        nodes = self._nodes.items()  # as this round left them: its records written
-        pools = {p.name: p for p, _ in self._pools}
-        for r in recorded:
-            pool = pools.get(r.pool)
-            if pool is None or r.gave_up_at is not None:
-                continue
-            if r.node in nodes:
-                running = record_from_json(nodes[r.node].annotations.get(c.ANNOTATION_REPAIR)).running
-                view = ReplacementView(
-                    node_present=True,
-                    attempt_running=running is not None and running.number == r.attempt,
-                )
-            else:
-                view = await self._replacement_view(r, pool)
-            target = pool.target
-            about = ObjectRef(target.kind, target.name, "", target.namespace, target.api_version)
-            plan = follow_replacement(r, view, now=now, about=about)
-            if plan.event is not None:
-                await self._recorder.record(plan.event)
-            if plan.ending is Ending.SUCCEEDED:
-                self._metrics.repairs.labels(LadderStep.REPLACE.value, "succeeded").inc()
-                self._metrics.repairs.labels(LadderStep.DONE.value, "done").inc()
-            elif plan.ending is Ending.GAVE_UP:
-                self._metrics.repairs.labels(LadderStep.REPLACE.value, "timed_out").inc()
-                self._metrics.repairs.labels(LadderStep.GIVE_UP.value, "gave_up").inc()
-            if plan.ending is Ending.DROP:
-                await self._end_request(r.node)
-            if plan.ending in (Ending.SUCCEEDED, Ending.DROP):
-                await self._annotate_state({r.key: None})
-            elif plan.record is not None:
-                await self._annotate_state(dict([replacement_to_annotation(plan.record)]))
-
-    async def _replacement_view(self, r: Replacement, pool: Pool) -> ReplacementView:
-        """A recorded replacement whose Node is gone: its owner gone, and the pool's new nodes."""
-        try:
-            owner = await read_owner(self._api, r.owner)
-        except KubeError as e:
-            self._metrics.errors.labels("read_owner", type(e).__name__).inc()
-            return ReplacementView(node_present=False)
-        if owner is not None:
-            return ReplacementView(node_present=False, owner_gone=False)
-        try:
-            listed = await pool_nodes(self._api, pool.node_selector)
-        except KubeError as e:
-            self._metrics.errors.labels("list_nodes", type(e).__name__).inc()
-            return ReplacementView(node_present=False)
-        before = set(r.before)
-        joined = tuple(
-            sorted(
-                name
-                for obj in listed
-                if (name := str(obj["metadata"]["name"])) not in before and _serving(obj, pool)
-            )
-        )
-        return ReplacementView(node_present=False, owner_gone=True, joined=joined)
 
     async def _ensure_job(self, m: _Member, inp: RepairInput, plan: RepairPlan) -> None:
         assert plan.step is not None and plan.attempt is not None
@@ -768,19 +501,6 @@ class RepairLoop:
             ended = next((a for a in plan.record.attempts if a.number == plan.attempt), None)
             if ended is not None and ended.outcome is not AttemptOutcome.RUNNING:
                 self._metrics.repairs.labels(step, ended.outcome.value).inc()
-
-
-def _serving(obj: Mapping[str, Any], pool: Pool) -> bool:
-    """A node that replaces another: Ready, the GPU resources of the pool's template allocatable,
-    and not quarantined by gpumon (its GPUs judged like any node's)."""
-    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-    if c.LABEL_STATE in (meta.get("labels") or {}) or meta.get("deletionTimestamp"):
-        return False
-    ready = any(
-        x.get("type") == "Ready" and x.get("status") == "True" for x in status.get("conditions") or ()
-    )
-    allocatable = status.get("allocatable") or {}
-    return ready and all(r in allocatable for r in pool.template.gpu_resources)
 
 
 def _node_event(node: str, reason: str, message: str) -> Event:
