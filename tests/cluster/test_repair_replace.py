@@ -34,6 +34,7 @@ from controller_harness import (  # noqa: F401 - fixtures
 )
 from kubernetes_asyncio import client
 from test_cluster_api_pools import (  # noqa: F401 - the fixture
+    CapiPool,
     PoolFactory,
     at_size,
     capi_pool,
@@ -96,6 +97,30 @@ async def watching_replicas(read: Any) -> AsyncIterator[list[int]]:
             await task
 
 
+@contextlib.asynccontextmanager
+async def reboot_asked(
+    pool: CapiPool, names: list[str], namespace: str, test_id: str, kubeconfig: Path, repair: dict[str, Any]
+) -> AsyncIterator[tuple[Any, list[int]]]:
+    """The pool's nodes' exporters and the controller running with ``repair`` on the pool; once
+    both nodes' signals are fresh, the first node's GPU 0 asks for a node reboot. Yields the
+    running controller and the pool's replicas as read every 0.2 s."""
+    pools = [
+        pool_config(pool, test_id, min_replicas=2, max_replicas=4, replace_quarantined=False, repair=repair)
+    ]
+    async with exporters(names, gpus=8) as ex:
+        cfg = controller_config(
+            kubeconfig=kubeconfig,
+            namespace=namespace,
+            test_id=test_id,
+            endpoints={n: e.url for n, e in ex.items()},
+            pools=pools,
+        )
+        async with running(cfg) as ctl, watching_replicas(pool.replicas) as seen:
+            await eventually(lambda: fresh_signals(ctl, 2), what="both nodes' signals")
+            ex[names[0]].fault(gpu=0, fault="recovery_action", action="node_reboot")
+            yield ctl, seen
+
+
 async def test_a_reboot_that_fails_is_followed_by_the_machine_replaced_through_cluster_api(
     api: client.ApiClient,
     devcluster: DevCluster,
@@ -121,69 +146,52 @@ async def test_a_reboot_that_fails_is_followed_by_the_machine_replaced_through_c
         "reboot_deadline_seconds": 6,
         "replace_deadline_seconds": 120,
     }
-    pools = [
-        pool_config(pool, test_id, min_replicas=2, max_replicas=4, replace_quarantined=False, repair=repair)
+    async with reboot_asked(pool, names, namespace, test_id, kubeconfig, repair) as (ctl, seen):
+
+        async def deleting() -> bool | None:
+            machines = {m["metadata"]["name"]: m for m in await pool.machines()}
+            m = machines.get(machine)
+            return True if m is None or m["metadata"].get("deletionTimestamp") else None
+
+        await eventually(deleting, what="the bad node's Machine deleting", timeout_seconds=60)
+        deleted_at = time.monotonic()
+        (escalated,) = await events(core, "default", bad, "GpuRepairEscalated")
+        assert "reboot failed: now replace" in escalated.message, escalated.message
+        recorded = await replacements(core, namespace)
+        assert len(recorded) == 1 and bad in next(iter(recorded.values())), recorded
+
+        async def replaced() -> set[str] | None:
+            now = await at_size(pool, 2)
+            return now if now and bad not in now else None
+
+        after = await eventually(replaced, what="a new node in the pool", timeout_seconds=120)
+        (joined,) = after - set(names)
+        done = await wait_for_event(core, namespace, pool.name, "GpuRepairSucceeded", seconds=60)
+        print(f"Machine deleting -> replacement recorded as succeeded: {time.monotonic() - deleted_at:.1f}s")
+        assert bad in done.message and f"Machine {machine} is gone" in done.message, done.message
+        assert joined in done.message, done.message
+        assert await replacements(core, namespace) == {}, "the record goes with its end"
+        metrics = await metrics_text(ctl.url)
+    assert set(seen) == {2}, f"the pool's replicas moved during the swap: {sorted(set(seen))}"
+    scaled = [
+        e.reason
+        for e in await events(core, namespace, pool.name)
+        if e.reason in ("GpuPoolScaleUp", "GpuPoolScaleDown", "GpuPoolScaledDown")
     ]
-    async with exporters(names, gpus=8) as ex:
-        cfg = controller_config(
-            kubeconfig=kubeconfig,
-            namespace=namespace,
-            test_id=test_id,
-            endpoints={n: e.url for n, e in ex.items()},
-            pools=pools,
-        )
-        async with running(cfg) as ctl, watching_replicas(pool.replicas) as seen:
-            await eventually(lambda: fresh_signals(ctl, 2), what="both nodes' signals")
-            ex[bad].fault(gpu=0, fault="recovery_action", action="node_reboot")
-
-            async def deleting() -> bool | None:
-                machines = {m["metadata"]["name"]: m for m in await pool.machines()}
-                m = machines.get(machine)
-                return True if m is None or m["metadata"].get("deletionTimestamp") else None
-
-            await eventually(deleting, what="the bad node's Machine deleting", timeout_seconds=60)
-            deleted_at = time.monotonic()
-            (escalated,) = await events(core, "default", bad, "GpuRepairEscalated")
-            assert "reboot failed: now replace" in escalated.message, escalated.message
-            recorded = await replacements(core, namespace)
-            assert len(recorded) == 1 and bad in next(iter(recorded.values())), recorded
-
-            async def replaced() -> set[str] | None:
-                now = await at_size(pool, 2)
-                return now if now and bad not in now else None
-
-            after = await eventually(replaced, what="a new node in the pool", timeout_seconds=120)
-            (joined,) = after - set(names)
-            done = await wait_for_event(core, namespace, pool.name, "GpuRepairSucceeded", seconds=60)
-            print(
-                f"Machine deleting -> replacement recorded as succeeded: {time.monotonic() - deleted_at:.1f}s"
-            )
-            assert bad in done.message and f"Machine {machine} is gone" in done.message, done.message
-            assert joined in done.message, done.message
-            assert await replacements(core, namespace) == {}, "the record goes with its end"
-            metrics = await metrics_text(ctl.url)
-        assert set(seen) == {2}, f"the pool's replicas moved during the swap: {sorted(set(seen))}"
-        scaled = [
-            e.reason
-            for e in await events(core, namespace, pool.name)
-            if e.reason in ("GpuPoolScaleUp", "GpuPoolScaleDown", "GpuPoolScaledDown")
-        ]
-        assert scaled == [], scaled
-        assert machine not in {m["metadata"]["name"] for m in await pool.machines()}
-        assert len(await pool.machines()) == 2
-        assert f"system:serviceaccount:{namespace}:{SA}" in machine_deleters(
-            devcluster.layout.audit_log, machine
-        )
-        for line in (
-            'gpumon_controller_repairs_total{result="failed",step="reboot"} 1.0',
-            'gpumon_controller_repairs_total{result="started",step="replace"} 1.0',
-            'gpumon_controller_repairs_total{result="succeeded",step="replace"} 1.0',
-        ):
-            assert line in metrics, line
-        md = await custom.get_namespaced_custom_object(
-            capi.GROUP, capi.VERSION, namespace, capi.MACHINE_DEPLOYMENTS, pool.name
-        )
-        assert md["spec"]["replicas"] == 2
+    assert scaled == [], scaled
+    assert machine not in {m["metadata"]["name"] for m in await pool.machines()}
+    assert len(await pool.machines()) == 2
+    assert f"system:serviceaccount:{namespace}:{SA}" in machine_deleters(devcluster.layout.audit_log, machine)
+    for line in (
+        'gpumon_controller_repairs_total{result="failed",step="reboot"} 1.0',
+        'gpumon_controller_repairs_total{result="started",step="replace"} 1.0',
+        'gpumon_controller_repairs_total{result="succeeded",step="replace"} 1.0',
+    ):
+        assert line in metrics, line
+    md = await custom.get_namespaced_custom_object(
+        capi.GROUP, capi.VERSION, namespace, capi.MACHINE_DEPLOYMENTS, pool.name
+    )
+    assert md["spec"]["replicas"] == 2
 
 
 async def test_a_machine_health_check_covering_the_machine_replaces_the_node_gpumon_deleting_nothing(
@@ -215,34 +223,21 @@ async def test_a_machine_health_check_covering_the_machine_replaces_the_node_gpu
     machine = {node: m for m, node in (await pool.linked()).items()}[bad]
     kubeconfig: Path = await sa_kubeconfig_for(autoscaling=True, repair=True)
     repair = {"steps": ["replace"], "replace_immediately": True, "replace_deadline_seconds": 120}
-    pools = [
-        pool_config(pool, test_id, min_replicas=2, max_replicas=4, replace_quarantined=False, repair=repair)
-    ]
-    async with exporters(names, gpus=8) as ex:
-        cfg = controller_config(
-            kubeconfig=kubeconfig,
-            namespace=namespace,
-            test_id=test_id,
-            endpoints={n: e.url for n, e in ex.items()},
-            pools=pools,
-        )
-        async with running(cfg) as ctl, watching_replicas(pool.replicas) as seen:
-            await eventually(lambda: fresh_signals(ctl, 2), what="both nodes' signals")
-            ex[bad].fault(gpu=0, fault="recovery_action", action="node_reboot")
-            asked = await wait_for_event(core, "default", bad, "GpuRepairReplaceRequested", seconds=60)
-            assert f"MachineHealthCheck {pool.name} covers Machine {machine}" in asked.message, asked.message
-            conditions = {x["type"]: x for x in (await node_obj(core, bad))["status"]["conditions"]}
-            assert conditions[c.REPLACEMENT_CONDITION_TYPE]["status"] == "True"
+    async with reboot_asked(pool, names, namespace, test_id, kubeconfig, repair) as (_, seen):
+        asked = await wait_for_event(core, "default", bad, "GpuRepairReplaceRequested", seconds=60)
+        assert f"MachineHealthCheck {pool.name} covers Machine {machine}" in asked.message, asked.message
+        conditions = {x["type"]: x for x in (await node_obj(core, bad))["status"]["conditions"]}
+        assert conditions[c.REPLACEMENT_CONDITION_TYPE]["status"] == "True"
 
-            async def replaced() -> set[str] | None:
-                now = await at_size(pool, 2)
-                return now if now and bad not in now else None
+        async def replaced() -> set[str] | None:
+            now = await at_size(pool, 2)
+            return now if now and bad not in now else None
 
-            await eventually(replaced, what="a new node in the pool", timeout_seconds=120)
-            done = await wait_for_event(core, namespace, pool.name, "GpuRepairSucceeded", seconds=60)
-            assert f"Machine {machine} is gone" in done.message, done.message
-            blind = [e for e in await events(core, "default", bad) if e.reason == "GpuRepairHealthCheckBlind"]
-            assert blind == [], "the check watches the condition"
+        await eventually(replaced, what="a new node in the pool", timeout_seconds=120)
+        done = await wait_for_event(core, namespace, pool.name, "GpuRepairSucceeded", seconds=60)
+        assert f"Machine {machine} is gone" in done.message, done.message
+        blind = [e for e in await events(core, "default", bad) if e.reason == "GpuRepairHealthCheckBlind"]
+        assert blind == [], "the check watches the condition"
     assert set(seen) == {2}, f"the pool's replicas moved during the swap: {sorted(set(seen))}"
     deleters = machine_deleters(devcluster.layout.audit_log, machine)
     assert deleters and f"system:serviceaccount:{namespace}:{SA}" not in deleters, deleters
