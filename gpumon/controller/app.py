@@ -8,6 +8,7 @@ reconciler, the autoscaler and the repair ladder under one
 :class:`~gpumon.runtime.tasks.Supervisor` (each restarted with backoff when it dies, counted in
 ``gpumon_controller_task_restarts_total{task}``), and stops them in reverse order; a clean stop
 hands the lease over at once. Informers and metrics run on every replica; only the leader writes.
+The lease is renewed on a thread and connection of its own (:mod:`~gpumon.controller.shell.lease_thread`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,7 @@ from gpumon.controller.core.pools import Pool
 from gpumon.controller.core.signals import SignalSource
 from gpumon.controller.shell.autoscaler_loop import AutoscaleMetrics, Autoscaler, gpu_resources
 from gpumon.controller.shell.leader import LeaderElector, LeaderSettings
+from gpumon.controller.shell.lease_thread import LeaseThread
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
 from gpumon.controller.shell.remediation_loop import Reconciler, ReconcilerSettings
 from gpumon.controller.shell.repair_loop import RepairLoop, RepairSettings
@@ -62,7 +65,7 @@ from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings
 from gpumon.httpauth.guard import Guard, guard
 from gpumon.httpauth.tls import client_context
 from gpumon.k8s.dra import RESOURCE_SLICES_PATH, resource_claims_path
-from gpumon.kube.client import KubeApi, KubeError
+from gpumon.kube.client import KubeApi, KubeClient, KubeError
 from gpumon.kube.informer import Informer, Selection, View
 from gpumon.kube.registry import Informers
 from gpumon.runtime.tasks import Supervisor, TaskTrouble
@@ -133,7 +136,7 @@ class Controller:
     informers: Informers
     caches: RemediationCaches
     reconciler: Reconciler
-    elector: LeaderElector | None
+    elector: LeaseThread | None
     source: SignalSource
     session: aiohttp.ClientSession
     endpoints: DiscoveredEndpoints | None = None
@@ -367,25 +370,53 @@ def _repair_loop(
     )
 
 
+# A lease request gives up at the renew deadline (a round slower than that leaves the replica not
+# acting anyway), or sooner, as the controller's other requests do, so that a hung connection
+# under a long deadline is tried again within it.
+LEASE_REQUEST_SECONDS = 30.0
+# A clean stop waits this long for the hand-over (one GET, one PUT); past it, the lease expires.
+LEASE_STOP_SECONDS = 5.0
+
+
 def _elector(
     config: ControllerConfig, api: KubeApi, metrics: ControllerMetrics, wall_clock: Callable[[], float]
-) -> LeaderElector | None:
-    """The lease's elector; None without leader election (this replica always leads)."""
+) -> LeaseThread | None:
+    """The lease's elector on its own thread; None without leader election (this replica always
+    leads)."""
     if not config.leader.enabled:
         metrics.leader.set(1)
         return None
     leader = config.leader
-    return LeaderElector(
-        api,
-        namespace=config.namespace,
-        name=leader.lease_name,
-        identity=config.identity,
-        settings=LeaderSettings(
-            leader.lease_duration_seconds, leader.renew_deadline_seconds, leader.retry_period_seconds
-        ),
-        wall_clock=wall_clock,
-        on_change=lambda leading: metrics.leader.set(1 if leading else 0),
+    settings = LeaderSettings(
+        leader.lease_duration_seconds, leader.renew_deadline_seconds, leader.retry_period_seconds
     )
+
+    def elector(thread_api: KubeApi, on_change: Callable[[bool], None]) -> LeaderElector:
+        return LeaderElector(
+            thread_api,
+            namespace=config.namespace,
+            name=leader.lease_name,
+            identity=config.identity,
+            settings=settings,
+            wall_clock=wall_clock,
+            on_change=on_change,
+        )
+
+    return LeaseThread(
+        elector,
+        _lease_client(api, min(leader.renew_deadline_seconds, LEASE_REQUEST_SECONDS)),
+        on_change=lambda leading: metrics.leader.set(1 if leading else 0),
+        stop_seconds=LEASE_STOP_SECONDS,
+    )
+
+
+def _lease_client(api: KubeApi, timeout: float) -> Callable[[], AbstractAsyncContextManager[KubeApi]]:
+    """The lease thread's client: the controller's credentials on a connection of its own. A
+    test double, bound to no loop, is used as it is."""
+    if isinstance(api, KubeClient):
+        credentials = api.credentials
+        return lambda: KubeClient(credentials, request_timeout=timeout, connections=1)
+    return lambda: nullcontext(api)
 
 
 def _discovered_endpoints(config: ControllerConfig, informers: Informers) -> DiscoveredEndpoints | None:
@@ -530,9 +561,13 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
     if controller.repair is not None:
         start("repair", controller.repair.run)
     yield
-    await controller.supervisor.stop()
+    # Stop acting and hand the lease over first: from here on no write passes is_leader() (one
+    # already past it may still land, as when a lease lapses), and a standby takes over without
+    # waiting a lease duration. A replica whose tasks were cancelled first (stopped dead) has no
+    # lease thread left and releases nothing.
     if controller.elector is not None:
         await controller.elector.release()
+    await controller.supervisor.stop()
     await controller.session.close()
 
 

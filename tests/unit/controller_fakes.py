@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ from gpumon.config.controller import ControllerConfig, PolicyConfig
 from gpumon.controller.configure import build_policy
 from gpumon.controller.core.policy import Rule
 from gpumon.controller.core.verdicts import Finding, GpuVerdict, NodeVerdict, SignalStatus
+from gpumon.controller.shell.leader import LeaderElector, LeaderSettings
+from gpumon.controller.shell.lease_thread import LeaseThread
 from gpumon.gpu.health import Severity
 from gpumon.kube.client import Conflict, KubeError, NotFound
 
@@ -137,6 +140,29 @@ class FakeKube:
     ) -> AsyncIterator[bytes]:
         raise KubeError(501, "NotImplemented", "FakeKube does not stream")
         yield b""  # pragma: no cover
+
+
+# Seconds, not the defaults' tens: the lease thread runs on the real monotonic clock.
+FAST_LEASE = LeaderSettings(lease_duration_seconds=1.5, renew_deadline_seconds=0.5, retry_period_seconds=0.1)
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/gpumon/leases"
+
+
+def lease_thread(api: FakeKube, identity: str = "a", settings: LeaderSettings = FAST_LEASE) -> LeaseThread:
+    """An elector on its own thread, the way the app builds one, on ``api`` (a FakeKube is bound
+    to no loop, so the thread uses it as it is)."""
+    api.creatable.add(LEASES)
+
+    def elector(thread_api: Any, on_change: Callable[[bool], None]) -> LeaderElector:
+        return LeaderElector(
+            thread_api,
+            namespace="gpumon",
+            name="gpumon-controller",
+            identity=identity,
+            settings=settings,
+            on_change=on_change,
+        )
+
+    return LeaseThread(elector, lambda: nullcontext(api), stop_seconds=5.0)
 
 
 def finding(

@@ -1,10 +1,16 @@
 from __future__ import annotations
 
-import pytest
-from controller_fakes import FakeKube
+import asyncio
+import time
 
+import pytest
+from controller_fakes import FAST_LEASE, FakeKube, lease_thread
+from direct_harness import wait_for
+
+from gpumon.controller.app import _lease_client
 from gpumon.controller.shell.leader import LeaderElector, LeaderSettings, LeaseRecord, Step, decide
-from gpumon.kube.client import Conflict
+from gpumon.kube.client import Conflict, KubeClient
+from gpumon.kube.credentials import Credentials
 
 S = LeaderSettings(lease_duration_seconds=15, renew_deadline_seconds=10, retry_period_seconds=2)
 NS = "/apis/coordination.k8s.io/v1/namespaces/gpumon/leases"
@@ -38,13 +44,13 @@ class Clock:
         return self.t
 
 
-def elector(api: FakeKube, me: str, clock: Clock) -> LeaderElector:
+def elector(api: FakeKube, me: str, clock: Clock, settings: LeaderSettings = S) -> LeaderElector:
     return LeaderElector(
         api,
         namespace="gpumon",
         name="gpumon-controller",
         identity=me,
-        settings=S,
+        settings=settings,
         clock=clock,
         wall_clock=clock,
     )
@@ -161,3 +167,117 @@ async def test_a_failed_round_keeps_leadership_until_the_deadline():
     assert a.is_leader()  # still within the renew deadline of the last success
     clock.t += 6
     assert not a.is_leader()
+
+
+async def test_release_after_the_loop_stopped_still_hands_the_lease_over():
+    # The app stops the loop, which ends leadership, before it releases: the record is still ours.
+    api, clock = FakeKube(), Clock()
+    api.creatable.add(NS)
+    a = elector(api, "a", clock)
+    task = asyncio.create_task(a.run())
+    await wait_for(a.is_leader, "a leads")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert not a.is_leader()
+    await a.release()
+    assert api.objects[LEASE]["spec"]["holderIdentity"] == ""
+
+
+class GarbledOnce(FakeKube):
+    """Answers the first GET with something no Lease is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.garbled = False
+
+    async def get(self, path: str, params=None):
+        if not self.garbled:
+            self.garbled = True
+            return {"spec": {"leaseDurationSeconds": "soon"}}
+        return await super().get(path, params)
+
+
+async def test_a_round_that_fails_unexpectedly_is_logged_and_tried_again(caplog):
+    api, clock = GarbledOnce(), Clock()
+    api.creatable.add(NS)
+    a = elector(api, "a", clock, FAST_LEASE)
+    with caplog.at_level("ERROR", logger="gpumon.controller.shell.leader"):
+        task = asyncio.create_task(a.run())
+        try:
+            await wait_for(a.is_leader, "a leads after the bad round")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    assert any("failed unexpectedly" in r.getMessage() for r in caplog.records)
+
+
+# -- on its own thread ---------------------------------------------------------------------------
+
+
+def spin(seconds: float) -> None:
+    """A busy loop holding the GIL, as a long synchronous stretch of the main loop does."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+@pytest.mark.parametrize("block", [time.sleep, spin], ids=["sleeping", "spinning"])
+async def test_renewal_goes_on_while_the_main_loop_is_blocked_past_the_renew_deadline(block):
+    api = FakeKube()
+    lease = lease_thread(api)
+    task = asyncio.create_task(lease.run())
+    try:
+        await wait_for(lease.is_leader, "leadership")
+        before = len(api.writes("PUT"))
+        # Blocking the loop is the test: three renew deadlines without one await.
+        block(3 * FAST_LEASE.renew_deadline_seconds)
+        assert lease.is_leader()
+        renewals = len(api.writes("PUT")) - before
+        assert renewals >= 5, renewals  # one every retry period (0.1 s) of the 1.5 s
+    finally:
+        await lease.release()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert api.objects[LEASE]["spec"]["holderIdentity"] == ""  # the clean stop handed it over
+
+
+async def test_cancelled_the_thread_stops_dead_and_releases_nothing():
+    api = FakeKube()
+    lease = lease_thread(api)
+    task = asyncio.create_task(lease.run())
+    await wait_for(lease.is_leader, "leadership")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert not lease.is_leader()
+    await lease.release()  # as the app's stop does after a crash: nothing left to release
+    assert api.objects[LEASE]["spec"]["holderIdentity"] == "a"
+
+
+async def test_a_thread_that_dies_is_not_leader_and_its_task_says_so(caplog):
+    api = FakeKube()
+    lease = lease_thread(api)
+
+    class Broken:
+        async def __aenter__(self):
+            raise OSError("no client")
+
+        async def __aexit__(self, *exc):
+            return None
+
+    lease._client = Broken  # the thread's client cannot be made
+    with (
+        caplog.at_level("ERROR", logger="gpumon.controller.shell.lease_thread"),
+        pytest.raises(RuntimeError, match="lease renewal thread stopped"),
+    ):
+        async with asyncio.timeout(10):
+            await lease.run()
+    assert not lease.is_leader()
+    assert any("thread died" in r.getMessage() for r in caplog.records)
+
+
+async def test_the_lease_thread_gets_a_client_of_its_own_on_the_same_credentials():
+    credentials = Credentials("https://api.example:6443", None, token="t")
+    shared = KubeClient(credentials)
+    async with _lease_client(shared, 3.0)() as own:
+        assert isinstance(own, KubeClient) and own is not shared
+        assert own.credentials is credentials

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
 from cancellation import assert_ends_cancelled
-from controller_fakes import FakeKube, load_rules
+from controller_fakes import LEASES, FakeKube, lease_thread, load_rules
 from direct_harness import wait_for
 from prometheus_client import CollectorRegistry
 
@@ -28,7 +29,7 @@ from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
 from gpumon.controller.shell.remediation_loop import Reconciler, ReconcilerSettings
 from gpumon.gpu.model import PodRef
 from gpumon.k8s.dra import NVIDIA_GPU_DRIVER, ClaimRef, DeviceRef
-from gpumon.kube.client import TooManyRequests
+from gpumon.kube.client import TooManyRequests, Unreachable
 from gpumon.kube.informer import Selection, View
 from gpumon.kube.registry import Informers
 
@@ -59,6 +60,7 @@ class World:
         *,
         dry_run: bool = False,
         leader: bool = True,
+        is_leader: Callable[[], bool] | None = None,
         rules: bool = False,
         pods_listed: bool = True,
         **safety: Any,
@@ -100,7 +102,7 @@ class World:
             claims=self.claims,
             slices=self.slices,
             source=self.source,
-            is_leader=lambda: self.leader,
+            is_leader=is_leader or (lambda: self.leader),
             recorder=EventRecorder(self.api, instance="t", wall_clock=self.clock),
             evictor=Evictor(self.api, Backoff(jitter=0)),
             metrics=self.metrics,
@@ -228,6 +230,38 @@ async def test_a_standby_evaluates_but_never_writes():
     await w.reconciler.round(["n0"])
     assert w.api.writes() == []
     assert w.reconciler._states["n0"].targets  # warm state for a takeover
+
+
+async def test_a_leader_whose_renewals_fail_writes_nothing_once_its_renew_deadline_passed():
+    lease_api = FakeKube()  # the lease's API server, apart from the one the nodes are written to
+    lease = lease_thread(lease_api)
+    task = asyncio.create_task(lease.run())
+    try:
+        await wait_for(lease.is_leader, "leadership")
+        w = World(is_leader=lease.is_leader)
+        w.node("n0")
+        w.signals("n0", xid=79)
+        await w.reconciler.round(["n0"])
+        assert w.tainted() == ["n0"]  # a leader writes
+        lease.leader_changed.clear()
+
+        def refuse(body: Any) -> Any:
+            raise Unreachable("connection refused")
+
+        lease_api.hooks[("PUT", f"{LEASES}/gpumon-controller")] = refuse
+        async with asyncio.timeout(10):
+            await lease.leader_changed.wait()  # told on the main loop, from the lease's thread
+        assert not lease.is_leader()
+        w.node("n1")
+        w.signals("n1", xid=79)
+        writes = len(w.api.writes())
+        await w.reconciler.round(["n0", "n1"])
+        assert w.api.writes()[writes:] == [] and w.tainted() == ["n0"]
+        assert w.reconciler._states["n1"].targets  # judged, as a standby judges, not written
+    finally:
+        await lease.release()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_pause_switch_on_the_configmap_refuses_and_holds_everything():

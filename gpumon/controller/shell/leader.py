@@ -2,7 +2,9 @@
 
 kubernetes_asyncio ships a leaderelection package, but it keeps time with naive local
 datetimes and cannot tell its caller when leadership is about to lapse; the controller needs
-that to fence its writes. So: :func:`decide` is the pure rule, :class:`LeaderElector` the loop.
+that to fence its writes. So: :func:`decide` is the pure rule, :class:`LeaderElector` the loop,
+which the controller runs on a thread and connection of its own
+(:mod:`gpumon.controller.shell.lease_thread`): a busy main loop must never cost the lease.
 
 - A candidate never trusts other machines' clocks: it takes over only after the lease record
   has stayed unchanged for ``lease_duration`` by its *own* monotonic clock.
@@ -118,7 +120,7 @@ class LeaderElector:
         self._leading_until = float("-inf")
         self._was_leader = False
         self._slow_logged = False  # the last round was slower than the renew deadline, and said so
-        self.leader_changed = asyncio.Event()
+        self._holds = False  # the last round that settled anything wrote the lease as ours
 
     def is_leader(self) -> bool:
         """True while a renewal younger than the renew deadline backs this replica."""
@@ -129,7 +131,6 @@ class LeaderElector:
         if leading != self._was_leader:
             self._was_leader = leading
             log.info("leadership " + ("acquired" if leading else "lost"), extra={"identity": self.identity})
-            self.leader_changed.set()
             if self._on_change is not None:
                 self._on_change(leading)
 
@@ -159,6 +160,7 @@ class LeaderElector:
             observed = self._seen[1] if self._seen is not None else started
             step = decide(record, self.identity, observed_at=observed, now=started, settings=self._s)
             if step is Step.WAIT:
+                self._holds = False
                 return False
             meta: dict[str, Any] = {"name": self._name}
             if step is Step.CREATE:
@@ -171,11 +173,13 @@ class LeaderElector:
                 body = {"metadata": meta, "spec": self._spec(record, acquiring=step is Step.ACQUIRE)}
                 await self._api.put(self._path, body)
         except Conflict:
+            self._holds = False
             return False  # someone else wrote first
         except KubeError as e:
             log.warning("lease round failed", extra={"error": str(e)})
             return False
         self._leading_until = started + self._s.renew_deadline_seconds
+        self._holds = True
         took = self._clock() - started
         slow = took >= self._s.renew_deadline_seconds
         if slow and not self._slow_logged:
@@ -193,7 +197,12 @@ class LeaderElector:
     async def run(self) -> None:
         try:
             while True:
-                await self.try_once()
+                try:
+                    await self.try_once()
+                except Exception:
+                    # A bug, or an answer no Lease gives: said with its traceback and tried again
+                    # next round; leadership lapses at its deadline as after any failed round.
+                    log.exception("lease round failed unexpectedly", extra={"identity": self.identity})
                 self._notify()
                 # Wake when leadership would lapse, if that is sooner than the next round.
                 wait = self._s.retry_period_seconds
@@ -206,11 +215,13 @@ class LeaderElector:
             self._notify()
 
     async def release(self) -> None:
-        """Give the lease up on a clean shutdown, so a standby takes over at once."""
-        if not self.is_leader():
-            return
+        """Give the lease up on a clean shutdown, so a standby takes over at once. Also after
+        :meth:`run` has stopped (which already ended leadership): the record may still be ours."""
         self._leading_until = float("-inf")
         self._notify()
+        if not self._holds:
+            return
+        self._holds = False
         try:
             record = record_from_json(await self._api.get(self._path))
             if record.holder != self.identity:
