@@ -11,7 +11,9 @@ informer, and so one list and one watch (:class:`gpumon.kube.registry.Informers`
 
 When a watch ends, or fails (refused, unreachable), the informer watches again from the last
 resourceVersion it saw; when the server answers 410 Gone (that version was compacted away), or
-an answer is malformed, it lists again, and each view reports the differences. Failures (API
+an answer is malformed, it lists again, and each view reports the differences. A list whose
+``continue`` token expires between pages is finished by one list without paging rather than
+started again from page one (:attr:`Informer.full_lists` counts them). Failures (API
 unreachable, RBAC refusal, an API the server does not serve, a malformed answer) go to
 ``on_error``, are logged once per outage and retried with backoff; the views keep their last
 contents meanwhile, and :attr:`Informer.synced` says whether they were ever filled. An object a
@@ -235,6 +237,8 @@ class Informer:
         # The error kind of the failure that ended the last list or watch; None once one answers.
         self.failure: str | None = None
         self.relists = 0
+        # Lists whose continue token expired mid-way, finished by one list without paging.
+        self.full_lists = 0
         self.watches = 0  # watches started
 
     @property
@@ -311,7 +315,22 @@ class Informer:
             params = {**self.selection.params(), "limit": str(self._page_size)}
             if cont:
                 params["continue"] = cont
-            doc = await api.get(self.selection.path, params)
+            try:
+                doc = await api.get(self.selection.path, params)
+            except Gone as e:
+                if not cont:
+                    raise
+                # etcd compacted the revision of the list's first page away while it was being
+                # paged. Starting again from page one could expire again, list after list, when
+                # paging a large selection takes longer than the compaction interval; as
+                # client-go's pager (FullListIfExpired, k8s.io/client-go/tools/pager/pager.go),
+                # the whole selection is listed once without paging instead, and that list
+                # replaces the pages converted so far: objects deleted since must not stay.
+                log.info("list expired while paging; listing all at once", extra={"informer": self.name})
+                self._report(e)
+                self.full_lists += 1
+                seen = [{} for _ in self._views]
+                doc = await api.get(self.selection.path, self.selection.params())
             meta = doc["metadata"]
             with gc_paused():
                 for obj in doc.get("items") or ():

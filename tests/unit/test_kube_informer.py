@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpumon.kube.client import KubeError, Unreachable
+from gpumon.kube.client import Gone, KubeError, Unreachable
 from gpumon.kube.informer import Informer, MalformedObject, Selection, View, failure_kind, object_key
 from gpumon.kube.registry import Informers
 
@@ -31,7 +31,9 @@ def line(kind: str, o: dict[str, Any]) -> bytes:
 class Recorded:
     """Answers lists from ``pages`` (consumed in order) and watches from ``streams``."""
 
-    def __init__(self, pages: list[dict[str, Any]], streams: list[list[bytes] | Exception]) -> None:
+    def __init__(
+        self, pages: list[dict[str, Any] | Exception], streams: list[list[bytes] | Exception]
+    ) -> None:
         self.pages = pages
         self.streams = streams
         self.lists: list[Mapping[str, str]] = []
@@ -44,7 +46,10 @@ class Recorded:
         self.lists.append(dict(params or {}))
         if not self.pages:
             raise Unreachable("no more pages")
-        return self.pages.pop(0)
+        answer = self.pages.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
     async def lines(
         self, path: str, params: Mapping[str, str], *, opened: Callable[[], None] | None = None
@@ -142,6 +147,45 @@ async def test_410_relists_and_reports_the_difference():
     assert shared.relists == 2
     assert changes[2:] == [("a", "del"), ("b", "mod"), ("c", "add")]
     assert api.watches[-1]["resourceVersion"] == "8"
+
+
+EXPIRED = Gone(410, "Expired", "The provided continue parameter is too old to display a consistent list ...")
+
+
+async def test_a_continue_token_expired_mid_list_is_finished_by_one_list_without_paging():
+    api = Recorded(
+        pages=[
+            page([obj("a", 1), obj("b", 2)], 5, cont="t1"),
+            page([obj("c", 3)], 5, cont="t2"),
+            EXPIRED,
+            # The list without paging: b was deleted since the first page, d added.
+            page([obj("a", 1), obj("c", 3), obj("d", 9)], 9),
+        ],
+        streams=[],
+    )
+    errors: list[str] = []
+    changes: list[str] = []
+    shared = informer(page_size=2, on_error=lambda name, e: errors.append(f"{name}:{type(e).__name__}"))
+    inf = shared.view(dict, name="t", on_change=lambda k, o, n: changes.append(k))
+    await run_until_done(shared, api)
+    assert [(p.get("limit"), p.get("continue")) for p in api.lists] == [
+        ("2", None),
+        ("2", "t1"),
+        ("2", "t2"),
+        (None, None),  # no page one again
+    ]
+    assert names(inf) == {"a": "1", "c": "3", "d": "9"} and changes == ["a", "c", "d"]
+    assert shared.full_lists == 1 and shared.relists == 1 and errors == ["t:Gone"]
+    assert api.watches[0]["resourceVersion"] == "9"
+
+
+async def test_an_expired_first_page_lists_again_from_page_one():
+    api = Recorded(pages=[EXPIRED, page([obj("a", 1)], 5)], streams=[])
+    shared = informer()
+    inf = shared.view(dict, name="t")
+    await run_until_done(shared, api)
+    assert [p.get("limit") for p in api.lists] == ["500", "500"] and names(inf) == {"a": "1"}
+    assert shared.full_lists == 0
 
 
 async def test_transport_errors_back_off_and_keep_the_cache():
