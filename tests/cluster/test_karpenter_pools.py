@@ -29,6 +29,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.node_owner import node_owner
 from gpumon.devcluster import capi, karpenter, nodes
+from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.waiting import NotReached, eventually
 
 TAINT_KEY = "test.gpumon.io/karpenter"
@@ -151,7 +152,7 @@ async def test_a_pool_of_karpenter_nodes_is_refused_and_never_scaled(
 
 
 async def test_karpenter_launches_the_instance_type_each_gpu_request_needs(
-    api: client.ApiClient, namespace: str, test_id: str, node_pool: str
+    api: client.ApiClient, devcluster: DevCluster, namespace: str, test_id: str, node_pool: str
 ) -> None:
     """Whole GPUs, gpushare memory and a MIG profile: Karpenter fits each pending pod to the one
     instance type that offers its resource (it packs extended resources per node; it knows
@@ -194,8 +195,14 @@ async def test_karpenter_launches_the_instance_type_each_gpu_request_needs(
         }
         return None
 
+    def seen() -> dict[str, object]:
+        # What Karpenter said of this test's pods and NodePool (CI once timed out here, 1 in 2,191).
+        log = (devcluster.layout.logs / "karpenter.log").read_text(errors="replace").splitlines()
+        said = [line[:300] for line in log if namespace in line or node_pool in line]
+        return {**last, "karpenter": said[-12:]}
+
     placed = await eventually(
-        all_running, what="each pod Running on a Karpenter node", timeout_seconds=120, seen=lambda: last
+        all_running, what="each pod Running on a Karpenter node", timeout_seconds=120, seen=seen
     )
     for name, (_, instance_type) in wanted.items():
         node = await node_obj(core, placed[name])

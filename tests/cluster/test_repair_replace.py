@@ -46,7 +46,7 @@ from test_karpenter_pools import TAINT_KEY, gpu_pod, node_pool  # noqa: F401 - t
 from test_repair_ladder import NEVER, ladder_done
 
 from gpumon.controller.core import contract as c
-from gpumon.controller.core.node_owner import node_owner
+from gpumon.controller.core.node_owner import NodeOwner, node_owner
 from gpumon.devcluster import capi, karpenter, nodes
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.waiting import eventually
@@ -225,6 +225,7 @@ async def test_a_machine_health_check_covering_the_machine_replaces_the_node_gpu
     repair = {"steps": ["replace"], "replace_immediately": True, "replace_deadline_seconds": 120}
     async with reboot_asked(pool, names, namespace, test_id, kubeconfig, repair) as (_, seen):
         asked = await wait_for_event(core, "default", bad, "GpuRepairReplaceRequested", seconds=60)
+        asked_at = time.monotonic()
         assert f"MachineHealthCheck {pool.name} covers Machine {machine}" in asked.message, asked.message
         conditions = {x["type"]: x for x in (await node_obj(core, bad))["status"]["conditions"]}
         assert conditions[c.REPLACEMENT_CONDITION_TYPE]["status"] == "True"
@@ -234,6 +235,7 @@ async def test_a_machine_health_check_covering_the_machine_replaces_the_node_gpu
             return now if now and bad not in now else None
 
         await eventually(replaced, what="a new node in the pool", timeout_seconds=120)
+        print(f"GpuReplacementRequested set -> a new node in the pool: {time.monotonic() - asked_at:.1f}s")
         done = await wait_for_event(core, namespace, pool.name, "GpuRepairSucceeded", seconds=60)
         assert f"Machine {machine} is gone" in done.message, done.message
         blind = [e for e in await events(core, "default", bad) if e.reason == "GpuRepairHealthCheckBlind"]
@@ -241,6 +243,59 @@ async def test_a_machine_health_check_covering_the_machine_replaces_the_node_gpu
     assert set(seen) == {2}, f"the pool's replicas moved during the swap: {sorted(set(seen))}"
     deleters = machine_deleters(devcluster.layout.audit_log, machine)
     assert deleters and f"system:serviceaccount:{namespace}:{SA}" not in deleters, deleters
+
+
+async def karpenter_node(
+    api: client.ApiClient, namespace: str, test_id: str, pool: str
+) -> tuple[str, NodeOwner]:
+    """A node Karpenter launched for a pod, the pod gone again, and its NodeClaim: the node
+    stays while it is empty (consolidation off for the NodePool)."""
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    await custom.patch_cluster_custom_object(
+        karpenter.GROUP,
+        karpenter.VERSION,
+        karpenter.NODE_POOLS,
+        pool,
+        {"spec": {"disruption": {"consolidateAfter": "Never"}}},
+        _content_type="application/merge-patch+json",
+    )
+    await core.create_namespaced_pod(namespace, gpu_pod("first", test_id))
+
+    async def placed() -> str | None:
+        pod = await core.read_namespaced_pod("first", namespace)
+        return pod.spec.node_name if pod.status.phase == "Running" else None
+
+    node = await eventually(placed, what="Karpenter's node running the pod", timeout_seconds=90)
+    owner = node_owner(await node_obj(core, node))
+    assert owner is not None and owner.kind == "NodeClaim"
+    await core.delete_namespaced_pod("first", namespace, grace_period_seconds=0)
+    return node, owner
+
+
+async def karpenter_pool(api: client.ApiClient, namespace: str, test_id: str, pool: str) -> dict[str, Any]:
+    """A gpumon pool over the NodePool's nodes; its /scale target (a MachineDeployment nothing
+    reconciles) is refused for scaling, and is where the pool's Events go."""
+    md = capi.machine_deployment(test_id, namespace, replicas=0)
+    await client.CustomObjectsApi(api).create_namespaced_custom_object(
+        capi.GROUP, capi.VERSION, namespace, capi.MACHINE_DEPLOYMENTS, md
+    )
+    return {
+        "name": "karpenter",
+        "target": {"namespace": namespace, "name": test_id},
+        "node_selector": f"{karpenter.NODEPOOL_LABEL}={pool}",
+        "template": {"resources": {nodes.GPU: 8}, "labels": {TEST_LABEL: test_id}},
+        "max_replicas": 4,
+    }
+
+
+async def node_claim_gone(api: client.ApiClient, name: str) -> bool | None:
+    try:
+        await client.CustomObjectsApi(api).get_cluster_custom_object(
+            karpenter.GROUP, karpenter.VERSION, karpenter.NODE_CLAIMS, name
+        )
+    except client.ApiException as e:
+        return True if e.status == 404 else None
+    return None
 
 
 async def test_a_flapping_gpu_has_its_karpenter_node_claim_deleted(
@@ -256,36 +311,10 @@ async def test_a_flapping_gpu_has_its_karpenter_node_claim_deleted(
     ``karpenter.sh/do-not-disrupt``: that annotation holds Karpenter's own disruption, not an
     explicit deletion. Karpenter drains and removes the node; the replacement ends when the
     NodeClaim is gone."""
-    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    # The node must stay while it is empty between the two faults: no consolidation here.
-    await custom.patch_cluster_custom_object(
-        karpenter.GROUP,
-        karpenter.VERSION,
-        karpenter.NODE_POOLS,
-        node_pool,
-        {"spec": {"disruption": {"consolidateAfter": "Never"}}},
-        _content_type="application/merge-patch+json",
-    )
-    await core.create_namespaced_pod(namespace, gpu_pod("first", test_id))
-
-    async def placed() -> str | None:
-        pod = await core.read_namespaced_pod("first", namespace)
-        return pod.spec.node_name if pod.status.phase == "Running" else None
-
-    bad = await eventually(placed, what="Karpenter's node running the pod", timeout_seconds=90)
-    owner = node_owner(await node_obj(core, bad))
-    assert owner is not None and owner.kind == "NodeClaim"
-    await core.delete_namespaced_pod("first", namespace, grace_period_seconds=0)
-    md = capi.machine_deployment(test_id, namespace, replicas=0)  # a target gpumon refuses to scale
-    await custom.create_namespaced_custom_object(
-        capi.GROUP, capi.VERSION, namespace, capi.MACHINE_DEPLOYMENTS, md
-    )
+    core = client.CoreV1Api(api)
+    bad, owner = await karpenter_node(api, namespace, test_id, node_pool)
     pool = {
-        "name": "karpenter",
-        "target": {"namespace": namespace, "name": test_id},
-        "node_selector": f"{karpenter.NODEPOOL_LABEL}={node_pool}",
-        "template": {"resources": {nodes.GPU: 8}, "labels": {TEST_LABEL: test_id}},
-        "max_replicas": 4,
+        **await karpenter_pool(api, namespace, test_id, node_pool),
         "repair": {
             "steps": ["reset", "replace"],
             # The test's NodePool taints its nodes with the test's key: the Job tolerates it.
@@ -327,17 +356,12 @@ async def test_a_flapping_gpu_has_its_karpenter_node_claim_deleted(
             quarantined = await eventually(lambda: tainted(core, bad), what="quarantined again")
             assert quarantined["metadata"]["annotations"][c.KARPENTER_DO_NOT_DISRUPT_ANNOTATION] == "true"
 
-            async def claim_gone() -> bool | None:
-                try:
-                    await custom.get_cluster_custom_object(
-                        karpenter.GROUP, karpenter.VERSION, karpenter.NODE_CLAIMS, owner.name
-                    )
-                except client.ApiException as e:
-                    return True if e.status == 404 else None
-                return None
-
             again_at = time.monotonic()
-            await eventually(claim_gone, what="the NodeClaim deleted by Karpenter", timeout_seconds=120)
+            await eventually(
+                lambda: node_claim_gone(api, owner.name),
+                what="the NodeClaim deleted by Karpenter",
+                timeout_seconds=120,
+            )
             print(f"quarantined again -> NodeClaim gone: {time.monotonic() - again_at:.1f}s")
             assert bad not in {n.metadata.name for n in (await core.list_node()).items}, "its Node went first"
             (started,) = [
@@ -354,6 +378,67 @@ async def test_a_flapping_gpu_has_its_karpenter_node_claim_deleted(
             'gpumon_controller_repairs_total{result="succeeded",step="replace"} 1.0',
         ):
             assert line in metrics, line
+
+
+async def test_an_open_breaker_holds_the_node_claims_deletion_until_a_person_closes_it(
+    api: client.ApiClient,
+    namespace: str,
+    test_id: str,
+    node_pool: str,  # noqa: F811 - the fixture
+    sa_kubeconfig_for: KubeconfigFactory,
+) -> None:
+    """A Karpenter pool that replaces straight away, its breaker opened by a person (on the
+    controller's ConfigMap): a GPU asking for a reboot quarantines the node and the replacement
+    is refused with the breaker's reason; over two more rounds of the repair loop the NodeClaim
+    is not deleted and no replacement is recorded. Closed, the NodeClaim goes."""
+    core = client.CoreV1Api(api)
+    bad, owner = await karpenter_node(api, namespace, test_id, node_pool)
+    pool = {
+        **await karpenter_pool(api, namespace, test_id, node_pool),
+        "repair": {"steps": ["replace"], "replace_immediately": True, "replace_deadline_seconds": 120},
+    }
+    key = f"{c.BREAKER_ANNOTATION_PREFIX}{pool['name']}"
+    opened = json.dumps({"openedAt": "2026-01-01T00:00:00Z", "reason": "a person said so"})
+
+    async def breaker(value: str | None) -> None:
+        await core.patch_namespaced_config_map(STATE, namespace, {"metadata": {"annotations": {key: value}}})
+
+    kubeconfig: Path = await sa_kubeconfig_for(autoscaling=True, repair=True)
+    async with exporters([bad], gpus=8) as ex:
+        cfg = controller_config(
+            kubeconfig=kubeconfig,
+            namespace=namespace,
+            test_id=test_id,
+            endpoints={bad: ex[bad].url},
+            pools=[pool],
+        )
+        async with running(cfg) as ctl:
+            await breaker(opened)
+            await eventually(lambda: fresh_signals(ctl, 1), what="the node's signals")
+            ex[bad].fault(gpu=2, fault="recovery_action", action="node_reboot")
+            refused = await wait_for_event(core, "default", bad, "GpuRepairRefused", seconds=60)
+            assert "circuit breaker open" in refused.message and "a person said so" in refused.message
+            loop = ctl.controller.repair
+            assert loop is not None
+            first = loop.rounds
+
+            async def two_more_rounds() -> bool | None:
+                return True if loop.rounds >= first + 2 else None
+
+            await eventually(two_more_rounds, what="two more repair rounds", timeout_seconds=60)
+            claim = await client.CustomObjectsApi(api).get_cluster_custom_object(
+                karpenter.GROUP, karpenter.VERSION, karpenter.NODE_CLAIMS, owner.name
+            )
+            assert not claim["metadata"].get("deletionTimestamp"), "deleted through an open breaker"
+            assert await replacements(core, namespace) == {}
+            await breaker(None)  # a person closes it
+            await eventually(
+                lambda: node_claim_gone(api, owner.name),
+                what="the NodeClaim deleted once the breaker closed",
+                timeout_seconds=120,
+            )
+            done = await wait_for_event(core, namespace, test_id, "GpuRepairSucceeded", seconds=60)
+            assert f"NodeClaim {owner.name} is gone" in done.message, done.message
 
 
 async def _reset_done(api: client.ApiClient, namespace: str) -> bool | None:
