@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from controller_harness import (  # noqa: F401 - fixtures
     TEST_LABEL,
     KubeconfigFactory,
@@ -243,6 +244,56 @@ async def test_a_machine_health_check_covering_the_machine_replaces_the_node_gpu
     assert set(seen) == {2}, f"the pool's replicas moved during the swap: {sorted(set(seen))}"
     deleters = machine_deleters(devcluster.layout.audit_log, machine)
     assert deleters and f"system:serviceaccount:{namespace}:{SA}" not in deleters, deleters
+
+
+async def test_without_rbac_for_machines_the_refusal_is_told_once_and_the_swap_follows_the_grant(
+    api: client.ApiClient,
+    namespace: str,
+    test_id: str,
+    capi_pool: PoolFactory,  # noqa: F811 - the fixture
+    sa_kubeconfig_for: KubeconfigFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A pool that replaces straight away, its controller without controller-repair.yaml: the
+    API refuses it the node's Machine (403), which is counted each time, logged and told in a
+    GpuRepairReplaceUnavailable Event once for the outage, and asked again with backoff; nothing
+    crashes and the Machine stays. Once the RBAC is applied, the next try goes through: the
+    Machine is replaced and the outage's end is logged."""
+    core = client.CoreV1Api(api)
+    pool = await capi_pool(replicas=2)
+    names = sorted(await eventually(lambda: at_size(pool, 2), what="2 nodes", timeout_seconds=90))
+    bad = names[0]
+    machine = {node: m for m, node in (await pool.linked()).items()}[bad]
+    kubeconfig: Path = await sa_kubeconfig_for(autoscaling=True)
+    repair = {"steps": ["replace"], "replace_immediately": True, "replace_deadline_seconds": 300}
+    with caplog.at_level("INFO", logger="gpumon.controller.shell.replacements"):
+        async with reboot_asked(pool, names, namespace, test_id, kubeconfig, repair) as (ctl, _):
+            told = await wait_for_event(core, "default", bad, "GpuRepairReplaceUnavailable", seconds=60)
+            assert "deploy/rbac/controller-repair.yaml" in told.message and "403" in told.message
+            loop = ctl.controller.repair
+            assert loop is not None
+            after = loop.rounds + 4
+
+            async def four_more_rounds() -> bool | None:
+                return True if loop.rounds >= after else None
+
+            await eventually(four_more_rounds, what="four more repair rounds", timeout_seconds=60)
+            metrics = await metrics_text(ctl.url)
+            assert len(await events(core, "default", bad, "GpuRepairReplaceUnavailable")) == 1
+            assert machine in {m["metadata"]["name"] for m in await pool.machines()}
+            await sa_kubeconfig_for(autoscaling=True, repair=True)  # a person applies the RBAC
+
+            async def deleting() -> bool | None:
+                m = {m["metadata"]["name"]: m for m in await pool.machines()}.get(machine)
+                return True if m is None or m["metadata"].get("deletionTimestamp") else None
+
+            await eventually(deleting, what="the Machine deleting once granted", timeout_seconds=120)
+    said = [r.getMessage() for r in caplog.records]
+    assert said.count("repair replacement unavailable") == 1, "logged once per outage"
+    assert "repair replacement available again" in said
+    counted = [x for x in metrics.splitlines() if x.startswith("gpumon_controller_repair_errors_total{")]
+    assert counted and all('error="KubeError"' in line for line in counted), counted
+    assert 'gpumon_controller_task_restarts_total{task="repair"}' not in metrics, "nothing crashed"
 
 
 async def karpenter_node(
