@@ -46,6 +46,7 @@ from test_cluster_api_pools import (  # noqa: F401 - the fixture
 from test_karpenter_pools import TAINT_KEY, gpu_pod, node_pool  # noqa: F401 - the fixture
 from test_repair_ladder import NEVER, ladder_done
 
+from gpumon.config.controller import ControllerConfig
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.node_owner import NodeOwner, node_owner
 from gpumon.devcluster import capi, karpenter, nodes
@@ -54,17 +55,18 @@ from gpumon.devcluster.waiting import eventually
 
 STATE = "gpumon-controller"
 SA = "gpumon-controller"
+HOLD = "test.gpumon.io/hold"  # a finalizer that keeps a deleted object there until the test lets go
 
 
-def machine_deleters(audit_log: Path, machine: str) -> set[str]:
-    """Who deleted the Machine, by the API server's audit log (its policy records every delete
-    of a Machine: gpumon.devcluster.components.audit_policy)."""
-    users = set()
+def machine_deletes(audit_log: Path, machine: str) -> list[str]:
+    """Who deleted the Machine, once per request, by the API server's audit log (its policy
+    records every delete of a Machine: gpumon.devcluster.components.audit_policy)."""
+    users = []
     for line in audit_log.read_text().splitlines():
         event: dict[str, Any] = json.loads(line)
         ref = event.get("objectRef") or {}
         if event.get("verb") == "delete" and ref.get("resource") == "machines" and ref.get("name") == machine:
-            users.add(event["user"]["username"])
+            users.append(event["user"]["username"])
     return users
 
 
@@ -101,10 +103,11 @@ async def watching_replicas(read: Any) -> AsyncIterator[list[int]]:
 @contextlib.asynccontextmanager
 async def reboot_asked(
     pool: CapiPool, names: list[str], namespace: str, test_id: str, kubeconfig: Path, repair: dict[str, Any]
-) -> AsyncIterator[tuple[Any, list[int]]]:
+) -> AsyncIterator[tuple[Any, list[int], ControllerConfig]]:
     """The pool's nodes' exporters and the controller running with ``repair`` on the pool; once
     both nodes' signals are fresh, the first node's GPU 0 asks for a node reboot. Yields the
-    running controller and the pool's replicas as read every 0.2 s."""
+    running controller, the pool's replicas as read every 0.2 s, and the controller's config
+    (the exporters serve until the block ends, for a second controller)."""
     pools = [
         pool_config(pool, test_id, min_replicas=2, max_replicas=4, replace_quarantined=False, repair=repair)
     ]
@@ -119,7 +122,7 @@ async def reboot_asked(
         async with running(cfg) as ctl, watching_replicas(pool.replicas) as seen:
             await eventually(lambda: fresh_signals(ctl, 2), what="both nodes' signals")
             ex[names[0]].fault(gpu=0, fault="recovery_action", action="node_reboot")
-            yield ctl, seen
+            yield ctl, seen, cfg
 
 
 async def test_a_reboot_that_fails_is_followed_by_the_machine_replaced_through_cluster_api(
@@ -147,7 +150,7 @@ async def test_a_reboot_that_fails_is_followed_by_the_machine_replaced_through_c
         "reboot_deadline_seconds": 6,
         "replace_deadline_seconds": 120,
     }
-    async with reboot_asked(pool, names, namespace, test_id, kubeconfig, repair) as (ctl, seen):
+    async with reboot_asked(pool, names, namespace, test_id, kubeconfig, repair) as (ctl, seen, _):
 
         async def deleting() -> bool | None:
             machines = {m["metadata"]["name"]: m for m in await pool.machines()}
@@ -182,7 +185,7 @@ async def test_a_reboot_that_fails_is_followed_by_the_machine_replaced_through_c
     assert scaled == [], scaled
     assert machine not in {m["metadata"]["name"] for m in await pool.machines()}
     assert len(await pool.machines()) == 2
-    assert f"system:serviceaccount:{namespace}:{SA}" in machine_deleters(devcluster.layout.audit_log, machine)
+    assert f"system:serviceaccount:{namespace}:{SA}" in machine_deletes(devcluster.layout.audit_log, machine)
     for line in (
         'gpumon_controller_repairs_total{result="failed",step="reboot"} 1.0',
         'gpumon_controller_repairs_total{result="started",step="replace"} 1.0',
@@ -224,7 +227,7 @@ async def test_a_machine_health_check_covering_the_machine_replaces_the_node_gpu
     machine = {node: m for m, node in (await pool.linked()).items()}[bad]
     kubeconfig: Path = await sa_kubeconfig_for(autoscaling=True, repair=True)
     repair = {"steps": ["replace"], "replace_immediately": True, "replace_deadline_seconds": 120}
-    async with reboot_asked(pool, names, namespace, test_id, kubeconfig, repair) as (_, seen):
+    async with reboot_asked(pool, names, namespace, test_id, kubeconfig, repair) as (_, seen, _):
         asked = await wait_for_event(core, "default", bad, "GpuRepairReplaceRequested", seconds=60)
         asked_at = time.monotonic()
         assert f"MachineHealthCheck {pool.name} covers Machine {machine}" in asked.message, asked.message
@@ -242,7 +245,7 @@ async def test_a_machine_health_check_covering_the_machine_replaces_the_node_gpu
         blind = [e for e in await events(core, "default", bad) if e.reason == "GpuRepairHealthCheckBlind"]
         assert blind == [], "the check watches the condition"
     assert set(seen) == {2}, f"the pool's replicas moved during the swap: {sorted(set(seen))}"
-    deleters = machine_deleters(devcluster.layout.audit_log, machine)
+    deleters = set(machine_deletes(devcluster.layout.audit_log, machine))
     assert deleters and f"system:serviceaccount:{namespace}:{SA}" not in deleters, deleters
 
 
@@ -267,7 +270,7 @@ async def test_without_rbac_for_machines_the_refusal_is_told_once_and_the_swap_f
     kubeconfig: Path = await sa_kubeconfig_for(autoscaling=True)
     repair = {"steps": ["replace"], "replace_immediately": True, "replace_deadline_seconds": 300}
     with caplog.at_level("INFO", logger="gpumon.controller.shell.replacements"):
-        async with reboot_asked(pool, names, namespace, test_id, kubeconfig, repair) as (ctl, _):
+        async with reboot_asked(pool, names, namespace, test_id, kubeconfig, repair) as (ctl, _, _):
             told = await wait_for_event(core, "default", bad, "GpuRepairReplaceUnavailable", seconds=60)
             assert "deploy/rbac/controller-repair.yaml" in told.message and "403" in told.message
             loop = ctl.controller.repair
@@ -294,6 +297,87 @@ async def test_without_rbac_for_machines_the_refusal_is_told_once_and_the_swap_f
     counted = [x for x in metrics.splitlines() if x.startswith("gpumon_controller_repair_errors_total{")]
     assert counted and all('error="KubeError"' in line for line in counted), counted
     assert 'gpumon_controller_task_restarts_total{task="repair"}' not in metrics, "nothing crashed"
+
+
+async def test_a_controller_killed_mid_replacement_is_followed_by_one_that_finishes_it_deleting_nothing(
+    api: client.ApiClient,
+    devcluster: DevCluster,
+    namespace: str,
+    test_id: str,
+    capi_pool: PoolFactory,  # noqa: F811 - the fixture
+    sa_kubeconfig_for: KubeconfigFactory,
+) -> None:
+    """The first controller deletes the bad node's Machine and is killed at once. A test
+    finalizer on the Machine and on its Node holds both there, deleting, so the second
+    controller, once it leads, finds the Node's record running the replacement and its Machine
+    deleting: over three of its rounds it deletes nothing. Released, Cluster API finishes and
+    the second controller ends the replacement as succeeded from the ConfigMap's record. By the
+    API server's audit log gpumon's ServiceAccount deleted the Machine exactly once."""
+    core = client.CoreV1Api(api)
+    pool = await capi_pool(replicas=2)
+    names = sorted(await eventually(lambda: at_size(pool, 2), what="2 nodes", timeout_seconds=90))
+    bad = names[0]
+    machine = {node: m for m, node in (await pool.linked()).items()}[bad]
+    kubeconfig: Path = await sa_kubeconfig_for(autoscaling=True, repair=True)
+    repair = {"steps": ["replace"], "replace_immediately": True, "replace_deadline_seconds": 300}
+    user = f"system:serviceaccount:{namespace}:{SA}"
+    custom = client.CustomObjectsApi(api)
+
+    async def read_machine() -> dict[str, Any]:
+        obj: dict[str, Any] = await custom.get_namespaced_custom_object(
+            capi.GROUP, capi.VERSION, namespace, capi.MACHINES, machine
+        )
+        return obj
+
+    async def hold(held: bool) -> None:
+        for obj, write in (
+            (
+                await read_machine(),
+                lambda body: custom.patch_namespaced_custom_object(
+                    capi.GROUP,
+                    capi.VERSION,
+                    namespace,
+                    capi.MACHINES,
+                    machine,
+                    body,
+                    _content_type="application/merge-patch+json",
+                ),
+            ),
+            (
+                await node_obj(core, bad),
+                lambda body: core.patch_node(bad, body, _content_type="application/merge-patch+json"),
+            ),
+        ):
+            kept = [f for f in obj["metadata"].get("finalizers") or () if f != HOLD]
+            await write({"metadata": {"finalizers": [*kept, HOLD] if held else kept}})
+
+    await hold(True)
+    async with reboot_asked(pool, names, namespace, test_id, kubeconfig, repair) as (first, _, cfg):
+
+        async def deleting() -> bool | None:
+            return True if (await read_machine())["metadata"].get("deletionTimestamp") else None
+
+        await eventually(deleting, what="the Machine deleting", timeout_seconds=60)
+        await first.crash()
+        assert len(await replacements(core, namespace)) == 1, "recorded before the delete"
+        async with running(cfg.model_copy(update={"identity": "c1"})) as second:
+            loop = second.controller.repair
+            assert loop is not None
+
+            async def three_rounds() -> bool | None:
+                return True if loop.rounds >= 3 else None
+
+            await eventually(three_rounds, what="three rounds of the second controller", timeout_seconds=60)
+            assert await node_obj(core, bad), "the Node held there, its record running the replacement"
+            assert machine_deletes(devcluster.layout.audit_log, machine).count(user) == 1
+            await hold(False)
+            done = await wait_for_event(core, namespace, pool.name, "GpuRepairSucceeded", seconds=120)
+            assert f"Machine {machine} is gone" in done.message, done.message
+            assert await replacements(core, namespace) == {}
+    started = [e for e in await events(core, "default", bad, "GpuRepairStarted") if "replace" in e.message]
+    assert len(started) == 1, [e.message for e in started]
+    deletes = machine_deletes(devcluster.layout.audit_log, machine)
+    assert deletes.count(user) == 1, deletes
 
 
 async def karpenter_node(
