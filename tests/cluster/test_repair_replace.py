@@ -380,6 +380,25 @@ async def test_a_controller_killed_mid_replacement_is_followed_by_one_that_finis
     assert deletes.count(user) == 1, deletes
 
 
+@contextlib.asynccontextmanager
+async def controlling(
+    node: str, pool: dict[str, Any], namespace: str, test_id: str, kubeconfig: Path
+) -> AsyncIterator[tuple[Any, Any]]:
+    """The node's exporter and the controller with ``pool``, once the node's signals are fresh.
+    Yields the running controller and the node's exporter."""
+    async with exporters([node], gpus=8) as ex:
+        cfg = controller_config(
+            kubeconfig=kubeconfig,
+            namespace=namespace,
+            test_id=test_id,
+            endpoints={node: ex[node].url},
+            pools=[pool],
+        )
+        async with running(cfg) as ctl:
+            await eventually(lambda: fresh_signals(ctl, 1), what="the node's signals")
+            yield ctl, ex[node]
+
+
 async def karpenter_node(
     api: client.ApiClient, namespace: str, test_id: str, pool: str
 ) -> tuple[str, NodeOwner]:
@@ -467,46 +486,35 @@ async def test_a_flapping_gpu_has_its_karpenter_node_claim_deleted(
         },
     }
     kubeconfig: Path = await sa_kubeconfig_for(autoscaling=True, repair=True)
-    async with exporters([bad], gpus=8) as ex:
-        cfg = controller_config(
-            kubeconfig=kubeconfig,
-            namespace=namespace,
-            test_id=test_id,
-            endpoints={bad: ex[bad].url},
-            pools=[pool],
+    async with controlling(bad, pool, namespace, test_id, kubeconfig) as (ctl, exporter):
+        exporter.fault(gpu=2, fault="recovery_action", action="gpu_reset")
+        await eventually(lambda: tainted(core, bad), what="the Karpenter node quarantined")
+        await wait_for_event(core, "default", bad, "GpuRepairStarted", seconds=60)
+        await eventually(lambda: _reset_done(api, namespace), what="the reset Job done", timeout_seconds=90)
+        exporter.fault(gpu=2, fault="clear")  # the reset's effect
+        uuid = exporter.uuid(2)
+        await eventually(ladder_done(core, bad, uuid), what="the GPU back in service", timeout_seconds=90)
+
+        exporter.fault(gpu=2, fault="recovery_action", action="gpu_reset")  # the same GPU again
+        quarantined = await eventually(lambda: tainted(core, bad), what="quarantined again")
+        assert quarantined["metadata"]["annotations"][c.KARPENTER_DO_NOT_DISRUPT_ANNOTATION] == "true"
+
+        again_at = time.monotonic()
+        await eventually(
+            lambda: node_claim_gone(api, owner.name),
+            what="the NodeClaim deleted by Karpenter",
+            timeout_seconds=120,
         )
-        async with running(cfg) as ctl:
-            await eventually(lambda: fresh_signals(ctl, 1), what="the node's signals")
-            ex[bad].fault(gpu=2, fault="recovery_action", action="gpu_reset")
-            await eventually(lambda: tainted(core, bad), what="the Karpenter node quarantined")
-            await wait_for_event(core, "default", bad, "GpuRepairStarted", seconds=60)
-            await eventually(
-                lambda: _reset_done(api, namespace), what="the reset Job done", timeout_seconds=90
-            )
-            ex[bad].fault(gpu=2, fault="clear")  # the reset's effect
-            uuid = ex[bad].uuid(2)
-            await eventually(ladder_done(core, bad, uuid), what="the GPU back in service", timeout_seconds=90)
-
-            ex[bad].fault(gpu=2, fault="recovery_action", action="gpu_reset")  # the same GPU again
-            quarantined = await eventually(lambda: tainted(core, bad), what="quarantined again")
-            assert quarantined["metadata"]["annotations"][c.KARPENTER_DO_NOT_DISRUPT_ANNOTATION] == "true"
-
-            again_at = time.monotonic()
-            await eventually(
-                lambda: node_claim_gone(api, owner.name),
-                what="the NodeClaim deleted by Karpenter",
-                timeout_seconds=120,
-            )
-            print(f"quarantined again -> NodeClaim gone: {time.monotonic() - again_at:.1f}s")
-            assert bad not in {n.metadata.name for n in (await core.list_node()).items}, "its Node went first"
-            (started,) = [
-                e for e in await events(core, "default", bad, "GpuRepairStarted") if "replace" in e.message
-            ]
-            assert f"faulted again within 600s of a repair: {uuid}" in started.message, started.message
-            done = await wait_for_event(core, namespace, test_id, "GpuRepairSucceeded", seconds=60)
-            assert f"NodeClaim {owner.name} is gone" in done.message, done.message
-            assert await replacements(core, namespace) == {}
-            metrics = await metrics_text(ctl.url)
+        print(f"quarantined again -> NodeClaim gone: {time.monotonic() - again_at:.1f}s")
+        assert bad not in {n.metadata.name for n in (await core.list_node()).items}, "its Node went first"
+        (started,) = [
+            e for e in await events(core, "default", bad, "GpuRepairStarted") if "replace" in e.message
+        ]
+        assert f"faulted again within 600s of a repair: {uuid}" in started.message, started.message
+        done = await wait_for_event(core, namespace, test_id, "GpuRepairSucceeded", seconds=60)
+        assert f"NodeClaim {owner.name} is gone" in done.message, done.message
+        assert await replacements(core, namespace) == {}
+        metrics = await metrics_text(ctl.url)
         for line in (
             'gpumon_controller_repairs_total{result="succeeded",step="reset"} 1.0',
             'gpumon_controller_repairs_total{result="started",step="replace"} 1.0',
@@ -539,41 +547,32 @@ async def test_an_open_breaker_holds_the_node_claims_deletion_until_a_person_clo
         await core.patch_namespaced_config_map(STATE, namespace, {"metadata": {"annotations": {key: value}}})
 
     kubeconfig: Path = await sa_kubeconfig_for(autoscaling=True, repair=True)
-    async with exporters([bad], gpus=8) as ex:
-        cfg = controller_config(
-            kubeconfig=kubeconfig,
-            namespace=namespace,
-            test_id=test_id,
-            endpoints={bad: ex[bad].url},
-            pools=[pool],
+    async with controlling(bad, pool, namespace, test_id, kubeconfig) as (ctl, exporter):
+        await breaker(opened)
+        exporter.fault(gpu=2, fault="recovery_action", action="node_reboot")
+        refused = await wait_for_event(core, "default", bad, "GpuRepairRefused", seconds=60)
+        assert "circuit breaker open" in refused.message and "a person said so" in refused.message
+        loop = ctl.controller.repair
+        assert loop is not None
+        first = loop.rounds
+
+        async def two_more_rounds() -> bool | None:
+            return True if loop.rounds >= first + 2 else None
+
+        await eventually(two_more_rounds, what="two more repair rounds", timeout_seconds=60)
+        claim = await client.CustomObjectsApi(api).get_cluster_custom_object(
+            karpenter.GROUP, karpenter.VERSION, karpenter.NODE_CLAIMS, owner.name
         )
-        async with running(cfg) as ctl:
-            await breaker(opened)
-            await eventually(lambda: fresh_signals(ctl, 1), what="the node's signals")
-            ex[bad].fault(gpu=2, fault="recovery_action", action="node_reboot")
-            refused = await wait_for_event(core, "default", bad, "GpuRepairRefused", seconds=60)
-            assert "circuit breaker open" in refused.message and "a person said so" in refused.message
-            loop = ctl.controller.repair
-            assert loop is not None
-            first = loop.rounds
-
-            async def two_more_rounds() -> bool | None:
-                return True if loop.rounds >= first + 2 else None
-
-            await eventually(two_more_rounds, what="two more repair rounds", timeout_seconds=60)
-            claim = await client.CustomObjectsApi(api).get_cluster_custom_object(
-                karpenter.GROUP, karpenter.VERSION, karpenter.NODE_CLAIMS, owner.name
-            )
-            assert not claim["metadata"].get("deletionTimestamp"), "deleted through an open breaker"
-            assert await replacements(core, namespace) == {}
-            await breaker(None)  # a person closes it
-            await eventually(
-                lambda: node_claim_gone(api, owner.name),
-                what="the NodeClaim deleted once the breaker closed",
-                timeout_seconds=120,
-            )
-            done = await wait_for_event(core, namespace, test_id, "GpuRepairSucceeded", seconds=60)
-            assert f"NodeClaim {owner.name} is gone" in done.message, done.message
+        assert not claim["metadata"].get("deletionTimestamp"), "deleted through an open breaker"
+        assert await replacements(core, namespace) == {}
+        await breaker(None)  # a person closes it
+        await eventually(
+            lambda: node_claim_gone(api, owner.name),
+            what="the NodeClaim deleted once the breaker closed",
+            timeout_seconds=120,
+        )
+        done = await wait_for_event(core, namespace, test_id, "GpuRepairSucceeded", seconds=60)
+        assert f"NodeClaim {owner.name} is gone" in done.message, done.message
 
 
 async def _reset_done(api: client.ApiClient, namespace: str) -> bool | None:
