@@ -146,6 +146,11 @@ class ReplacementStep:
             key, value = replacement_to_annotation(replacement)
             if not await self._annotate_state({key: value}):
                 return
+        if self._asked.get(node) == attempt:
+            # A MachineHealthCheck was asked for this attempt: its Machine stays undeleted until
+            # the check acts (about 15 s), and the planner asks again each round meanwhile; the
+            # Machine and the checks are not read again for it.
+            return
         try:
             # Never both: where a MachineHealthCheck judges the Machine, it replaces the node.
             cover = await self._health_check(owner)
@@ -220,8 +225,6 @@ class ReplacementStep:
     async def _ask_health_check(
         self, node: str, owner: NodeOwner, cover: HealthCheckCover, attempt: int
     ) -> None:
-        if self._asked.get(node) == attempt:
-            return
         message = (
             f"gpumon's repair ladder asks MachineHealthCheck {cover.name} to replace this node "
             f"(attempt {attempt})"
