@@ -160,15 +160,21 @@ async def test_default_demo_plays_every_step_in_the_cluster(tmp_path: Path) -> N
                     _watch(history, "Deployment", apps.list_namespaced_deployment, NAMESPACE)
                 ),
                 asyncio.create_task(_watch(history, "Job", batch.list_namespaced_job, CONTROLLER_NAMESPACE)),
-                asyncio.create_task(
-                    _watch(
-                        history,
-                        "MachineDeployment",
-                        custom.list_namespaced_custom_object,
-                        capi.GROUP,
-                        capi.VERSION,
-                        NAMESPACE,
-                        capi.MACHINE_DEPLOYMENTS,
+                *(
+                    asyncio.create_task(
+                        _watch(
+                            history,
+                            kind,
+                            custom.list_namespaced_custom_object,
+                            capi.GROUP,
+                            capi.VERSION,
+                            NAMESPACE,
+                            plural,
+                        )
+                    )
+                    for kind, plural in (
+                        ("MachineDeployment", capi.MACHINE_DEPLOYMENTS),
+                        ("Machine", capi.MACHINES),
                     )
                 ),
             ]
@@ -279,9 +285,35 @@ def _check_history(h: History, output: str) -> None:
     )
     assert cleared is not None, fail(f"{CONDITION} on {bad} was never cleared")
 
-    # 5. Idle: the pool went back down and its nodes left.
+    # 5. The flap: the same node tainted again after the lift; Cluster API's Machine for it
+    # deleted, the node gone and a new pool node joined, with the pool's replicas the same
+    # from the second fault until the new node joined (a swap, never a resize).
+    retaint = h.first("Node", lambda c: c.name == bad and tainted(c.obj), after=lift.at)
+    assert retaint is not None, fail(f"{bad} was not tainted again by the flap step")
+    machine = h.first(
+        "Machine",
+        lambda c: (
+            c.type == "DELETED" and ((c.obj.get("status") or {}).get("nodeRef") or {}).get("name") == bad
+        ),
+    )
+    assert machine is not None and machine.at > retaint.at, fail(f"the Machine of {bad} was never deleted")
+    removed = h.first("Node", lambda c: c.name == bad and c.type == "DELETED")
+    assert removed is not None, fail(f"{bad} never left")
+    successor = h.first(
+        "Node",
+        lambda c: c.type == "ADDED" and (c.obj["metadata"].get("labels") or {}).get(POOL_LABEL) == POOL,
+        after=retaint.at,
+    )
+    assert successor is not None, fail("no pool node joined after the flap")
+    before_flap = [r for t, r in mds if t <= retaint.at][-1]
+    during = [r for t, r in mds if retaint.at < t <= max(successor.at, removed.at)]
+    assert all(r == before_flap for r in during), fail(
+        f"the pool's replicas changed during the replacement: {before_flap} then {during}"
+    )
+
+    # 6. Idle: the pool went back down and its nodes left.
     peak = max(r for _, r in mds)
-    down = next(((t, r) for t, r in mds if t > lift.at and r < peak), None)
+    down = next(((t, r) for t, r in mds if t > removed.at and r < peak), None)
     assert down is not None, fail(f"the pool never scaled down after the recovery: {mds}")
     left = [c for c in h.of("Node") if c.type == "DELETED" and c.at > down[0] - 5]
     assert len(left) == peak - down[1], fail(f"{peak - down[1]} pool nodes should have left, saw {len(left)}")
