@@ -105,6 +105,10 @@ def repair_job(node: str, step: str) -> Callable[[Change], bool]:
     return holds
 
 
+def _node_ref(machine: dict[str, Any]) -> str | None:
+    return ((machine.get("status") or {}).get("nodeRef") or {}).get("name")
+
+
 def is_trainer(pod: dict[str, Any]) -> bool:
     return (pod["metadata"].get("labels") or {}).get("app") == WORKLOAD
 
@@ -115,14 +119,19 @@ def running(pod: dict[str, Any]) -> bool:
 
 async def _watch(history: History, kind: str, list_call: Callable[..., Any], *args: Any) -> None:
     # Resumed when it ends (objects come again as ADDED, which is harmless), and retried while
-    # the API server is away: at the end the demo stops it before this test notices.
+    # the API server is away: at the end the demo stops it before this test notices. The
+    # kubeconfig appears before Cluster API's CRDs are installed: until they are served a
+    # watch of their kinds yields a text line, not an object, and is started again.
     while True:
         try:
             async with watch.Watch() as w:
                 async for ev in w.stream(list_call, *args, timeout_seconds=600):
+                    if not isinstance(ev, dict) or ev["type"] == "ERROR":
+                        break  # e.g. "404 page not found\n", as kubernetes_asyncio yields it
                     history.changes.append(Change(time.monotonic(), kind, ev["type"], ev["raw_object"]))
         except (aiohttp.ClientError, ApiException, TimeoutError):
-            await asyncio.sleep(0.5)
+            pass
+        await asyncio.sleep(0.5)
 
 
 async def _wait_for_api(kubeconfig: Path, demo: processes.Child) -> client.ApiClient:
@@ -184,9 +193,12 @@ async def test_default_demo_plays_every_step_in_the_cluster(tmp_path: Path) -> N
             finally:
                 for w in watchers:
                     w.cancel()
-                await asyncio.gather(*watchers, return_exceptions=True)
+                ended = await asyncio.gather(*watchers, return_exceptions=True)
     finally:
         processes.stop([demo], grace_seconds=30)
+    # A watch that died would leave a hole in the record that reads like something not done.
+    died = [repr(e) for e in ended if isinstance(e, Exception)]
+    assert not died, f"a watch of the demo's cluster died: {died}"
     output = processes.tail(demo.log, 80)
     assert demo.exited() == 0, f"the demo failed (exit {demo.exited()}):\n{output}"
     _check_history(history, output)
@@ -296,7 +308,10 @@ def _check_history(h: History, output: str) -> None:
             c.type == "DELETED" and ((c.obj.get("status") or {}).get("nodeRef") or {}).get("name") == bad
         ),
     )
-    assert machine is not None and machine.at > retaint.at, fail(f"the Machine of {bad} was never deleted")
+    machines = [(round(c.at - retaint.at, 1), c.type, c.name, _node_ref(c.obj)) for c in h.of("Machine")]
+    assert machine is not None and machine.at > retaint.at, fail(
+        f"the Machine of {bad} was never deleted; Machine changes (seconds after the 2nd fault): {machines}"
+    )
     removed = h.first("Node", lambda c: c.name == bad and c.type == "DELETED")
     assert removed is not None, fail(f"{bad} never left")
     successor = h.first(
