@@ -5,8 +5,8 @@ the devcluster's kwok then runs (they carry its ``kwok.x-k8s.io/node: fake`` ann
 Instance types come from a JSON file (``--instance-types-file-path``; the shape of the module's
 ``kwok/cloudprovider/instance_types.json``), one per GPU node template here: its ``resources``
 map takes extended resources such as ``nvidia.com/gpu``. Started on demand, like Cluster API's
-manager (gpumon.devcluster.cluster_api); the node repair gate and DRA are left at Karpenter's
-defaults (off, DRA requests ignored): nothing here relies on them yet."""
+manager (gpumon.devcluster.cluster_api). DRA is left at Karpenter's default (its requests
+ignored); ``node_repair=True`` turns on its ``NodeRepair`` gate (docs/autoscaling.md)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,14 @@ def node_pool(
     }
 
 
-def controller(tools: Karpenter, cluster: DevCluster, types_path: str, ports: tuple[int, int]) -> Component:
+def controller(
+    tools: Karpenter,
+    cluster: DevCluster,
+    types_path: str,
+    ports: tuple[int, int],
+    *,
+    node_repair: bool = False,
+) -> Component:
     metrics, health = ports
     return Component(
         name="karpenter",
@@ -106,6 +113,7 @@ def controller(tools: Karpenter, cluster: DevCluster, types_path: str, ports: tu
             f"--metrics-port={metrics}",
             f"--health-probe-port={health}",
             f"--instance-types-file-path={types_path}",
+            *(["--feature-gates=NodeRepair=true"] if node_repair else []),
         ),
         health=HealthCheck(f"http://127.0.0.1:{health}/readyz", client_cert=False),
         wave=0,
@@ -119,8 +127,11 @@ def start(
     types: Sequence[InstanceType],
     tools: Karpenter | None = None,
     timeout_seconds: float = 120.0,
+    *,
+    node_repair: bool = False,
 ) -> None:
-    """Install Karpenter's CRDs and the KWOKNodeClass, and start the controller. Raises
+    """Install Karpenter's CRDs and the KWOKNodeClass, and start the controller (``node_repair``:
+    with its ``NodeRepair`` feature gate on, the flag winning over a FEATURE_GATES variable). Raises
     :class:`gpumon.devcluster.binaries.ToolsMissing` when it is not built."""
     karpenter = tools or locate_karpenter()
     root = cluster.layout.root / "karpenter"
@@ -133,4 +144,5 @@ def start(
         "apply", "--server-side", "--field-manager=gpumon-devcluster", "-f", str(root / "nodeclass.yaml")
     )
     ports = free_ports(2)
-    cluster.add_components([controller(karpenter, cluster, str(path), (ports[0], ports[1]))], timeout_seconds)
+    component = controller(karpenter, cluster, str(path), (ports[0], ports[1]), node_repair=node_repair)
+    cluster.add_components([component], timeout_seconds)
