@@ -167,7 +167,7 @@ build_karpenter() {
    && CGO_ENABLED=0 with_progress "karpenter's kwok DRA driver" \
      go build -trimpath -ldflags "-s -w" -o "$out/bin/karpenter-dra-kwok-driver" sigs.k8s.io/karpenter/dra-kwok-driver)
   local kdir; kdir=$(GOTOOLCHAIN=$toolchain module_dir karpenter sigs.k8s.io/karpenter)
-  cp "$kdir"/kwok/charts/crds/*.yaml "$kdir"/kwok/apis/crds/*.yaml "$out/crds/"
+  cp "$kdir"/kwok/charts/crds/*.yaml "$kdir"/kwok/apis/crds/*.yaml "$kdir"/dra-kwok-driver/pkg/apis/crds/*.yaml "$out/crds/"
   chmod -R u+w "$out/crds"
   mark_built "$out" karpenter
 }
