@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
 import subprocess
@@ -130,27 +131,15 @@ def gpus_beyond_need(launched_nodes: int, needed_nodes: int, gpus_per_node: int)
     return max(0, launched_nodes - needed_nodes) * gpus_per_node
 
 
-def off_card(asks: Sequence[Mapping[str, int]], template: nodes.NodeTemplate) -> int:
-    """Of pods placed on one node of a shared-GPU ``template``, how many could not be given a
-    single card holding their whole per-card ask (gpushare's scheduler extender and cGPU bind a
-    pod to one card; Kubernetes alone counts only the node's sums). First fit, largest first."""
-    per_card, _ = capacity(template)
-    if not per_card:
-        return 0
-    free = [dict(per_card) for _ in range(template.gpu_count)]
-    left = 0
-    for ask in sorted(asks, key=lambda a: [-a.get(k, 0) for k in sorted(PER_CARD)]):
-        need = {k: v for k, v in ask.items() if k in PER_CARD}
-        card = next((c for c in free if all(c[k] >= v for k, v in need.items())), None)
-        if card is None:
-            left += 1
-            continue
-        for k, v in need.items():
-            card[k] -= v
-    return left
+def unheld(pods: int, launched_nodes: int, per_node: int) -> int:
+    """Pods the launched nodes cannot hold, counting per-card asks per card (0 when they hold
+    all): for gpushare and cGPU, those Kubernetes runs anyway since it sums the node's cards."""
+    return max(0, pods - launched_nodes * per_node)
 
 
-def verdict(*, launched: int, needed: int, running: int, pods: int, off_card_pods: int = 0) -> str:
+def verdict(
+    *, launched: int, needed: int, per_node: int, running: int, pods: int, per_card: bool = False
+) -> str:
     """What a setup did with the workload, in a few words."""
     if launched == 0 and running < pods:
         return "nothing: no node launched"
@@ -159,8 +148,12 @@ def verdict(*, launched: int, needed: int, running: int, pods: int, off_card_pod
         words.append(f"too much: {launched - needed} node(s) more than needed")
     elif launched < needed:
         words.append(f"too little: {needed - launched} node(s) short")
-    if off_card_pods:
-        words.append(f"{off_card_pods} pod(s) Running where no single GPU holds them")
+    over = min(running, unheld(pods, launched, per_node)) if per_card else 0
+    if over:
+        words.append(
+            f"{over} pod(s) Running only because Kubernetes sums the node's cards: no GPU of the "
+            "launched nodes holds them"
+        )
     if running < pods:
         words.append(f"{pods - running} pod(s) left Pending")
     return "; ".join(words) or "as needed"
@@ -233,9 +226,9 @@ class Outcome:
     running: int = 0
     pending: int = 0
     seconds: float | None = None  # to all Running; None: not by the deadline
-    off_card_pods: int = 0
     events: list[str] = field(default_factory=list)  # what was said of the pods left Pending
     karpenter_said: list[str] = field(default_factory=list)  # of every pod, by Karpenter
+    karpenter_logged: list[str] = field(default_factory=list)  # its log lines on the namespace
 
     @property
     def needed(self) -> int:
@@ -255,9 +248,10 @@ class Outcome:
             verdict(
                 launched=self.launched,
                 needed=self.needed,
+                per_node=pods_per_node(w.template, w.ask()),
                 running=self.running,
                 pods=w.pods,
-                off_card_pods=self.off_card_pods,
+                per_card=w.template.shared is not None,
             ),
         )
 
@@ -299,7 +293,24 @@ def _running(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") == "Running"
 
 
-async def measure(api: KubeApi, setup: str, w: Workload) -> Outcome:
+def logged(path: Path, namespace: str, limit: int = 4) -> list[str]:
+    """Karpenter's distinct log messages (with their error) that name ``namespace``."""
+    seen: dict[str, None] = {}
+    if not path.exists():
+        return []
+    for line in path.read_text(errors="replace").splitlines():
+        if namespace not in line:
+            continue
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        text = " ".join(f"{doc.get('message', '')} {doc.get('error', '')}".split())
+        seen[text[:300]] = None
+    return list(seen)[-limit:]
+
+
+async def measure(api: KubeApi, setup: str, w: Workload, log_path: Path | None = None) -> Outcome:
     """Create the workload's pods, wait until all are Running or the deadline, and read what
     the setup launched and what was said of the pods left Pending."""
     out = Outcome(setup, w)
@@ -317,18 +328,25 @@ async def measure(api: KubeApi, setup: str, w: Workload) -> Outcome:
     out.launched = len(launched)
     out.running = sum(map(_running, pods))
     out.pending = len(pods) - out.running
-    by_node: dict[str, list[dict[str, int]]] = {}
-    for p in pods:
-        if p["spec"].get("nodeName"):
-            by_node.setdefault(p["spec"]["nodeName"], []).append(w.ask())
-    out.off_card_pods = sum(off_card(asks, w.template) for asks in by_node.values())
     out.events, out.karpenter_said = await said(api, setup, pods)
+    if log_path is not None and out.pending:
+        out.karpenter_logged = logged(log_path, namespace_of(setup))
     return out
 
 
+OTHER_POOLS = f"incompatible requirements, key {POOL_LABEL},"
+
+
 def _event_line(e: Mapping[str, Any]) -> str:
+    """An Event as one line; of Karpenter's reasons, the clauses about the other setups'
+    NodePools (whose label the pod does not select) are left out."""
     source = e.get("reportingComponent") or (e.get("source") or {}).get("component") or "?"
     message = " ".join(str(e.get("message") or "").split())
+    clauses = message.split("; ")
+    kept = [c for c in clauses if not c.startswith(OTHER_POOLS)]
+    if len(kept) < len(clauses):
+        dropped = len(clauses) - len(kept)
+        message = "; ".join([*kept, f"[{dropped} clause(s) on the other setups' NodePools left out]"])
     if len(message) > 400:
         message = message[:400] + " …"
     return f"{source} {e.get('reason')}: {message}"
@@ -469,7 +487,9 @@ async def run_all(cluster: DevCluster, root: Path) -> list[Outcome]:
         try:
             for w in WORKLOADS:
                 log(f"workload {w.name}: both setups")
-                outcomes += await asyncio.gather(measure(api, CAPI, w), measure(api, KARPENTER, w))
+                outcomes += await asyncio.gather(
+                    measure(api, CAPI, w), measure(api, KARPENTER, w, cluster.layout.logs / "karpenter.log")
+                )
             # The DRA pods Karpenter left must not reach the next Karpenter.
             dra_workload = next(w for w in WORKLOADS if w.claim is not None)
             await api.delete(
@@ -487,7 +507,8 @@ async def run_all(cluster: DevCluster, root: Path) -> list[Outcome]:
             )
             for body in node_pools(KARPENTER_DRA):
                 await create(api, f"/apis/{karpenter.GROUP}/{karpenter.VERSION}/{karpenter.NODE_POOLS}", body)
-            outcomes.append(await measure(api, KARPENTER_DRA, dra_workload))
+            log_path = cluster.layout.logs / f"{KARPENTER_DRA}.log"
+            outcomes.append(await measure(api, KARPENTER_DRA, dra_workload, log_path))
         finally:
             publisher.cancel()
             await asyncio.gather(publisher, return_exceptions=True)
@@ -524,8 +545,10 @@ def render(outcomes: Sequence[Outcome], machine: Sequence[tuple[str, str]]) -> s
     )
     notes = []
     for o in outcomes:
-        lines = o.events if o.pending else []
-        lines += [x for x in o.karpenter_said if x not in lines and o.setup != CAPI]
+        lines = list(o.events) if o.pending else []
+        if o.setup != CAPI and o.row()[-1] != "as needed":
+            lines += [x for x in o.karpenter_said if x not in lines]
+            lines += [f"(log) {x}" for x in o.karpenter_logged]
         if lines:
             notes.append(f"{o.workload.name}, {SETUP_TITLES[o.setup]}: " + "; ".join(f"`{x}`" for x in lines))
     return section_markdown(
@@ -549,9 +572,10 @@ of the local control plane places the pods for both; kwok plays every kubelet.""
 NOTES = (
     "gpushare and cGPU: Kubernetes counts `aliyun.com/gpu-mem` and `aliyun.com/gpu-core.percentage` "
     "per node; on a real cluster Alibaba's scheduler extender binds each pod to one GPU, which the "
-    "local control plane does not run. 'Running where no single GPU holds them' counts, on each "
-    "node, the pods that a first-fit of their per-card asks onto its GPUs leaves over: they run "
-    "here, and would stay Pending beside the extender.",
+    "local control plane does not run. So the pods a setup launched too little for run here all "
+    "the same; 'what it did' counts those that no GPU of the launched nodes holds (the pods past "
+    "the launched nodes' per-card room): beside the extender they would stay Pending. Without it "
+    "the kube-scheduler also places pods by the node's sums, on whichever setup's nodes.",
     "DRA: the DRA nodes of the first two setups get their ResourceSlice from a stand-in of NVIDIA's "
     "DRA kubelet plugin (gpumon.devcluster.resourceslices, NVIDIA's device names and attributes) "
     "once Ready, whoever launched them; with IGNORE_DRA_REQUESTS=false Karpenter's own kwok DRA "

@@ -1,5 +1,5 @@
 """The autoscaler bench's arithmetic (bench/autoscalers.py): how many nodes a workload needs,
-the GPUs launched past that, and which pods a shared GPU could not hold on one card."""
+the GPUs launched past that, and the pods the launched nodes cannot hold one card each."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from bench.autoscalers import (
     Workload,
     gpus_beyond_need,
     nodes_needed,
-    off_card,
     pods_per_node,
+    unheld,
     verdict,
 )
 from gpumon.devcluster import nodes
@@ -50,26 +50,25 @@ def test_gpus_beyond_the_need_count_whole_nodes_past_the_fewest() -> None:
     assert gpus_beyond_need(5, 2, 4) == 12
 
 
-def test_pods_one_card_cannot_hold_are_counted_by_first_fit() -> None:
-    """Six 10 GiB pods on one node of four 16 GiB cards: four fit, one a card; two are over
-    although the node's 64 GiB sum holds all six. Eight 50 % pods fit two a card exactly."""
-    assert off_card([{GIB: 10}] * 6, SHARED_T4) == 2
-    assert off_card([{GIB: 10}] * 4, SHARED_T4) == 0
-    assert off_card([{CORE: 50, GIB: 4}] * 8, SHARED_T4) == 0
-    assert off_card([{CORE: 50, GIB: 4}] * 9, SHARED_T4) == 1
-    # Largest first: 12 + 4 fill a card where arrival order would strand the 12.
-    assert off_card([{GIB: 4}] * 4 + [{GIB: 12}] * 4, SHARED_T4) == 0
-    assert off_card([{nodes.GPU: 3}] * 9, nodes.NodeTemplate(gpus=8)) == 0  # no cards to fit
+def test_pods_the_launched_nodes_cannot_hold_count_per_card_room() -> None:
+    """Six 10 GiB pods: one 4 x 16 GiB node holds four (one a card), although its 64 GiB sum
+    would take all six; two nodes hold them all."""
+    per_node = pods_per_node(SHARED_T4, {GIB: 10})
+    assert unheld(6, 1, per_node) == 2
+    assert unheld(6, 2, per_node) == 0
+    assert unheld(6, 0, per_node) == 6
 
 
-def test_the_verdict_names_nothing_too_much_too_little_and_off_card() -> None:
-    assert verdict(launched=0, needed=2, running=0, pods=10) == "nothing: no node launched"
-    assert verdict(launched=2, needed=2, running=10, pods=10) == "as needed"
-    assert verdict(launched=3, needed=2, running=10, pods=10) == "too much: 1 node(s) more than needed"
-    assert (
-        verdict(launched=1, needed=2, running=6, pods=6, off_card_pods=2)
-        == "too little: 1 node(s) short; 2 pod(s) Running where no single GPU holds them"
+def test_the_verdict_names_nothing_too_much_too_little_and_what_no_card_holds() -> None:
+    def said(launched: int, running: int, pods: int = 6, per_card: bool = True) -> str:
+        return verdict(launched=launched, needed=2, per_node=4, running=running, pods=pods, per_card=per_card)
+
+    assert said(0, 0) == "nothing: no node launched"
+    assert said(2, 6) == "as needed"
+    assert said(3, 6) == "too much: 1 node(s) more than needed"
+    assert said(1, 6) == (
+        "too little: 1 node(s) short; 2 pod(s) Running only because Kubernetes sums the node's "
+        "cards: no GPU of the launched nodes holds them"
     )
-    assert verdict(launched=1, needed=2, running=8, pods=10) == (
-        "too little: 1 node(s) short; 2 pod(s) left Pending"
-    )
+    assert said(1, 4, per_card=False) == "too little: 1 node(s) short; 2 pod(s) left Pending"
+    assert said(1, 8, pods=10, per_card=False) == "too little: 1 node(s) short; 2 pod(s) left Pending"
