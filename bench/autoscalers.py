@@ -229,6 +229,7 @@ class Outcome:
     events: list[str] = field(default_factory=list)  # what was said of the pods left Pending
     karpenter_said: list[str] = field(default_factory=list)  # of every pod, by Karpenter
     karpenter_logged: list[str] = field(default_factory=list)  # its log lines on the namespace
+    driver_check: str = ""  # what Karpenter's kwok DRA driver did for a node made by hand
 
     @property
     def needed(self) -> int:
@@ -305,7 +306,7 @@ def logged(path: Path, namespace: str, limit: int = 4) -> list[str]:
             doc = json.loads(line)
         except ValueError:
             continue
-        text = " ".join(f"{doc.get('message', '')} {doc.get('error', '')}".split())
+        text = f"{doc.get('message', '')}: {without_other_pools(str(doc.get('error') or ''))}".rstrip(": ")
         seen[text[:300]] = None
     return list(seen)[-limit:]
 
@@ -337,16 +338,22 @@ async def measure(api: KubeApi, setup: str, w: Workload, log_path: Path | None =
 OTHER_POOLS = f"incompatible requirements, key {POOL_LABEL},"
 
 
-def _event_line(e: Mapping[str, Any]) -> str:
-    """An Event as one line; of Karpenter's reasons, the clauses about the other setups'
-    NodePools (whose label the pod does not select) are left out."""
-    source = e.get("reportingComponent") or (e.get("source") or {}).get("component") or "?"
-    message = " ".join(str(e.get("message") or "").split())
-    clauses = message.split("; ")
+def without_other_pools(text: str) -> str:
+    """Karpenter's reasons for not scheduling a pod, one clause per NodePool, less those on the
+    other setups' NodePools (whose pool label the pod does not select), counted instead."""
+    text = " ".join(text.split())
+    head = next((h for h in ("Failed to schedule pod, ",) if text.startswith(h)), "")
+    clauses = text.removeprefix(head).split("; ")
     kept = [c for c in clauses if not c.startswith(OTHER_POOLS)]
-    if len(kept) < len(clauses):
-        dropped = len(clauses) - len(kept)
-        message = "; ".join([*kept, f"[{dropped} clause(s) on the other setups' NodePools left out]"])
+    if len(kept) == len(clauses):
+        return text
+    return head + "; ".join([*kept, f"[{len(clauses) - len(kept)} on the other setups' NodePools left out]"])
+
+
+def _event_line(e: Mapping[str, Any]) -> str:
+    """An Event as one line (Karpenter's without the clauses on other NodePools)."""
+    source = e.get("reportingComponent") or (e.get("source") or {}).get("component") or "?"
+    message = without_other_pools(str(e.get("message") or ""))
     if len(message) > 400:
         message = message[:400] + " …"
     return f"{source} {e.get('reason')}: {message}"
@@ -444,6 +451,34 @@ async def publish_slices(
         await asyncio.sleep(POLL_SECONDS)
 
 
+async def driver_check(api: KubeApi, w: Workload, seconds: float = 90.0) -> str:
+    """Karpenter's kwok DRA driver at work: a kwok node of the DRA shape made by hand with the
+    pool's label (Karpenter launched none) gets its ResourceSlice from the driver, and the pods
+    left Pending land on it; what happened, in a sentence."""
+    name = f"bench-{pool_value(KARPENTER_DRA, w)}-by-hand"
+    body = nodes.manifest(name, w.template, extra_labels={POOL_LABEL: pool_value(KARPENTER_DRA, w)})
+    started = time.monotonic()
+    await create(api, "/api/v1/nodes", body)
+    sliced: float | None = None
+    running = 0
+    while time.monotonic() - started < seconds:
+        if sliced is None:
+            slices = (await api.get(dra.RESOURCE_SLICES_PATH)).get("items") or ()
+            if any((s.get("spec") or {}).get("nodeName") == name for s in slices):
+                sliced = time.monotonic() - started
+        running = sum(map(_running, await pods_of(api, KARPENTER_DRA, w)))
+        if sliced is not None and running >= min(w.pods, pods_per_node(w.template, w.ask())):
+            break
+        await asyncio.sleep(POLL_SECONDS)
+    took = time.monotonic() - started
+    if sliced is None:
+        return f"a node of the shape made by hand got no ResourceSlice from the driver in {seconds:.0f} s"
+    return (
+        f"a node of the shape made by hand got its ResourceSlice from the driver {sliced:.1f} s after "
+        f"it was created, and {running} of the {w.pods} pods were Running on it {took:.1f} s after"
+    )
+
+
 def dra_config_crd(tools: Karpenter) -> Path:
     """The DRAConfig CRD: built tools copy it since hack/build-tools.sh does; a cache built
     before has it only in the module's source, which the build downloaded."""
@@ -508,7 +543,9 @@ async def run_all(cluster: DevCluster, root: Path) -> list[Outcome]:
             for body in node_pools(KARPENTER_DRA):
                 await create(api, f"/apis/{karpenter.GROUP}/{karpenter.VERSION}/{karpenter.NODE_POOLS}", body)
             log_path = cluster.layout.logs / f"{KARPENTER_DRA}.log"
-            outcomes.append(await measure(api, KARPENTER_DRA, dra_workload, log_path))
+            outcome = await measure(api, KARPENTER_DRA, dra_workload, log_path)
+            outcome.driver_check = await driver_check(api, dra_workload)
+            outcomes.append(outcome)
         finally:
             publisher.cancel()
             await asyncio.gather(publisher, return_exceptions=True)
@@ -549,6 +586,8 @@ def render(outcomes: Sequence[Outcome], machine: Sequence[tuple[str, str]]) -> s
         if o.setup != CAPI and o.row()[-1] != "as needed":
             lines += [x for x in o.karpenter_said if x not in lines]
             lines += [f"(log) {x}" for x in o.karpenter_logged]
+        if o.driver_check:
+            lines.append(f"(kwok DRA driver check) {o.driver_check}")
         if lines:
             notes.append(f"{o.workload.name}, {SETUP_TITLES[o.setup]}: " + "; ".join(f"`{x}`" for x in lines))
     return section_markdown(

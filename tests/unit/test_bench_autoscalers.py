@@ -14,6 +14,7 @@ from bench.autoscalers import (
     pods_per_node,
     unheld,
     verdict,
+    without_other_pools,
 )
 from gpumon.devcluster import nodes
 
@@ -72,3 +73,19 @@ def test_the_verdict_names_nothing_too_much_too_little_and_what_no_card_holds() 
     )
     assert said(1, 4, per_card=False) == "too little: 1 node(s) short; 2 pod(s) left Pending"
     assert said(1, 8, pods=10, per_card=False) == "too little: 1 node(s) short; 2 pod(s) left Pending"
+
+
+def test_karpenter_reasons_keep_the_clauses_on_the_pods_own_node_pool() -> None:
+    """Karpenter writes one clause per NodePool; those naming another setup's pool label go."""
+    other = (
+        "incompatible requirements, key bench.gpumon.io/pool, bench.gpumon.io/pool In [karpenter-dra-dra] "
+        "not in bench.gpumon.io/pool In [karpenter-whole]"
+    )
+    own = "allocating dynamic resources, no instance type can satisfy the allocation"
+    message = f"Failed to schedule pod, {other}; {own}; {other}"
+    assert without_other_pools(message) == (
+        "Failed to schedule pod, allocating dynamic resources, no instance type can satisfy the "
+        "allocation; [2 on the other setups' NodePools left out]"
+    )
+    plain = "Failed to schedule pod, pod has Dynamic Resource Allocation requirements"
+    assert without_other_pools(plain) == plain
