@@ -451,7 +451,22 @@ async def publish_slices(
         await asyncio.sleep(POLL_SECONDS)
 
 
-async def driver_check(api: KubeApi, w: Workload, seconds: float = 90.0) -> str:
+def logged_errors(path: Path, limit: int = 2) -> list[str]:
+    """The distinct ``error`` fields of a controller-runtime development log's ERROR lines."""
+    seen: dict[str, None] = {}
+    for line in path.read_text(errors="replace").splitlines() if path.exists() else ():
+        if "\tERROR\t" in line and "{" in line:
+            try:
+                fields = json.loads(line[line.index("{") :])
+            except ValueError:
+                continue
+            columns = line.split("\t")
+            what = columns[3] if len(columns) > 4 else ""
+            seen[f"{what}: {fields.get('error', '')}"] = None
+    return list(seen)[:limit]
+
+
+async def driver_check(api: KubeApi, w: Workload, log_path: Path, seconds: float = 60.0) -> str:
     """Karpenter's kwok DRA driver at work: a kwok node of the DRA shape made by hand with the
     pool's label (Karpenter launched none) gets its ResourceSlice from the driver, and the pods
     left Pending land on it; what happened, in a sentence."""
@@ -472,7 +487,11 @@ async def driver_check(api: KubeApi, w: Workload, seconds: float = 90.0) -> str:
         await asyncio.sleep(POLL_SECONDS)
     took = time.monotonic() - started
     if sliced is None:
-        return f"a node of the shape made by hand got no ResourceSlice from the driver in {seconds:.0f} s"
+        errors = "; ".join(logged_errors(log_path)) or "none"
+        return (
+            f"a node of the shape made by hand got no ResourceSlice from the driver in {seconds:.0f} s "
+            f"(the driver's errors: {errors})"
+        )
     return (
         f"a node of the shape made by hand got its ResourceSlice from the driver {sliced:.1f} s after "
         f"it was created, and {running} of the {w.pods} pods were Running on it {took:.1f} s after"
@@ -544,7 +563,8 @@ async def run_all(cluster: DevCluster, root: Path) -> list[Outcome]:
                 await create(api, f"/apis/{karpenter.GROUP}/{karpenter.VERSION}/{karpenter.NODE_POOLS}", body)
             log_path = cluster.layout.logs / f"{KARPENTER_DRA}.log"
             outcome = await measure(api, KARPENTER_DRA, dra_workload, log_path)
-            outcome.driver_check = await driver_check(api, dra_workload)
+            driver_log = cluster.layout.logs / "karpenter-dra-kwok-driver.log"
+            outcome.driver_check = await driver_check(api, dra_workload, driver_log)
             outcomes.append(outcome)
         finally:
             publisher.cancel()
@@ -618,14 +638,17 @@ NOTES = (
     "DRA: the DRA nodes of the first two setups get their ResourceSlice from a stand-in of NVIDIA's "
     "DRA kubelet plugin (gpumon.devcluster.resourceslices, NVIDIA's device names and attributes) "
     "once Ready, whoever launched them; with IGNORE_DRA_REQUESTS=false Karpenter's own kwok DRA "
-    "driver publishes the same devices (a DRAConfig). Karpenter v1.15.0 with DRA requests ignored "
+    "driver runs instead, given the same devices in a DRAConfig, and publishes nothing: v1.15.0 "
+    "registers its DRAConfig types without `metav1.AddToGroupVersion` "
+    "(`dra-kwok-driver/pkg/apis/v1alpha1/draconfig_types.go:153-157`), so its every list of "
+    "DRAConfigs fails (the driver check below). Karpenter v1.15.0 with DRA requests ignored "
     "(its default) refuses every pod with a claim before simulating it "
     "(`pkg/controllers/provisioning/scheduling/scheduler.go`, `add`: 'pod has Dynamic Resource "
     "Allocation requirements that are not yet supported by Karpenter'). With them on, a NodeClaim "
     "not yet launched offers only the devices its instance type declares "
     "(`DynamicResources.ResourceSliceTemplates`, `scheduling/dra.go`), and the kwok provider's "
     "instance types declare none (`kwok/cloudprovider/helpers.go`, `InstanceTypeOptions` and "
-    "`newInstanceType`): its driver publishes slices only for nodes that exist.",
+    "`newInstanceType`); the driver would publish slices only for nodes that exist.",
     "Events: per row, the latest Event of each source and reason on the pods left Pending, and "
     "everything Karpenter said of its pods; cut at 400 characters.",
 )
