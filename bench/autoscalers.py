@@ -9,7 +9,8 @@ Setups, side by side for each workload (started at the same moment, measured apa
 - ``karpenter``: Karpenter v1.15.0 with its kwok cloud provider, a NodePool offering one
   instance type of exactly the same shape, Karpenter's defaults (DRA requests ignored);
 - ``karpenter-dra`` (the DRA workload only, after the others): Karpenter restarted with
-  ``--ignore-dra-requests=false``, and its kwok DRA driver publishing the same devices.
+  ``--ignore-dra-requests=false``, and its kwok DRA driver given the same devices (on v1.15.0
+  it publishes none: it cannot list its DRAConfigs, see :func:`driver_check`).
 
 Workloads (:data:`WORKLOADS`): whole GPUs, gpushare memory, cGPU core share with memory, a MIG
 profile, DRA claims with a CEL selector. A few nodes each: the machine has 2 shared cores.

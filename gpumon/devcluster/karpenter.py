@@ -18,8 +18,11 @@ provider's instance types file has no field for them (``kwok/cloudprovider/helpe
 ``InstanceTypeOptions`` is name, offerings, architecture, operatingSystems, resources, and
 ``newInstanceType`` leaves ``DynamicResources`` zero). Karpenter's kwok DRA driver
 (``dra-kwok-driver``, :func:`dra_driver`) publishes ResourceSlices for kwok Nodes that exist
-(every 30 s, per a cluster-scoped ``DRAConfig``), so it serves the scheduler once a node is up,
-not Karpenter's decision to launch one."""
+(every 30 s, per a cluster-scoped ``DRAConfig``), so it would serve the scheduler once a node
+is up, not Karpenter's decision to launch one; as built from v1.15.0 it cannot list its
+DRAConfigs (its types are registered without ``metav1.AddToGroupVersion``,
+``dra-kwok-driver/pkg/apis/v1alpha1/draconfig_types.go``) and publishes nothing
+(docs/benchmarks.md, "Autoscalers")."""
 
 from __future__ import annotations
 
