@@ -32,7 +32,7 @@ POOL_LABEL = "devcluster.gpumon.io/pool"
 TAINT = "gpumon.io/gpu-unhealthy"
 CONDITION = "GpuUnhealthy"
 WORKLOAD = "trainer"
-DEMO_DEADLINE = 540.0  # the demo takes ~1.5 min here; other work shares the 2 cores
+DEMO_DEADLINE = 540.0  # the demo takes ~2 min here; other work shares the 2 cores
 
 
 @dataclass(frozen=True)
