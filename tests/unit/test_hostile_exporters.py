@@ -406,7 +406,8 @@ async def test_the_flood_limits_come_from_the_controller_config(burst: int | Non
             {"signals": {"source": "direct", "direct": {"endpoints": {"n1": url}, **limits}}}
         )
         metrics = ControllerMetrics(CollectorRegistry())
-        src = _build_source(config, build_policy(config), None, session, metrics, time.time, None)
+        endpoints = StaticEndpoints(config.signals.direct.endpoints)
+        src = _build_source(config, build_policy(config), endpoints, session, metrics, time.time, None)
         assert isinstance(src, DirectSource)
         task = asyncio.create_task(src.run(lambda nodes: None))
         try:
