@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from capi_pools import CapiPool, PoolFactory, at_size, create
 from controller_harness import (  # noqa: F401 - fixtures
     TEST_LABEL,
     KubeconfigFactory,
@@ -34,15 +35,7 @@ from controller_harness import (  # noqa: F401 - fixtures
     wait_for_event,
 )
 from kubernetes_asyncio import client
-from test_cluster_api_pools import (  # noqa: F401 - the fixture
-    CapiPool,
-    PoolFactory,
-    at_size,
-    capi_pool,
-    create,
-    mhc_object,
-    pool_config,
-)
+from test_cluster_api_pools import mhc_object, pool_config
 from test_karpenter_pools import TAINT_KEY, gpu_pod, node_pool  # noqa: F401 - the fixture
 from test_repair_ladder import NEVER, ladder_done
 
@@ -130,7 +123,7 @@ async def test_a_reboot_that_fails_is_followed_by_the_machine_replaced_through_c
     devcluster: DevCluster,
     namespace: str,
     test_id: str,
-    capi_pool: PoolFactory,  # noqa: F811 - the fixture
+    capi_pool: PoolFactory,
     sa_kubeconfig_for: KubeconfigFactory,
 ) -> None:
     """A GPU whose driver asks for a node reboot; the reboot Job never runs and fails at its deadline; the
@@ -203,7 +196,7 @@ async def test_a_machine_health_check_covering_the_machine_replaces_the_node_gpu
     devcluster: DevCluster,
     namespace: str,
     test_id: str,
-    capi_pool: PoolFactory,  # noqa: F811 - the fixture
+    capi_pool: PoolFactory,
     sa_kubeconfig_for: KubeconfigFactory,
 ) -> None:
     """A pool that replaces straight away, its Machines judged by a MachineHealthCheck that
@@ -253,7 +246,7 @@ async def test_without_rbac_for_machines_the_refusal_is_told_once_and_the_swap_f
     api: client.ApiClient,
     namespace: str,
     test_id: str,
-    capi_pool: PoolFactory,  # noqa: F811 - the fixture
+    capi_pool: PoolFactory,
     sa_kubeconfig_for: KubeconfigFactory,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -304,7 +297,7 @@ async def test_a_controller_killed_mid_replacement_is_followed_by_one_that_finis
     devcluster: DevCluster,
     namespace: str,
     test_id: str,
-    capi_pool: PoolFactory,  # noqa: F811 - the fixture
+    capi_pool: PoolFactory,
     sa_kubeconfig_for: KubeconfigFactory,
 ) -> None:
     """The first controller deletes the bad node's Machine and is killed at once. A test
