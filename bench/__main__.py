@@ -2,6 +2,8 @@
 
 ``python -m bench controller-scale [...]`` runs the controller at 2,000 nodes instead (about
 ten minutes; see bench/controller_scale.py) and writes its own section of the same file.
+``python -m bench autoscalers``: gpumon + Cluster API beside Karpenter on the same pending GPU
+pods (bench/autoscalers.py), its own section too.
 ``python -m bench device-check`` and ``device-bundle``: gpumon on a real GPU (docs/nvml.md)."""
 
 from __future__ import annotations
@@ -78,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.device_check import bundle
 
         return bundle.main(argv[1:])
+    if argv[:1] == ["autoscalers"]:
+        from bench import autoscalers
+
+        return autoscalers.main(argv[1:])
     if argv[:1] == ["footprint"]:
         from bench import footprint
 

@@ -39,10 +39,12 @@ mod = json.load(sys.stdin)
 print(next(r["Version"] for r in mod["Require"] if r["Path"] == sys.argv[1]))' "$2"
 }
 
-# What a part's stamp records: its pins (and patches), so a re-pin rebuilds it.
-pins_digest() { (cd "$TOOLS/$1" && cat $(find . -type f | sort)) | sha256sum | cut -d' ' -f1; }
-is_built() { [ -f "$1/.done" ] && [ "$(cat "$1/.done")" = "$(pins_digest "$2")" ]; }
-mark_built() { pins_digest "$2" > "$1/.done"; }
+# What a part's stamp records: its pins (and patches) and the recipe that builds it (the text of
+# the calling build_* function), so a re-pin or a changed recipe rebuilds it. Without the recipe a
+# cache built before a step was added (a file copied, a binary built) would pass as complete.
+stamp() { { (cd "$TOOLS/$1" && cat $(find . -type f | sort)); declare -f "$2"; } | sha256sum | cut -d' ' -f1; }
+is_built() { [ -f "$1/.done" ] && [ "$(cat "$1/.done")" = "$(stamp "$2" "${FUNCNAME[1]}")" ]; }
+mark_built() { stamp "$2" "${FUNCNAME[1]}" > "$1/.done"; }
 
 # The packages a part builds: the imports of hack/tools/<part>/tools.go.
 tool_packages() { (cd "$TOOLS/$1" && go list -e -tags tools -f '{{join .Imports " "}}' .); }
@@ -167,7 +169,7 @@ build_karpenter() {
    && CGO_ENABLED=0 with_progress "karpenter's kwok DRA driver" \
      go build -trimpath -ldflags "-s -w" -o "$out/bin/karpenter-dra-kwok-driver" sigs.k8s.io/karpenter/dra-kwok-driver)
   local kdir; kdir=$(GOTOOLCHAIN=$toolchain module_dir karpenter sigs.k8s.io/karpenter)
-  cp "$kdir"/kwok/charts/crds/*.yaml "$kdir"/kwok/apis/crds/*.yaml "$out/crds/"
+  cp "$kdir"/kwok/charts/crds/*.yaml "$kdir"/kwok/apis/crds/*.yaml "$kdir"/dra-kwok-driver/pkg/apis/crds/*.yaml "$out/crds/"
   chmod -R u+w "$out/crds"
   mark_built "$out" karpenter
 }

@@ -24,14 +24,6 @@ from gpumon.devcluster.poolplan import POOL_LABEL
 
 TEST_LABEL = "test.gpumon.io/id"  # as tests/cluster/controller_harness.py: the test's own nodes
 
-_PLURALS = {
-    **{r.kind: r.plural for r in capi.READY_AT_ONCE},
-    "Cluster": capi.CLUSTERS,
-    "KwokMachineTemplate": capi.KWOK_MACHINE_TEMPLATES,
-    "MachineDeployment": capi.MACHINE_DEPLOYMENTS,
-    "MachineHealthCheck": capi.MACHINE_HEALTH_CHECKS,
-}
-
 
 async def create(api: client.ApiClient, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
     """Create a Cluster API object (or a Secret) as the API server answers it."""
@@ -40,7 +32,7 @@ async def create(api: client.ApiClient, namespace: str, obj: dict[str, Any]) -> 
         return obj
     group, version = obj["apiVersion"].split("/")
     created: dict[str, Any] = await client.CustomObjectsApi(api).create_namespaced_custom_object(
-        group, version, namespace, _PLURALS[obj["kind"]], obj
+        group, version, namespace, capi.PLURALS[obj["kind"]], obj
     )
     return created
 

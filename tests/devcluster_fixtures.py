@@ -87,12 +87,12 @@ KARPENTER_TYPES = (
 @pytest.fixture(scope="session")
 def karpenter_instance_types(devcluster: DevCluster) -> tuple[karpenter_controller.InstanceType, ...]:
     """Karpenter with its kwok provider on the session's control plane, started by the first
-    test that asks; the instance types it offers."""
+    test that asks, its NodeRepair gate on; the instance types it offers."""
     try:
         tools = locate_karpenter()
     except ToolsMissing as e:
         pytest.fail(str(e), pytrace=False)
-    karpenter_controller.start(devcluster, KARPENTER_TYPES, tools)
+    karpenter_controller.start(devcluster, KARPENTER_TYPES, tools, node_repair=True)
     return KARPENTER_TYPES
 
 

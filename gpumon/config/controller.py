@@ -52,8 +52,14 @@ class DirectSignalsConfig(Section):
     label_selector: str = "app.kubernetes.io/name=gpumon-exporter"
     port: Int = Field(DEFAULT_EXPORTER_PORT, ge=1, le=65535)
     scheme: Literal["http", "https"] = "http"
-    # ...unless given here: node name -> exporter base URL (tests, the demo, exporters off-cluster).
+    # ...unless given here: node name -> exporter base URL (tests, exporters off-cluster)...
     endpoints: dict[str, str] = Field(default_factory=dict)
+    # ...or in the Prometheus file_sd file Prometheus scrapes them from (the demo, exporters
+    # off-cluster): one group per exporter, its node in the label targets_node_label, re-read
+    # within targets_refresh_seconds of a change (gpumon.wire.file_sd).
+    targets_file: Path | None = None
+    targets_node_label: str = Field("node", min_length=1)
+    targets_refresh_seconds: Float = Field(5.0, gt=0, le=3600)
     heartbeat_seconds: Float = Field(10.0, ge=0.1, le=300)
     poll_interval_seconds: Float = Field(5.0, gt=0, le=3600)
     timeout_seconds: Float = Field(5.0, gt=0, le=120)
@@ -69,6 +75,12 @@ class DirectSignalsConfig(Section):
     # honest exporter sends a state line per connect, a line per GPU change and a heartbeat.
     lines_per_second: Float = Field(200.0, gt=0, le=1_000_000)
     line_burst: Int = Field(2000, ge=1, le=10_000_000)
+
+    @model_validator(mode="after")
+    def _one_list(self) -> DirectSignalsConfig:
+        if self.endpoints and self.targets_file is not None:
+            raise ValueError("targets_file: give endpoints or targets_file, not both")
+        return self
 
 
 class SignalsConfig(Section):

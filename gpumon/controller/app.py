@@ -60,7 +60,12 @@ from gpumon.controller.shell.remediation_loop import Reconciler, ReconcilerSetti
 from gpumon.controller.shell.repair_loop import RepairLoop, RepairSettings
 from gpumon.controller.shell.repair_metrics import RepairMetrics
 from gpumon.controller.shell.signal_sources.direct import DirectSettings, DirectSource
-from gpumon.controller.shell.signal_sources.endpoints import DiscoveredEndpoints, StaticEndpoints
+from gpumon.controller.shell.signal_sources.endpoints import (
+    DiscoveredEndpoints,
+    Endpoints,
+    FileEndpoints,
+    StaticEndpoints,
+)
 from gpumon.controller.shell.signal_sources.prometheus import PrometheusSettings, PrometheusSource
 from gpumon.httpauth.guard import Guard, guard
 from gpumon.httpauth.tls import client_context
@@ -139,7 +144,7 @@ class Controller:
     elector: LeaseThread | None
     source: SignalSource
     session: aiohttp.ClientSession
-    endpoints: DiscoveredEndpoints | None = None
+    endpoints: Endpoints | None = None  # the direct source's exporters
     autoscaler: Autoscaler | None = None
     repair: RepairLoop | None = None  # with a pool that repairs (pools[].repair)
     supervisor: Supervisor = field(default_factory=lambda: Supervisor(delay=TASK_BACKOFF.delay))
@@ -154,7 +159,7 @@ class Controller:
     @property
     def views(self) -> list[View[Any]]:
         """The caches readiness waits for."""
-        extra = [self.endpoints.view] if self.endpoints is not None else []
+        extra = [self.endpoints.view] if isinstance(self.endpoints, DiscoveredEndpoints) else []
         extra += self.autoscaler.views if self.autoscaler is not None else []
         c = self.caches
         return [c.nodes, c.pods, c.pdbs, c.state, c.claims, c.slices, *extra]
@@ -197,7 +202,7 @@ def make_app(
         delay=TASK_BACKOFF.delay, on_restart=lambda task: metrics.task_restarts.labels(task).inc()
     )
     auth = guard(config.auth, on_error=_api_errors(metrics, "auth"), supervisor=supervisor, api=api)
-    endpoints = _discovered_endpoints(config, informers)
+    endpoints = _endpoints(config, informers, metrics)
     source, session = _signals(config, policy, endpoints, metrics, wall_clock)
     reconciler = Reconciler(
         api=api,
@@ -419,18 +424,31 @@ def _lease_client(api: KubeApi, timeout: float) -> Callable[[], AbstractAsyncCon
     return lambda: nullcontext(api)
 
 
-def _discovered_endpoints(config: ControllerConfig, informers: Informers) -> DiscoveredEndpoints | None:
-    """The exporters' pods through the API, when the direct source is given no endpoints."""
+def _endpoints(
+    config: ControllerConfig, informers: Informers, metrics: ControllerMetrics
+) -> Endpoints | None:
+    """Where the direct source finds the exporters: the map in config, the targets file, or
+    else their pods through the API."""
     d = config.signals.direct
-    if config.signals.source != "direct" or d.endpoints:
+    if config.signals.source != "direct":
         return None
+    if d.endpoints:
+        return StaticEndpoints(d.endpoints)
+    if d.targets_file is not None:
+        return FileEndpoints(
+            d.targets_file,
+            node_label=d.targets_node_label,
+            scheme=d.scheme,
+            refresh_seconds=d.targets_refresh_seconds,
+            on_error=lambda kind: metrics.signal_errors.labels("direct", kind).inc(),
+        )
     return DiscoveredEndpoints(informers, d.namespace, d.label_selector, d.port, d.scheme)
 
 
 def _signals(
     config: ControllerConfig,
     policy: Policy,
-    endpoints: DiscoveredEndpoints | None,
+    endpoints: Endpoints | None,
     metrics: ControllerMetrics,
     wall_clock: Callable[[], float],
 ) -> tuple[SignalSource, aiohttp.ClientSession]:
@@ -481,7 +499,7 @@ def _application(controller: Controller, auth: Guard) -> web.Application:
 def _build_source(
     config: ControllerConfig,
     policy: Policy,
-    endpoints: DiscoveredEndpoints | None,
+    endpoints: Endpoints | None,
     session: aiohttp.ClientSession,
     metrics: ControllerMetrics,
     wall_clock: Callable[[], float],
@@ -511,6 +529,7 @@ def _build_source(
             on_round=on_round,
         )
     d = s.direct
+    assert endpoints is not None, "_endpoints gives the direct source one"
     return DirectSource(
         DirectSettings(
             heartbeat_seconds=d.heartbeat_seconds,
@@ -522,7 +541,7 @@ def _build_source(
             lines_per_second=d.lines_per_second,
             line_burst=d.line_burst,
         ),
-        endpoints if endpoints is not None else StaticEndpoints(d.endpoints),
+        endpoints,
         session,
         wall_clock=wall_clock,
         on_error=lambda kind: metrics.signal_errors.labels("direct", kind).inc(),
@@ -541,6 +560,8 @@ async def _lifespan(app: web.Application) -> AsyncIterator[None]:
     for informer in controller.informers.informers:
         if informer is not deferred:
             start(f"informer {informer.name}", functools.partial(informer.run, controller.api))
+    if isinstance(controller.endpoints, FileEndpoints):
+        start("exporter targets file", controller.endpoints.run)
     start(f"signals {source.name}", functools.partial(source.run, controller.reconciler.mark))
     if controller.elector is not None:
         elector = controller.elector

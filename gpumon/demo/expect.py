@@ -171,6 +171,20 @@ def scaled_down(view: ClusterView, ctx: StepContext) -> ExpectOutcome:
     )
 
 
+def replaced(view: ClusterView, ctx: StepContext) -> ExpectOutcome:
+    """The broken GPUs' machines were replaced through the pool's own machinery: each such node
+    is gone, the pool has as many nodes with GPUs as it asked for when the step began (a swap,
+    never a scale-down), and every app is back at full strength."""
+    apps_ok, apps = _apps(view, ctx.apps)
+    desired, joined, available = _pool(view)
+    gone = [b.node for b in ctx.broken if view.node(b.node) is None]
+    left = [b.node for b in ctx.broken if b.node not in gone]
+    met = apps_ok and not left and desired == joined == available == ctx.pool_desired_before
+    parts = [f"{n} gone" for n in gone] + [f"{n} still there" for n in left]
+    parts.append(f"pool {available}/{desired} nodes with GPUs (was {ctx.pool_desired_before}), {apps}")
+    return ExpectOutcome(met, "; ".join(parts))
+
+
 CHECKS = {
     Expect.STEADY: steady,
     Expect.QUARANTINED: quarantined,
@@ -178,6 +192,7 @@ CHECKS = {
     Expect.RECOVERED: recovered,
     Expect.REPAIRED: repaired,
     Expect.SCALED_DOWN: scaled_down,
+    Expect.REPLACED: replaced,
 }
 
 

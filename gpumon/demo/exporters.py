@@ -1,11 +1,11 @@
-"""One ``gpumon exporter`` process per node that exists (simulated GPUs, on the port the fleet
-chose for the node's name), started when the node joins and stopped when it leaves; the file
-Prometheus discovers them from; and the two calls the demo makes to them (snapshot, fault)."""
+"""One ``gpumon exporter`` process per node that exists (simulated GPUs, on a loopback port of
+its own, chosen when the node joins), started when the node joins and stopped when it leaves;
+the file Prometheus and the controller find them in; and the two calls the demo makes to them
+(snapshot, fault)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +19,7 @@ from gpumon.demo.agents import NodeAgents
 from gpumon.demo.fleet import Fleet, NodeSpec
 from gpumon.demo.scenario import Scenario
 from gpumon.demo.views import ClusterView
+from gpumon.devcluster.cluster import free_ports
 from gpumon.devcluster.localservers import ExporterProcess
 from gpumon.wire import v1 as wire
 
@@ -44,7 +45,7 @@ class ExporterFleet:
         self._env = {"KUBECONFIG": str(kubeconfig)}  # the exporters' pod watch
         self._targets_file = targets_file
         self.running: dict[str, ExporterProcess] = {}
-        self._unknown: set[str] = set()  # nodes without a port, warned about once
+        self._joined = 0  # pool nodes seen so far: each one's simulated GPUs get a seed of their own
         self._write_targets()
 
     def start(self, spec: NodeSpec) -> ExporterProcess:
@@ -66,15 +67,15 @@ class ExporterFleet:
 
     async def sync(self, view: ClusterView) -> None:
         """Exporters for the nodes that joined, none for the nodes that left."""
-        present = {n.name for n in view.nodes}
-        for name in sorted(present - self.running.keys()):
-            spec = self._fleet.spec(name)
-            if spec is None:
-                if name not in self._unknown:
-                    self._unknown.add(name)
-                    log.warning("no exporter port for this node name", extra={"node": name})
-                continue
-            self.start(spec)
+        present = {n.name: n for n in view.nodes}
+        for name in sorted(present.keys() - self.running.keys()):
+            spec = self._fleet.static_spec(name)
+            if spec is None and present[name].pool == fleet_mod.POOL:
+                self._joined += 1
+                (port,) = free_ports(1)
+                spec = self._fleet.pool_spec(name, self._scenario, seed=self._joined, port=port)
+            if spec is not None:
+                self.start(spec)
         for name in sorted(self.running.keys() - present):
             process = self.running.pop(name)
             self._write_targets()
@@ -84,8 +85,8 @@ class ExporterFleet:
     def _write_targets(self) -> None:
         ports = {name: p.port for name, p in self.running.items()}
         tmp = self._targets_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(fleet_mod.file_sd_targets(ports)))
-        tmp.replace(self._targets_file)  # Prometheus never reads half a file
+        tmp.write_bytes(fleet_mod.targets_file_body(ports))
+        tmp.replace(self._targets_file)  # neither reader ever sees half a file
 
     def stop_all(self) -> None:
         for process in self.running.values():

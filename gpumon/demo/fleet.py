@@ -1,11 +1,13 @@
-"""The demo's cluster, built from its scenario: which nodes exist and which may join, the port of
-each node's exporter, the workloads, and the configuration of the exporters, the controller and
-Prometheus. Pure builders; :mod:`gpumon.demo.orchestrate` applies them.
+"""The demo's cluster, built from its scenario: the nodes outside the pool, the pool Cluster API
+makes, the workloads, and the configuration of the exporters, the controller and Prometheus.
+Pure builders; :mod:`gpumon.demo.orchestrate` applies them.
 
-The pool is a Cluster API MachineDeployment that the devcluster pool simulator turns into kwok
-nodes named ``gpu-pool-<n>``. The controller reads every exporter through a static node -> URL
-map (kwok pods are not processes, so exporters cannot be found as pods), so each name a pool
-node may get has its port chosen up front; an exporter runs on it while that node exists.
+The pool is a Cluster API MachineDeployment reconciled by Cluster API's own manager, whose
+Machines the devcluster's kwok infrastructure provider turns into kwok Nodes named after them
+(gpumon.devcluster.capi_infra_plan). Names are known only once a node joins, so its exporter
+gets a port then, and the exporters are listed in one Prometheus file_sd file
+(:func:`targets_file_body`) that Prometheus scrapes them from and the controller reads them
+from (``signals.direct.targets_file``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from gpumon.devcluster import capi, nodes
 from gpumon.devcluster.poolplan import POOL_LABEL
 from gpumon.devcluster.workloads import APP_LABEL, gpu_deployment
 from gpumon.k8s.resources import DIRECTX_RESOURCE, GPUSHARE_MEMORY_RESOURCE
+from gpumon.wire import file_sd
 
 NAMESPACE = "gpumon-demo"
 CONTROLLER_NAMESPACE = "gpumon-system"
@@ -55,32 +58,22 @@ class NodeSpec:
 class Fleet:
     pool_template: nodes.NodeTemplate
     static: tuple[NodeSpec, ...]  # created by the demo, outside the pool
-    pool_candidates: tuple[NodeSpec, ...]  # every name a pool node may get in this run
 
-    def spec(self, name: str) -> NodeSpec | None:
-        return next((s for s in (*self.static, *self.pool_candidates) if s.name == name), None)
+    def static_spec(self, name: str) -> NodeSpec | None:
+        return next((s for s in self.static if s.name == name), None)
 
-    @property
-    def endpoints(self) -> Mapping[str, str]:
-        """Node name -> exporter base URL, for the controller's direct signals."""
-        return MappingProxyType(
-            {s.name: f"http://127.0.0.1:{s.port}" for s in (*self.static, *self.pool_candidates)}
-        )
+    def pool_spec(self, name: str, scenario: Scenario, *, seed: int, port: int) -> NodeSpec:
+        """The exporter of a pool node that joined, on the port chosen for it then."""
+        return NodeSpec(name, self.pool_template, scenario.fleet.gpu_model, seed, port)
 
 
 def product(model: str) -> str:
     return f"NVIDIA-{model}"
 
 
-def candidate_count(scenario: Scenario) -> int:
-    # Names grow past the pool's size when nodes leave and others join; twice the maximum
-    # covers a few rounds of that.
-    return 2 * (scenario.fleet.pool_nodes + scenario.fleet.max_extra_nodes)
-
-
 def ports_needed(scenario: Scenario) -> int:
-    f = scenario.fleet
-    return candidate_count(scenario) + int(f.shared_node) + int(f.windows_node)
+    """The ports chosen up front: the static nodes' exporters (pool nodes get theirs on joining)."""
+    return int(scenario.fleet.shared_node) + int(scenario.fleet.windows_node)
 
 
 def build(scenario: Scenario, ports: Sequence[int]) -> Fleet:
@@ -98,11 +91,7 @@ def build(scenario: Scenario, ports: Sequence[int]) -> Fleet:
     if f.windows_node:
         windows = nodes.NodeTemplate(gpus=1, os="windows", product=product(WINDOWS_MODEL))
         static.append(NodeSpec(WINDOWS_NODE, windows, WINDOWS_MODEL, 102, next(free)))
-    candidates = tuple(
-        NodeSpec(f"{POOL}-{i}", pool_template, f.gpu_model, i, next(free))
-        for i in range(candidate_count(scenario))
-    )
-    return Fleet(pool_template, tuple(static), candidates)
+    return Fleet(pool_template, tuple(static))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,8 +114,15 @@ def controller_configmap() -> dict[str, Any]:
     }
 
 
-def machine_deployment(scenario: Scenario) -> dict[str, Any]:
-    return capi.machine_deployment(POOL, NAMESPACE, replicas=scenario.fleet.pool_nodes)
+def pool_objects(the_fleet: Fleet, scenario: Scenario, *, manager_kubeconfig: str) -> list[dict[str, Any]]:
+    """In creation order: the Cluster the pool belongs to (a self-hosted management cluster:
+    its kubeconfig points back at the demo's API server), the KwokMachineTemplate with the pool
+    node's shape, and the MachineDeployment."""
+    shape = nodes.shape(the_fleet.pool_template, {POOL_LABEL: POOL})
+    return [
+        *capi.management_cluster(NAMESPACE, manager_kubeconfig),
+        *capi.machine_pool(POOL, NAMESPACE, shape, replicas=scenario.fleet.pool_nodes),
+    ]
 
 
 def _deployment(
@@ -202,14 +198,16 @@ def exporter_config(
     }
 
 
-# The pool's repair ladder when a step asks for a repair: a reset only (a reboot or a replacement
-# is not part of the demo), then a validation before the quarantine lifts. The reset is the
-# chart's default command (controller.repairJobs.reset); the validation an example of one. kwok
-# completes both Jobs' pods without running a command: the demo plays the reset's effect.
+# The pool's repair ladder when a step asks for a repair: a reset, then a validation before the
+# quarantine lifts (no reboot: kwok has no host to reboot, and the demo no story for one). The
+# reset is the chart's default command (controller.repairJobs.reset); the validation an example
+# of one. kwok completes both Jobs' pods without running a command: the demo plays the reset's
+# effect. With a step expecting a replacement, the last rung is on too (repair_config).
 REPAIR: Mapping[str, Any] = MappingProxyType(
     {
         "steps": ["reset"],
         "reset_deadline_seconds": 120,
+        "replace_deadline_seconds": 120,
         "validate_deadline_seconds": 120,
         "reset_job": {
             "template": {
@@ -247,9 +245,18 @@ REPAIR: Mapping[str, Any] = MappingProxyType(
 )
 
 
-def controller_config(fleet: Fleet, scenario: Scenario, *, kubeconfig: Path, port: int) -> dict[str, Any]:
+def repair_config(scenario: Scenario) -> dict[str, Any]:
+    """:data:`REPAIR`, with the replacement rung when a step expects a machine replaced (the
+    same GPU faulting again within the flap window: Cluster API's MachineSet makes the new one)."""
+    steps = [*REPAIR["steps"], *(["replace"] if scenario.replaces else [])]
+    return {**REPAIR, "steps": steps}
+
+
+def controller_config(
+    fleet: Fleet, scenario: Scenario, *, kubeconfig: Path, port: int, targets_file: Path
+) -> dict[str, Any]:
     f, t = scenario.fleet, scenario.controller
-    repair = {"repair": dict(REPAIR)} if scenario.repairs else {}
+    repair = {"repair": repair_config(scenario)} if scenario.repairs else {}
     return {
         "dry_run": False,
         "kubeconfig": str(kubeconfig),
@@ -261,7 +268,8 @@ def controller_config(fleet: Fleet, scenario: Scenario, *, kubeconfig: Path, por
             "source": "direct",
             "stale_after_seconds": 30,
             "direct": {
-                "endpoints": dict(fleet.endpoints),
+                "targets_file": str(targets_file),
+                "targets_refresh_seconds": 0.5,
                 "heartbeat_seconds": 2,
                 "poll_interval_seconds": 1,
             },
@@ -295,12 +303,19 @@ def prometheus_config(*, targets_file: Path, controller_port: int) -> dict[str, 
     return {
         "global": {"scrape_interval": "2s", "scrape_timeout": "2s", "evaluation_interval": "2s"},
         "scrape_configs": [
-            # The demo rewrites the file as exporters come and go; Prometheus watches it.
-            {"job_name": EXPORTER_JOB, "file_sd_configs": [{"files": [str(targets_file)]}]},
+            # The demo rewrites the file as exporters come and go; Prometheus watches it. The
+            # exporter's own node label is the one the file gives its target: kept as it is,
+            # not renamed exported_node.
+            {
+                "job_name": EXPORTER_JOB,
+                "honor_labels": True,
+                "file_sd_configs": [{"files": [str(targets_file)]}],
+            },
             {"job_name": CONTROLLER_JOB, "static_configs": [{"targets": [f"127.0.0.1:{controller_port}"]}]},
         ],
     }
 
 
-def file_sd_targets(ports: Mapping[str, int]) -> list[dict[str, Any]]:
-    return [{"targets": [f"127.0.0.1:{port}" for _, port in sorted(ports.items())]}] if ports else []
+def targets_file_body(ports: Mapping[str, int]) -> bytes:
+    """The exporters as Prometheus and the controller find them: node name -> loopback port."""
+    return file_sd.dump({name: f"127.0.0.1:{port}" for name, port in ports.items()})

@@ -1,11 +1,12 @@
 """Running the demo: start every part, play the scenario's steps against the live cluster,
 report, stop everything.
 
-Parts, in order: the local control plane (devcluster), a real Prometheus when installed, the
-namespaces, the pool's MachineDeployment and the nodes outside it, the pool simulator, the
-node agents (pod-resources, gpushare placement) and one exporter per node as nodes join, the
-controller (``gpumon controller --act`` as a subprocess), then the workloads. One observer
-loop reads the cluster twice a second; the display, the agents, the exporters and the step
+Parts, in order: the local control plane (devcluster) with Cluster API's own manager and the
+kwok infrastructure provider on it, a real Prometheus when installed, the namespaces, the pool
+(a Cluster and its MachineDeployment) and the nodes outside it, the node agents (pod-resources,
+gpushare placement) and one exporter per node as nodes join, the controller (``gpumon
+controller --act`` as a subprocess), then the workloads. One observer loop reads the cluster
+twice a second; the display, the agents, the exporters and the step
 checks all work from its latest :class:`ClusterView`.
 
 Every process is started from the main thread through devcluster's supervision (own process
@@ -36,12 +37,10 @@ from gpumon.demo.observe import Observer
 from gpumon.demo.render import HeaderStatus
 from gpumon.demo.scenario import Expect, Scenario, ScenarioStep
 from gpumon.demo.views import ClusterView
-from gpumon.devcluster import capi, nodes, processes
+from gpumon.devcluster import capi, cluster_api, nodes, processes
 from gpumon.devcluster.binaries import ToolsMissing
 from gpumon.devcluster.cluster import DevCluster, StartupError, free_ports
 from gpumon.devcluster.localservers import ControllerProcess, PrometheusProcess
-from gpumon.devcluster.poolplan import Timing
-from gpumon.devcluster.poolsim import PoolSimulator, SimulatedPool
 from gpumon.devcluster.state import alive
 from gpumon.kube.client import KubeClient, KubeError
 from gpumon.kube.kubeconfig import from_kubeconfig
@@ -180,6 +179,8 @@ def run(options: RunOptions, display: Display, clock: Callable[[], float] = time
             cluster = DevCluster.start(paths.cluster)
             stack.callback(cluster.stop)
             shutil.copyfile(cluster.kubeconfig, paths.kubeconfig)
+            display.status(HeaderStatus("starting Cluster API's manager"))
+            capi_running = cluster_api.start(cluster)
             scenario = options.scenario
             ports = free_ports(fleet.ports_needed(scenario) + 1)
             the_fleet = fleet.build(scenario, ports[:-1])
@@ -199,24 +200,25 @@ def run(options: RunOptions, display: Display, clock: Callable[[], float] = time
                     display.say(f"going on without Prometheus: {str(e).splitlines()[0]}")
             controller = ControllerProcess(
                 paths.controller,
-                fleet.controller_config(the_fleet, scenario, kubeconfig=paths.kubeconfig, port=ports[-1]),
+                fleet.controller_config(
+                    the_fleet,
+                    scenario,
+                    kubeconfig=paths.kubeconfig,
+                    port=ports[-1],
+                    targets_file=paths.targets,
+                ),
                 "--act",
                 port=ports[-1],
             )
             stack.callback(controller.stop)
-            first = the_fleet.pool_candidates[0]
             links = [
                 ("kubeconfig", f"export KUBECONFIG={paths.kubeconfig}"),
-                (
-                    "exporter metrics",
-                    f"{the_fleet.endpoints[first.name]}/metrics ({first.name}; "
-                    f"every node's in {paths.targets})",
-                ),
+                ("exporters", f"every node's /metrics address is in {paths.targets}"),
                 ("controller metrics", f"{controller.url}/metrics"),
             ]
             if prometheus is not None:
                 links.append(("Prometheus UI", f"{prometheus.url}/graph"))
-            play = _Play(options, display, the_fleet, controller, links, started, clock)
+            play = _Play(options, display, the_fleet, controller, links, started, clock, capi_running)
             report = asyncio.run(play.run())
     except (DemoError, ToolsMissing, StartupError) as e:
         report = replace(report, error=str(e))
@@ -237,8 +239,10 @@ class _Play:
         links: list[tuple[str, str]],
         started: float,
         clock: Callable[[], float],
+        capi_running: cluster_api.ClusterApiRunning,
     ) -> None:
         self.o = options
+        self.capi = capi_running
         self.s = options.scenario
         self.display = display
         self.fleet = the_fleet
@@ -249,6 +253,7 @@ class _Play:
         self.live = _Live()
         self.replicas = self.s.workload.replicas
         self.broken: tuple[expect.Broken, ...] = ()
+        self.repaired: tuple[expect.Broken, ...] = ()  # what the last repaired step brought back
         # Repair Jobs whose command's effect the demo has played on the simulated GPUs.
         self.played: set[str] = set()
         self.report = Report()
@@ -284,27 +289,14 @@ class _Play:
             try:
                 self.status("creating the fleet")
                 await self._create_fleet()
-                sim = PoolSimulator(
-                    api,
-                    [
-                        SimulatedPool(
-                            fleet.NAMESPACE,
-                            fleet.POOL,
-                            self.fleet.pool_template,
-                            Timing(self.s.fleet.boot_seconds, self.s.fleet.gpu_seconds),
-                        )
-                    ],
-                    interval_seconds=0.25,
+                self.observer = asyncio.create_task(
+                    self._observe(Observer(api, exporters, session)), name="observer"
                 )
-                async with sim.running():
-                    self.observer = asyncio.create_task(
-                        self._observe(Observer(api, exporters, session)), name="observer"
-                    )
-                    try:
-                        yield
-                    finally:
-                        self.observer.cancel()
-                        await asyncio.gather(self.observer, return_exceptions=True)
+                try:
+                    yield
+                finally:
+                    self.observer.cancel()
+                    await asyncio.gather(self.observer, return_exceptions=True)
             finally:
                 await asyncio.to_thread(exporters.stop_all)
                 agents.close()
@@ -331,7 +323,8 @@ class _Play:
         await self.api.post(
             f"/api/v1/namespaces/{fleet.CONTROLLER_NAMESPACE}/configmaps", fleet.controller_configmap()
         )
-        await self.api.post(capi.machine_deployments_path(fleet.NAMESPACE), fleet.machine_deployment(self.s))
+        for obj in fleet.pool_objects(self.fleet, self.s, manager_kubeconfig=self.capi.kubeconfig_yaml):
+            await self.api.post(capi.collection_path(obj), obj)
         for spec in self.fleet.static:
             await self.api.post("/api/v1/nodes", nodes.manifest(spec.name, spec.template))
 
@@ -457,15 +450,33 @@ class _Play:
             if seen is not None:
                 if step.repair:
                     await self._play_repairs(seen)
+                resized = self._resized(step, seen, ctx)
+                if resized:
+                    self.display.say(f"{title}: FAILED, {resized}")
+                    return StepResult(step.name, step.expect.value, False, self.clock() - t0, resized)
                 outcome = expect.check(step.expect, seen, ctx)
         seconds = self.clock() - t0
-        if step.expect in (Expect.RECOVERED, Expect.REPAIRED):
+        if step.expect is Expect.REPAIRED:
+            self.repaired = self.broken
+        if step.expect in (Expect.RECOVERED, Expect.REPAIRED, Expect.REPLACED):
             self.broken = ()
         self.display.say(f"{title}: {step.expect.value} after {seconds:.1f} s: {outcome.detail}")
         self.status(f"{title}: {step.expect.value}", outcome.detail)
         if step.hold_seconds:
             await asyncio.sleep(step.hold_seconds)
         return StepResult(step.name, step.expect.value, True, seconds, outcome.detail)
+
+    @staticmethod
+    def _resized(step: ScenarioStep, view: ClusterView, ctx: expect.StepContext) -> str | None:
+        """A replacement is a swap: the pool's size holds throughout, or the step has failed."""
+        if step.expect is not Expect.REPLACED or view.pool is None:
+            return None
+        if view.pool.desired == ctx.pool_desired_before:
+            return None
+        return (
+            f"the pool's replicas went {ctx.pool_desired_before} -> {view.pool.desired} "
+            "during the replacement; a replacement must keep the pool's size"
+        )
 
     async def _act(self, step: ScenarioStep, view: ClusterView) -> None:
         if step.inject is not None:
@@ -523,6 +534,10 @@ class _Play:
     def _target(self, step: ScenarioStep, view: ClusterView) -> tuple[str, int]:
         """The node and GPU a fault goes to: as given, else a pool GPU holding a workload pod."""
         assert step.inject is not None
+        if step.inject.again:
+            if not self.repaired:
+                raise DemoError("inject.again: no earlier step repaired a GPU")
+            return self.repaired[0].node, self.repaired[0].gpu
         node, gpu = step.inject.node, step.inject.gpu
         prefix = f"{fleet.NAMESPACE}/{fleet.WORKLOAD}-"
         candidates = [

@@ -32,8 +32,6 @@ class FleetSpec(_ScenarioModel):
     gpu_model: Literal["A100-SXM4-80GB", "H100-80GB-HBM3", "L40S", "T4"] = "A100-SXM4-80GB"
     shared_node: bool = True
     windows_node: bool = True
-    boot_seconds: float = Field(3.0, ge=0, le=600)
-    gpu_seconds: float = Field(2.0, ge=0, le=600)
 
 
 class Workload(_ScenarioModel):
@@ -55,6 +53,7 @@ class Expect(enum.StrEnum):
     RECOVERED = "recovered"
     REPAIRED = "repaired"
     SCALED_DOWN = "scaled-down"
+    REPLACED = "replaced"
 
 
 class Inject(_ScenarioModel):
@@ -66,6 +65,8 @@ class Inject(_ScenarioModel):
     fault: str
     node: str | None = None
     gpu: int | None = Field(None, ge=0)
+    # The GPU an earlier step's repair brought back: it faults again within the flap window.
+    again: bool = False
 
     def body(self, gpu: int) -> dict[str, Any]:
         """The POST /api/v1/faults body for this fault on ``gpu``."""
@@ -74,6 +75,8 @@ class Inject(_ScenarioModel):
 
     @model_validator(mode="after")
     def _a_known_fault(self) -> Inject:
+        if self.again and (self.node is not None or self.gpu is not None):
+            raise ValueError("again: the GPU an earlier repair brought back; give no node or gpu with it")
         if self.fault in ("clear", "unavailable"):
             raise ValueError(f"fault {self.fault!r} is not for inject (use `clear: true` to reset GPUs)")
         try:
@@ -131,7 +134,7 @@ class Scenario(_ScenarioModel):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"step names must be unique: {', '.join(dup)}")
-        broken = repairing = False
+        broken = repairing = repaired = False
         for i, s in enumerate(self.steps):
             broken |= s.inject is not None
             repairing |= s.repair
@@ -145,12 +148,24 @@ class Scenario(_ScenarioModel):
                 )
             if s.expect is Expect.REPAIRED and not repairing:
                 raise ValueError(f"steps.{i} ({s.name}): repaired needs a repair step (this one or earlier)")
+            if s.inject is not None and s.inject.again and not repaired:
+                raise ValueError(
+                    f"steps.{i} ({s.name}): inject.again needs an earlier step that expects repaired"
+                )
+            if s.expect is Expect.REPLACED and s.inject is None:
+                raise ValueError(f"steps.{i} ({s.name}): replaced needs this step to inject a fault")
+            repaired |= s.expect is Expect.REPAIRED
         return self
 
     @property
     def repairs(self) -> bool:
         """A step asks for gpumon's repair: the pool's repair ladder is on."""
-        return any(s.repair for s in self.steps)
+        return any(s.repair for s in self.steps) or self.replaces
+
+    @property
+    def replaces(self) -> bool:
+        """A step expects a machine replaced: the ladder's last rung is on."""
+        return any(s.expect is Expect.REPLACED for s in self.steps)
 
     def with_pool_nodes(self, n: int) -> Scenario:
         return self.model_copy(update={"fleet": self.fleet.model_copy(update={"pool_nodes": n})})

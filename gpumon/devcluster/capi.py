@@ -86,6 +86,24 @@ KWOK_CONTROL_PLANE = ReadyAtOnce(
 READY_AT_ONCE = (KWOK_CLUSTER, KWOK_CONTROL_PLANE)
 
 
+# Kind -> plural of every object the builders below make.
+PLURALS: Mapping[str, str] = {
+    **{r.kind: r.plural for r in READY_AT_ONCE},
+    "Cluster": CLUSTERS,
+    "KwokMachineTemplate": KWOK_MACHINE_TEMPLATES,
+    "MachineDeployment": MACHINE_DEPLOYMENTS,
+    "MachineHealthCheck": MACHINE_HEALTH_CHECKS,
+}
+
+
+def collection_path(obj: Mapping[str, Any]) -> str:
+    """Where to POST one of the builders' objects (their Secret included)."""
+    ns = obj["metadata"]["namespace"]
+    if obj["kind"] == "Secret":
+        return f"/api/v1/namespaces/{ns}/secrets"
+    return f"/apis/{obj['apiVersion']}/namespaces/{ns}/{PLURALS[obj['kind']]}"
+
+
 def machine_deployments_path(namespace: str, name: str = "") -> str:
     """The API path of a namespace's MachineDeployments, or of one of them."""
     path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{MACHINE_DEPLOYMENTS}"

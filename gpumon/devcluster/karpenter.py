@@ -5,8 +5,25 @@ the devcluster's kwok then runs (they carry its ``kwok.x-k8s.io/node: fake`` ann
 Instance types come from a JSON file (``--instance-types-file-path``; the shape of the module's
 ``kwok/cloudprovider/instance_types.json``), one per GPU node template here: its ``resources``
 map takes extended resources such as ``nvidia.com/gpu``. Started on demand, like Cluster API's
-manager (gpumon.devcluster.cluster_api); the node repair gate and DRA are left at Karpenter's
-defaults (off, DRA requests ignored): nothing here relies on them yet."""
+manager (gpumon.devcluster.cluster_api). ``node_repair=True`` turns on its ``NodeRepair`` gate
+(docs/autoscaling.md, "Karpenter's node repair and gpumon's").
+
+DRA requests are ignored by default (``--ignore-dra-requests``, ``IGNORE_DRA_REQUESTS``,
+default true: ``pkg/operator/options/options.go``); ``start(..., ignore_dra_requests=False)``
+turns Karpenter's DRA scheduling on. What that needs, read from karpenter v1.15.0: the
+provisioner then gathers the cluster's ResourceSlices and builds a device allocator
+(``pkg/controllers/provisioning/provisioner.go``), and a NodeClaim not yet launched offers only
+the devices its instance type declares (``DynamicResources.ResourceSliceTemplates``,
+``pkg/controllers/provisioning/scheduling/dra.go``, ``templateSlicesForInstanceType``). The kwok
+provider's instance types file has no field for them (``kwok/cloudprovider/helpers.go``:
+``InstanceTypeOptions`` is name, offerings, architecture, operatingSystems, resources, and
+``newInstanceType`` leaves ``DynamicResources`` zero). Karpenter's kwok DRA driver
+(``dra-kwok-driver``, :func:`dra_driver`) publishes ResourceSlices for kwok Nodes that exist
+(every 30 s, per a cluster-scoped ``DRAConfig``), so it would serve the scheduler once a node
+is up, not Karpenter's decision to launch one; as built from v1.15.0 it cannot list its
+DRAConfigs (its types are registered without ``metav1.AddToGroupVersion``,
+``dra-kwok-driver/pkg/apis/v1alpha1/draconfig_types.go``) and publishes nothing
+(docs/benchmarks.md, "Autoscalers")."""
 
 from __future__ import annotations
 
@@ -96,16 +113,27 @@ def node_pool(
     }
 
 
-def controller(tools: Karpenter, cluster: DevCluster, types_path: str, ports: tuple[int, int]) -> Component:
+def controller(
+    tools: Karpenter,
+    cluster: DevCluster,
+    types_path: str,
+    ports: tuple[int, int],
+    *,
+    name: str = "karpenter",
+    ignore_dra_requests: bool = True,
+    node_repair: bool = False,
+) -> Component:
     metrics, health = ports
     return Component(
-        name="karpenter",
+        name=name,
         argv=(
             str(tools.controller),
             "--disable-leader-election",
             f"--metrics-port={metrics}",
             f"--health-probe-port={health}",
             f"--instance-types-file-path={types_path}",
+            f"--ignore-dra-requests={'true' if ignore_dra_requests else 'false'}",
+            *(["--feature-gates=NodeRepair=true"] if node_repair else []),
         ),
         health=HealthCheck(f"http://127.0.0.1:{health}/readyz", client_cert=False),
         wave=0,
@@ -119,8 +147,14 @@ def start(
     types: Sequence[InstanceType],
     tools: Karpenter | None = None,
     timeout_seconds: float = 120.0,
+    *,
+    name: str = "karpenter",
+    ignore_dra_requests: bool = True,
+    node_repair: bool = False,
 ) -> None:
-    """Install Karpenter's CRDs and the KWOKNodeClass, and start the controller. Raises
+    """Install Karpenter's CRDs and the KWOKNodeClass, and start the controller (component
+    ``name``: a second one, with DRA on, once the first is stopped; ``node_repair``: with its
+    ``NodeRepair`` feature gate on, the flag winning over a FEATURE_GATES variable). Raises
     :class:`gpumon.devcluster.binaries.ToolsMissing` when it is not built."""
     karpenter = tools or locate_karpenter()
     root = cluster.layout.root / "karpenter"
@@ -133,4 +167,58 @@ def start(
         "apply", "--server-side", "--field-manager=gpumon-devcluster", "-f", str(root / "nodeclass.yaml")
     )
     ports = free_ports(2)
-    cluster.add_components([controller(karpenter, cluster, str(path), (ports[0], ports[1]))], timeout_seconds)
+    component = controller(
+        karpenter,
+        cluster,
+        str(path),
+        (ports[0], ports[1]),
+        name=name,
+        ignore_dra_requests=ignore_dra_requests,
+        node_repair=node_repair,
+    )
+    cluster.add_components([component], timeout_seconds)
+
+
+# -- Karpenter's kwok DRA driver ------------------------------------------------------------------
+
+DRA_CONFIG_GROUP = "test.karpenter.sh"
+DRA_CONFIGS = "draconfigs"
+DRA_CONFIG_CRD = f"{DRA_CONFIGS}.{DRA_CONFIG_GROUP}"
+# dra-kwok-driver/main.go binds these, with no flag to move them.
+DRA_DRIVER_METRICS_PORT = 8082
+DRA_DRIVER_HEALTH_PORT = 8083
+
+
+def dra_config(
+    name: str, driver: str, node_labels: Mapping[str, str], devices: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """A DRAConfig (``dra-kwok-driver/pkg/apis/v1alpha1/draconfig_types.go``): one ResourceSlice
+    of ``devices`` (``resource.k8s.io/v1`` Devices) for ``driver`` on every kwok Node carrying
+    ``node_labels``."""
+    term = {"matchExpressions": [{"key": k, "operator": "In", "values": [v]} for k, v in node_labels.items()]}
+    return {
+        "apiVersion": f"{DRA_CONFIG_GROUP}/v1alpha1",
+        "kind": "DRAConfig",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "pools": [
+                {
+                    "name": name,
+                    "nodeSelectorTerms": [term],
+                    "resourceSlices": [{"devices": [dict(d) for d in devices]}],
+                }
+            ],
+        },
+    }
+
+
+def dra_driver(tools: Karpenter, cluster: DevCluster) -> Component:
+    """The kwok DRA driver; its ports are fixed (:data:`DRA_DRIVER_HEALTH_PORT`)."""
+    return Component(
+        name="karpenter-dra-kwok-driver",
+        argv=(str(tools.dra_driver),),
+        health=HealthCheck(f"http://127.0.0.1:{DRA_DRIVER_HEALTH_PORT}/readyz", client_cert=False),
+        wave=0,
+        env={"KUBECONFIG": str(cluster.kubeconfig)},
+    )

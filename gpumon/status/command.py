@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
     from rich.live import Live
 
-    from gpumon.config.controller import ControllerConfig
+    from gpumon.config.controller import ControllerConfig, DirectSignalsConfig
     from gpumon.controller.core.policy import Policy
     from gpumon.kube.client import KubeApi
     from gpumon.status.allocation import AllocationView
@@ -29,6 +29,10 @@ HELP = (
 )
 
 DEFAULT_INTERVAL_SECONDS = 5.0
+
+
+class TargetsFileError(Exception):
+    """The controller's config names a targets file that cannot be read or is refused."""
 
 
 class Failed(Exception):
@@ -143,9 +147,26 @@ def sources(config: ControllerConfig, args: argparse.Namespace) -> Sources:
         exporter_selector=d.label_selector,
         exporter_port=d.port,
         exporter_scheme=d.scheme,
-        exporter_endpoints=dict(d.endpoints),
+        exporter_endpoints=exporter_endpoints(d),
         pools=tuple(pool_from_config(p) for p in config.pools),
     )
+
+
+def exporter_endpoints(d: DirectSignalsConfig) -> dict[str, str]:
+    """The exporters the controller's config lists, in its map or its targets file (read once:
+    a status round is short); none listed means they are found as pods."""
+    from gpumon.wire import file_sd
+
+    if d.targets_file is None:
+        return dict(d.endpoints)
+    try:
+        raw = d.targets_file.read_bytes()
+        groups = file_sd.parse(raw, yaml_format=d.targets_file.suffix in (".yml", ".yaml"))
+        return file_sd.exporter_urls(groups, node_label=d.targets_node_label, scheme=d.scheme)
+    except OSError as e:
+        raise TargetsFileError(f"signals.direct.targets_file {d.targets_file}: {e.strerror}") from None
+    except file_sd.FileSdError as e:
+        raise TargetsFileError(f"signals.direct.targets_file {d.targets_file}: {e}") from None
 
 
 async def rounds(
@@ -220,7 +241,10 @@ async def _main(args: argparse.Namespace, config: ControllerConfig, node: str | 
         api = connect(config.kubeconfig, args.context)
     except ConfigError as e:
         return _fail(f"no Kubernetes credentials: {e.brief}")
-    src = sources(config, args)
+    try:
+        src = sources(config, args)
+    except TargetsFileError as e:
+        return _fail(str(e))
     show = Shower(args.output, args.watch)
     try:
         async with aiohttp.ClientSession() as session:

@@ -5,6 +5,7 @@ consolidation until gpumon lifts the quarantine."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,9 @@ from typing import Any
 import pytest
 from controller_harness import (  # noqa: F401 - fixtures
     TEST_LABEL,
+    Exporter,
     KubeconfigFactory,
+    Running,
     controller_config,
     exporters,
     fresh_signals,
@@ -27,7 +30,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpumon.controller.core import contract as c
-from gpumon.controller.core.node_owner import node_owner
+from gpumon.controller.core.node_owner import NodeOwner, node_owner
 from gpumon.devcluster import capi, karpenter, nodes
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.waiting import NotReached, eventually
@@ -76,6 +79,19 @@ def gpu_pod(name: str, test_id: str, limits: dict[str, str] | None = None) -> di
             "containers": [
                 {"name": "cuda", "image": "cuda:12", "resources": {"limits": limits or {nodes.GPU: "8"}}}
             ],
+        },
+    }
+
+
+def gpu_deployment(test_id: str) -> dict[str, Any]:
+    """One pod ``train`` asking for a GPU on the test's NodePool, put back wherever it can run."""
+    template = gpu_pod("train", test_id, {nodes.GPU: "1"})
+    return {
+        "metadata": {"name": "train"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "train"}},
+            "template": {"metadata": template["metadata"], "spec": template["spec"]},
         },
     }
 
@@ -209,6 +225,56 @@ async def test_karpenter_launches_the_instance_type_each_gpu_request_needs(
         assert node["metadata"]["labels"]["node.kubernetes.io/instance-type"] == instance_type, name
 
 
+async def deployment_on_a_karpenter_node(
+    api: client.ApiClient, namespace: str, test_id: str
+) -> tuple[client.V1Pod, NodeOwner]:
+    """The one pod of the test's Deployment (a GPU) Running on a node Karpenter launched, and that
+    node's NodeClaim."""
+    core = client.CoreV1Api(api)
+    await client.AppsV1Api(api).create_namespaced_deployment(namespace, gpu_deployment(test_id))
+
+    async def one_running() -> client.V1Pod | None:
+        pods = await running_pods(core, namespace, "train")
+        return pods[0] if len(pods) == 1 else None
+
+    pod = await eventually(one_running, what="the pod Running on a Karpenter node", timeout_seconds=90)
+    owner = node_owner(await node_obj(core, pod.spec.node_name))
+    assert owner is not None and (owner.machinery, owner.kind) == ("karpenter", "NodeClaim")
+    return pod, owner
+
+
+async def moved_off(core: client.CoreV1Api, namespace: str, node: str) -> client.V1Pod | None:
+    """The Deployment's one pod, once it runs on another node than ``node``."""
+    pods = await running_pods(core, namespace, "train")
+    return pods[0] if len(pods) == 1 and pods[0].spec.node_name != node else None
+
+
+@contextlib.asynccontextmanager
+async def quarantined(
+    api: client.ApiClient, pod: client.V1Pod, test_id: str, kubeconfig: Path
+) -> AsyncIterator[tuple[Running, Exporter, dict[str, Any]]]:
+    """The pod's node's exporter (the pod on its GPU 0) and gpumon's controller, once that GPU
+    overheated and gpumon quarantined the node, ``karpenter.sh/do-not-disrupt`` in the same
+    patch. Yields the running controller, the node's exporter and the quarantined node."""
+    core, node = client.CoreV1Api(api), pod.spec.node_name
+    rules = [{"name": "thermal-unhealthy", "for": 0, "recoverAfter": 2}]
+    async with exporters([node]) as ex:
+        ex[node].placement.pods[0] = (pod.metadata.namespace, pod.metadata.name)
+        cfg = controller_config(
+            kubeconfig=kubeconfig,
+            namespace=pod.metadata.namespace,
+            test_id=test_id,
+            endpoints={node: ex[node].url},
+            policy={"rules": rules},
+        )
+        async with running(cfg) as ctl:
+            await eventually(lambda: fresh_signals(ctl, 1), what="fresh signals from the exporter")
+            ex[node].fault(gpu=0, fault="overheat", celsius=98)
+            held = await eventually(lambda: tainted(core, node), what="the Karpenter node quarantined")
+            assert held["metadata"]["annotations"][c.KARPENTER_DO_NOT_DISRUPT_ANNOTATION] == "true"
+            yield ctl, ex[node], held
+
+
 # Measured on this control plane without the hold: Karpenter's consolidation began deleting the
 # drained, empty quarantined node 20-22 s after the fault (NodePool defaults: consolidateAfter 0s).
 CONSOLIDATION_SECONDS = 22.0
@@ -228,82 +294,47 @@ async def test_a_quarantined_karpenter_node_is_held_from_consolidation_until_rec
     replacement stays where it is (nothing is consolidated back onto the quarantined node).
     Recovery takes the hold off."""
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    template = gpu_pod("train", test_id, {nodes.GPU: "1"})
-    deployment = {
-        "metadata": {"name": "train"},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": "train"}},
-            "template": {"metadata": template["metadata"], "spec": template["spec"]},
-        },
-    }
-    await client.AppsV1Api(api).create_namespaced_deployment(namespace, deployment)
-
-    async def one_running() -> client.V1Pod | None:
-        pods = await running_pods(core, namespace, "train")
-        return pods[0] if len(pods) == 1 else None
-
-    first = await eventually(one_running, what="the pod Running on a Karpenter node", timeout_seconds=90)
+    first, owner = await deployment_on_a_karpenter_node(api, namespace, test_id)
     bad = first.spec.node_name
-    owner = node_owner(await node_obj(core, bad))
-    assert owner is not None and owner.machinery == "karpenter"
-    rules = [{"name": "thermal-unhealthy", "for": 0, "recoverAfter": 2}]
-    kubeconfig = await sa_kubeconfig_for()
-    async with exporters([bad]) as ex:
-        ex[bad].placement.pods[0] = (namespace, first.metadata.name)
-        cfg = controller_config(
-            kubeconfig=kubeconfig,
-            namespace=namespace,
-            test_id=test_id,
-            endpoints={bad: ex[bad].url},
-            policy={"rules": rules},
+    async with quarantined(api, first, test_id, await sa_kubeconfig_for()) as (_, exporter, _):
+        replacement = await eventually(
+            lambda: moved_off(core, namespace, bad),
+            what="the evicted pod Running on a new Karpenter node",
+            timeout_seconds=90,
         )
-        async with running(cfg) as ctl:
-            await eventually(lambda: fresh_signals(ctl, 1), what="fresh signals from the exporter")
-            ex[bad].fault(gpu=0, fault="overheat", celsius=98)
-            node = await eventually(lambda: tainted(core, bad), what="the Karpenter node quarantined")
-            assert node["metadata"]["annotations"][c.KARPENTER_DO_NOT_DISRUPT_ANNOTATION] == "true"
+        assert (await node_obj(core, replacement.spec.node_name))["metadata"]["labels"][
+            karpenter.NODEPOOL_LABEL
+        ] == node_pool
 
-            async def moved() -> client.V1Pod | None:
-                pod = await one_running()
-                return pod if pod is not None and pod.spec.node_name != bad else None
-
-            replacement = await eventually(
-                moved, what="the evicted pod Running on a new Karpenter node", timeout_seconds=90
-            )
-            assert (await node_obj(core, replacement.spec.node_name))["metadata"]["labels"][
-                karpenter.NODEPOOL_LABEL
-            ] == node_pool
-
-            async def disrupted() -> str | None:
-                """What Karpenter did against the quarantine, if anything."""
-                try:
-                    held = await node_obj(core, bad)
-                    claim = await custom.get_cluster_custom_object(
-                        karpenter.GROUP, karpenter.VERSION, karpenter.NODE_CLAIMS, owner.name
-                    )
-                except ApiException as e:
-                    return f"the quarantined node or its NodeClaim is gone ({e.status})"
-                if held["metadata"].get("deletionTimestamp") or claim["metadata"].get("deletionTimestamp"):
-                    return "the quarantined node is being deleted"
-                if c.ANNOTATION_UNHEALTHY_GPUS not in held["metadata"].get("annotations", {}):
-                    return "gpumon's record is gone"
-                now = await running_pods(core, namespace, "train")
-                if [(p.metadata.uid, p.spec.node_name) for p in now] != [
-                    (replacement.metadata.uid, replacement.spec.node_name)
-                ]:
-                    return f"the workload moved: {[(p.metadata.name, p.spec.node_name) for p in now]}"
-                return None
-
+        async def disrupted() -> str | None:
+            """What Karpenter did against the quarantine, if anything."""
             try:
-                window = 2 * CONSOLIDATION_SECONDS
-                broke = await eventually(disrupted, what="a disruption", timeout_seconds=window)
-            except NotReached:
-                broke = None
-            assert broke is None, broke
+                held = await node_obj(core, bad)
+                claim = await custom.get_cluster_custom_object(
+                    karpenter.GROUP, karpenter.VERSION, karpenter.NODE_CLAIMS, owner.name
+                )
+            except ApiException as e:
+                return f"the quarantined node or its NodeClaim is gone ({e.status})"
+            if held["metadata"].get("deletionTimestamp") or claim["metadata"].get("deletionTimestamp"):
+                return "the quarantined node is being deleted"
+            if c.ANNOTATION_UNHEALTHY_GPUS not in held["metadata"].get("annotations", {}):
+                return "gpumon's record is gone"
+            now = await running_pods(core, namespace, "train")
+            if [(p.metadata.uid, p.spec.node_name) for p in now] != [
+                (replacement.metadata.uid, replacement.spec.node_name)
+            ]:
+                return f"the workload moved: {[(p.metadata.name, p.spec.node_name) for p in now]}"
+            return None
 
-            ex[bad].fault(gpu=0, fault="clear")
-            await wait_for_event(core, "default", bad, "GpuRecovered")
-            annotations = (await node_obj(core, bad))["metadata"].get("annotations", {})
-            assert c.KARPENTER_DO_NOT_DISRUPT_ANNOTATION not in annotations
-            assert c.ANNOTATION_DO_NOT_DISRUPT_PREEXISTING not in annotations
+        try:
+            window = 2 * CONSOLIDATION_SECONDS
+            broke = await eventually(disrupted, what="a disruption", timeout_seconds=window)
+        except NotReached:
+            broke = None
+        assert broke is None, broke
+
+        exporter.fault(gpu=0, fault="clear")
+        await wait_for_event(core, "default", bad, "GpuRecovered")
+        annotations = (await node_obj(core, bad))["metadata"].get("annotations", {})
+        assert c.KARPENTER_DO_NOT_DISRUPT_ANNOTATION not in annotations
+        assert c.ANNOTATION_DO_NOT_DISRUPT_PREEXISTING not in annotations

@@ -4,6 +4,10 @@ and Karpenter v1.15.0 with its kwok provider (a NodeClaim deleted). The controll
 shipped ServiceAccount and its RBAC (controller-autoscaling.yaml, controller-repair.yaml, or
 without the latter where that is what a test is about).
 
+Beside it, Karpenter's own node repair (its NodeRepair gate on in the session's Karpenter): it
+replaces a node holding a condition its kwok provider's repair policies name, and leaves a node
+gpumon quarantines alone until one does.
+
 Where the tests stop: kwok runs no containers, so the reboot Job before a replacement is a pod
 held by a scheduling gate that never runs (the reboot times out); the replacement itself is
 Cluster API's and Karpenter's own controllers, unchanged."""
@@ -31,13 +35,22 @@ from controller_harness import (  # noqa: F401 - fixtures
     fresh_signals,
     node_obj,
     running,
+    running_pods,
     sa_kubeconfig_for_fixture,
     tainted,
     wait_for_event,
 )
 from kubernetes_asyncio import client
+from metrics_text import parse, select
 from test_cluster_api_pools import mhc_object, pool_config
-from test_karpenter_pools import TAINT_KEY, gpu_pod, node_pool  # noqa: F401 - the fixture
+from test_karpenter_pools import (  # noqa: F401 - the fixture
+    TAINT_KEY,
+    deployment_on_a_karpenter_node,
+    gpu_pod,
+    moved_off,
+    node_pool,
+    quarantined,
+)
 from test_repair_ladder import NEVER, ladder_done
 
 from gpumon.config.controller import ControllerConfig
@@ -475,13 +488,9 @@ async def controlling(
             yield ctl, ex[node]
 
 
-async def karpenter_node(
-    api: client.ApiClient, namespace: str, test_id: str, pool: str
-) -> tuple[str, NodeOwner]:
-    """A node Karpenter launched for a pod, the pod gone again, and its NodeClaim: the node
-    stays while it is empty (consolidation off for the NodePool)."""
-    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    await custom.patch_cluster_custom_object(
+async def no_consolidation(api: client.ApiClient, pool: str) -> None:
+    """The NodePool's consolidation off (``consolidateAfter: Never``)."""
+    await client.CustomObjectsApi(api).patch_cluster_custom_object(
         karpenter.GROUP,
         karpenter.VERSION,
         karpenter.NODE_POOLS,
@@ -489,6 +498,15 @@ async def karpenter_node(
         {"spec": {"disruption": {"consolidateAfter": "Never"}}},
         _content_type="application/merge-patch+json",
     )
+
+
+async def karpenter_node(
+    api: client.ApiClient, namespace: str, test_id: str, pool: str
+) -> tuple[str, NodeOwner]:
+    """A node Karpenter launched for a pod, the pod gone again, and its NodeClaim: the node
+    stays while it is empty (consolidation off for the NodePool)."""
+    core = client.CoreV1Api(api)
+    await no_consolidation(api, pool)
     await core.create_namespaced_pod(namespace, gpu_pod("first", test_id))
 
     async def placed() -> str | None:
@@ -654,3 +672,144 @@ async def test_an_open_breaker_holds_the_node_claims_deletion_until_a_person_clo
 async def _reset_done(api: client.ApiClient, namespace: str) -> bool | None:
     jobs = (await client.BatchV1Api(api).list_namespaced_job(namespace)).items
     return True if any((j.status.succeeded or 0) > 0 for j in jobs) else None
+
+
+# --- Karpenter's own node repair (its NodeRepair gate is on in the session's Karpenter) ---------
+
+# The kwok provider's simulated fault, one of its repair policies: replace once held 30 s (drain
+# bound 45 s) (sigs.k8s.io/karpenter@v1.15.0 kwok/cloudprovider/cloudprovider.go:188, 218-225).
+# The 30 s count from the condition's lastTransitionTime, never from before the Node's creation
+# (pkg/controllers/node/health/policy.go:322-326, 347).
+KWOK_UNHEALTHY = "KWOKUnhealthy"
+KWOK_TOLERATION_SECONDS = 30.0
+# Karpenter's disruption controller runs its methods, repair first, every 10 s while none acts
+# (pkg/controllers/disruption/controller.go:72, 105-110, 192); each run counts one here.
+REPAIR_PASSES = "karpenter_voluntary_disruption_decision_evaluation_duration_seconds_count"
+REPAIR_ELIGIBLE = "karpenter_voluntary_disruption_eligible_nodes"
+
+
+async def kwok_unhealthy(core: client.CoreV1Api, node: str) -> None:
+    """``KWOKUnhealthy=True`` on the Node, as a node agent would set a condition a repair policy
+    names; its transition at the Node's creation, the earliest Karpenter counts from."""
+    created = (await node_obj(core, node))["metadata"]["creationTimestamp"]
+    condition = {
+        "type": KWOK_UNHEALTHY,
+        "status": "True",
+        "reason": "SimulatedFault",
+        "message": "set by the test",
+        "lastTransitionTime": created,
+        "lastHeartbeatTime": created,
+    }
+    await core.patch_node_status(node, {"status": {"conditions": [condition]}})
+
+
+async def karpenter_repair_metrics(devcluster: DevCluster) -> tuple[float, float]:
+    """Karpenter's repair passes so far and the nodes its last pass found eligible for repair."""
+    (component,) = [x for x in devcluster.components if x.name == "karpenter"]
+    port = next(a.split("=", 1)[1] for a in component.argv if a.startswith("--metrics-port="))
+    series = parse(await metrics_text(f"http://127.0.0.1:{port}"))
+    passes = select(series, REPAIR_PASSES, reason="unhealthy")
+    eligible = select(series, REPAIR_ELIGIBLE, reason="unhealthy")
+    return sum(passes.values()), sum(eligible.values())
+
+
+async def test_karpenters_repair_replaces_a_node_held_past_its_policys_toleration(
+    api: client.ApiClient,
+    devcluster: DevCluster,
+    namespace: str,
+    test_id: str,
+    node_pool: str,  # noqa: F811 - the fixture
+) -> None:
+    """The session's Karpenter runs with NodeRepair on. A Deployment's pod on a Karpenter node
+    (consolidation off for the NodePool); the Node gets the kwok provider's KWOKUnhealthy=True
+    (transition at the Node's creation: Karpenter's 30 s toleration runs from there). Karpenter's
+    repair, the only disruption method that acts on a condition, selects the KWOKUnhealthy policy,
+    disrupts the node for reason Unhealthy, runs the pod on a new node of the NodePool and deletes
+    the old NodeClaim. Without the gate nothing of this happens."""
+    core = client.CoreV1Api(api)
+    await no_consolidation(api, node_pool)
+    first, owner = await deployment_on_a_karpenter_node(api, namespace, test_id)
+    bad = first.spec.node_name
+    await kwok_unhealthy(core, bad)
+    set_at = time.monotonic()
+    disrupting = await wait_for_event(core, "default", bad, "DisruptionTerminating", seconds=120)
+    assert disrupting.message == "Disrupting Node: Unhealthy", disrupting.message
+    await eventually(
+        lambda: node_claim_gone(api, owner.name), what="the NodeClaim replaced", timeout_seconds=120
+    )
+    print(f"{KWOK_UNHEALTHY} set -> NodeClaim gone: {time.monotonic() - set_at:.1f}s")
+    moved = await eventually(
+        lambda: moved_off(core, namespace, bad), what="the pod Running on a new node", timeout_seconds=60
+    )
+    new = await node_obj(core, moved.spec.node_name)
+    assert new["metadata"]["labels"][karpenter.NODEPOOL_LABEL] == node_pool
+    now = node_owner(new)
+    assert now is not None and now.name != owner.name
+    log = (devcluster.layout.logs / "karpenter.log").read_text(errors="replace").splitlines()
+    selected = [line for line in log if "selected repair policy" in line and bad in line]
+    assert selected and f'"condition":"{KWOK_UNHEALTHY}"' in selected[0], selected
+
+
+async def test_karpenters_repair_leaves_a_gpumon_quarantine_alone_until_one_of_its_policies_matches(
+    api: client.ApiClient,
+    devcluster: DevCluster,
+    namespace: str,
+    test_id: str,
+    node_pool: str,  # noqa: F811 - the fixture
+    sa_kubeconfig_for: KubeconfigFactory,
+) -> None:
+    """With NodeRepair on: a Deployment's pod on a Karpenter node whose GPU overheats; gpumon
+    quarantines the node (GpuUnhealthy=True, its taint, karpenter.sh/do-not-disrupt) and evicts the
+    pod, which Karpenter runs on a new node. GpuUnhealthy is in none of the kwok provider's repair
+    policies: over five of Karpenter's repair passes after the quarantine (its own count; 10 s apart
+    while nothing acts, so longer than any toleration of the kwok policies but Ready's 10 min) no
+    node is eligible for repair, and the quarantined node, its NodeClaim and gpumon's record stay.
+    Once the node also holds a condition a policy names (KWOKUnhealthy, as a node agent would set),
+    Karpenter's repair deletes its NodeClaim although it carries do-not-disrupt, and gpumon's
+    record goes with the Node; gpumon's controller carries on."""
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    first, owner = await deployment_on_a_karpenter_node(api, namespace, test_id)
+    bad = first.spec.node_name
+    async with quarantined(api, first, test_id, await sa_kubeconfig_for()) as (ctl, _, node):
+        quarantined_at = time.monotonic()
+        conditions = {x["type"]: x["status"] for x in node["status"]["conditions"]}
+        assert conditions[c.CONDITION_TYPE] == "True", conditions
+        await eventually(
+            lambda: moved_off(core, namespace, bad),
+            what="the evicted pod on a new node",
+            timeout_seconds=90,
+        )
+        before, _ = await karpenter_repair_metrics(devcluster)
+
+        async def passes(count: int) -> tuple[float, float] | None:
+            now = await karpenter_repair_metrics(devcluster)
+            return now if now[0] >= before + count else None
+
+        _, eligible = await eventually(
+            lambda: passes(5), what="five of Karpenter's repair passes", timeout_seconds=120
+        )
+        window = time.monotonic() - quarantined_at
+        print(f"quarantined, five repair passes later: {window:.1f}s")
+        assert window > KWOK_TOLERATION_SECONDS, window
+        assert eligible == 0, f"{eligible} node(s) eligible for Karpenter's repair"
+        held = await node_obj(core, bad)
+        claim = await custom.get_cluster_custom_object(
+            karpenter.GROUP, karpenter.VERSION, karpenter.NODE_CLAIMS, owner.name
+        )
+        assert not held["metadata"].get("deletionTimestamp") and not claim["metadata"].get(
+            "deletionTimestamp"
+        ), "Karpenter disrupted the quarantined node"
+        assert c.ANNOTATION_UNHEALTHY_GPUS in held["metadata"]["annotations"]
+        assert c.TAINT_KEY in {t["key"] for t in held["spec"].get("taints") or ()}
+        assert {x["type"]: x["status"] for x in held["status"]["conditions"]}[c.CONDITION_TYPE] == "True"
+        assert await events(core, "default", bad, "DisruptionTerminating") == []
+
+        await kwok_unhealthy(core, bad)  # a condition Karpenter's policies name
+        disrupting = await wait_for_event(core, "default", bad, "DisruptionTerminating", seconds=120)
+        assert disrupting.message == "Disrupting Node: Unhealthy", disrupting.message
+        await eventually(
+            lambda: node_claim_gone(api, owner.name), what="the NodeClaim deleted", timeout_seconds=120
+        )
+        assert bad not in {n.metadata.name for n in (await core.list_node()).items}, "the record went"
+        metrics = await metrics_text(ctl.url)
+    assert "gpumon_controller_task_restarts_total{" not in metrics, "nothing crashed"

@@ -32,7 +32,7 @@ POOL_LABEL = "devcluster.gpumon.io/pool"
 TAINT = "gpumon.io/gpu-unhealthy"
 CONDITION = "GpuUnhealthy"
 WORKLOAD = "trainer"
-DEMO_DEADLINE = 540.0  # the demo takes ~1.5 min here; other work shares the 2 cores
+DEMO_DEADLINE = 540.0  # the demo takes ~2 min here; other work shares the 2 cores
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,10 @@ def repair_job(node: str, step: str) -> Callable[[Change], bool]:
     return holds
 
 
+def _node_ref(machine: dict[str, Any]) -> str | None:
+    return ((machine.get("status") or {}).get("nodeRef") or {}).get("name")
+
+
 def is_trainer(pod: dict[str, Any]) -> bool:
     return (pod["metadata"].get("labels") or {}).get("app") == WORKLOAD
 
@@ -115,14 +119,19 @@ def running(pod: dict[str, Any]) -> bool:
 
 async def _watch(history: History, kind: str, list_call: Callable[..., Any], *args: Any) -> None:
     # Resumed when it ends (objects come again as ADDED, which is harmless), and retried while
-    # the API server is away: at the end the demo stops it before this test notices.
+    # the API server is away: at the end the demo stops it before this test notices. The
+    # kubeconfig appears before Cluster API's CRDs are installed: until they are served a
+    # watch of their kinds yields a text line, not an object, and is started again.
     while True:
         try:
             async with watch.Watch() as w:
                 async for ev in w.stream(list_call, *args, timeout_seconds=600):
+                    if not isinstance(ev, dict) or ev["type"] == "ERROR":
+                        break  # e.g. "404 page not found\n", as kubernetes_asyncio yields it
                     history.changes.append(Change(time.monotonic(), kind, ev["type"], ev["raw_object"]))
         except (aiohttp.ClientError, ApiException, TimeoutError):
-            await asyncio.sleep(0.5)
+            pass
+        await asyncio.sleep(0.5)
 
 
 async def _wait_for_api(kubeconfig: Path, demo: processes.Child) -> client.ApiClient:
@@ -160,15 +169,21 @@ async def test_default_demo_plays_every_step_in_the_cluster(tmp_path: Path) -> N
                     _watch(history, "Deployment", apps.list_namespaced_deployment, NAMESPACE)
                 ),
                 asyncio.create_task(_watch(history, "Job", batch.list_namespaced_job, CONTROLLER_NAMESPACE)),
-                asyncio.create_task(
-                    _watch(
-                        history,
-                        "MachineDeployment",
-                        custom.list_namespaced_custom_object,
-                        capi.GROUP,
-                        capi.VERSION,
-                        NAMESPACE,
-                        capi.MACHINE_DEPLOYMENTS,
+                *(
+                    asyncio.create_task(
+                        _watch(
+                            history,
+                            kind,
+                            custom.list_namespaced_custom_object,
+                            capi.GROUP,
+                            capi.VERSION,
+                            NAMESPACE,
+                            plural,
+                        )
+                    )
+                    for kind, plural in (
+                        ("MachineDeployment", capi.MACHINE_DEPLOYMENTS),
+                        ("Machine", capi.MACHINES),
                     )
                 ),
             ]
@@ -178,9 +193,12 @@ async def test_default_demo_plays_every_step_in_the_cluster(tmp_path: Path) -> N
             finally:
                 for w in watchers:
                     w.cancel()
-                await asyncio.gather(*watchers, return_exceptions=True)
+                ended = await asyncio.gather(*watchers, return_exceptions=True)
     finally:
         processes.stop([demo], grace_seconds=30)
+    # A watch that died would leave a hole in the record that reads like something not done.
+    died = [repr(e) for e in ended if isinstance(e, Exception)]
+    assert not died, f"a watch of the demo's cluster died: {died}"
     output = processes.tail(demo.log, 80)
     assert demo.exited() == 0, f"the demo failed (exit {demo.exited()}):\n{output}"
     _check_history(history, output)
@@ -279,9 +297,38 @@ def _check_history(h: History, output: str) -> None:
     )
     assert cleared is not None, fail(f"{CONDITION} on {bad} was never cleared")
 
-    # 5. Idle: the pool went back down and its nodes left.
+    # 5. The flap: the same node tainted again after the lift; Cluster API's Machine for it
+    # deleted, the node gone and a new pool node joined, with the pool's replicas the same
+    # from the second fault until the new node joined (a swap, never a resize).
+    retaint = h.first("Node", lambda c: c.name == bad and tainted(c.obj), after=lift.at)
+    assert retaint is not None, fail(f"{bad} was not tainted again by the flap step")
+    machine = h.first(
+        "Machine",
+        lambda c: (
+            c.type == "DELETED" and ((c.obj.get("status") or {}).get("nodeRef") or {}).get("name") == bad
+        ),
+    )
+    machines = [(round(c.at - retaint.at, 1), c.type, c.name, _node_ref(c.obj)) for c in h.of("Machine")]
+    assert machine is not None and machine.at > retaint.at, fail(
+        f"the Machine of {bad} was never deleted; Machine changes (seconds after the 2nd fault): {machines}"
+    )
+    removed = h.first("Node", lambda c: c.name == bad and c.type == "DELETED")
+    assert removed is not None, fail(f"{bad} never left")
+    successor = h.first(
+        "Node",
+        lambda c: c.type == "ADDED" and (c.obj["metadata"].get("labels") or {}).get(POOL_LABEL) == POOL,
+        after=retaint.at,
+    )
+    assert successor is not None, fail("no pool node joined after the flap")
+    before_flap = [r for t, r in mds if t <= retaint.at][-1]
+    during = [r for t, r in mds if retaint.at < t <= max(successor.at, removed.at)]
+    assert all(r == before_flap for r in during), fail(
+        f"the pool's replicas changed during the replacement: {before_flap} then {during}"
+    )
+
+    # 6. Idle: the pool went back down and its nodes left.
     peak = max(r for _, r in mds)
-    down = next(((t, r) for t, r in mds if t > lift.at and r < peak), None)
+    down = next(((t, r) for t, r in mds if t > removed.at and r < peak), None)
     assert down is not None, fail(f"the pool never scaled down after the recovery: {mds}")
     left = [c for c in h.of("Node") if c.type == "DELETED" and c.at > down[0] - 5]
     assert len(left) == peak - down[1], fail(f"{peak - down[1]} pool nodes should have left, saw {len(left)}")

@@ -462,6 +462,13 @@ CASES: list[Case] = [
         "signals.direct.lines_per_second: Input should be greater than 0",
         f"from config file {C}",
     ),
+    controller_config(
+        "controller-endpoints-and-targets-file",
+        y('signals:\n  direct:\n    endpoints: {n: "http://127.0.0.1:1"}\n    targets_file: /t.json\n'),
+        "targets_file: give endpoints or targets_file, not both",
+        f"from config file {C}",
+    ),
+    controller_file_value("signals.direct.targets_refresh_seconds", "true"),
     controller_file_value("signals.prometheus.retries", "true"),
     controller_file_value("leader.lease_duration_seconds", "true"),
     controller_file_value("breaker.max_fraction", "true"),

@@ -166,3 +166,24 @@ def test_scaled_down_needs_fewer_replicas_and_the_nodes_gone() -> None:
     done = view([node("gpu-pool-0"), node("gpu-shared-0", pool=None)], pods, pool(1))
     outcome = expect.check(Expect.SCALED_DOWN, done, ctx)
     assert outcome.met and outcome.detail.startswith("pool 3 -> 1 replicas (1 nodes left)")
+
+
+def test_replaced_needs_the_broken_node_gone_its_successor_up_and_the_pool_at_its_size() -> None:
+    ctx = StepContext(
+        apps={"trainer": 2},
+        attributed_app="trainer",
+        pool_desired_before=2,
+        broken=(Broken("gpu-pool-0", 1, ("gpumon-demo/trainer-a",)),),
+    )
+    pods = [pod("trainer-a", "gpu-pool-1"), pod("trainer-b", "gpu-pool-1")]
+    draining = view([node("gpu-pool-0", unschedulable=True), node("gpu-pool-1")], pods, pool(2))
+    joining = view([node("gpu-pool-1"), node("gpu-pool-2", gpus=0)], pods, pool(2))
+    shrunk = view([node("gpu-pool-1")], pods, pool(1))
+    for not_yet in (draining, joining, shrunk):
+        assert not expect.check(Expect.REPLACED, not_yet, ctx).met
+    assert "gpu-pool-0 still there" in expect.check(Expect.REPLACED, draining, ctx).detail
+    done = view([node("gpu-pool-1"), node("gpu-pool-2")], pods, pool(2))
+    outcome = expect.check(Expect.REPLACED, done, ctx)
+    assert outcome.met and outcome.detail == (
+        "gpu-pool-0 gone; pool 2/2 nodes with GPUs (was 2), trainer 2/2 Running"
+    )

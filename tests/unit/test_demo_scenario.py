@@ -17,18 +17,21 @@ def _write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_the_embedded_default_plays_the_five_steps_in_order() -> None:
+def test_the_embedded_default_plays_the_six_steps_in_order() -> None:
     s = scenario.load(None)
     assert [st.expect for st in s.steps] == [
         Expect.STEADY,
         Expect.QUARANTINED,
         Expect.SCALED_UP,
         Expect.REPAIRED,
+        Expect.REPLACED,
         Expect.SCALED_DOWN,
     ]
     assert s.steps[1].inject is not None and s.steps[1].inject.fault == "ecc"
-    assert s.steps[2].scale == 12 and s.steps[3].repair and s.steps[4].scale == 2
-    assert s.repairs, "the pool's repair ladder is on"
+    assert s.steps[2].scale == 12 and s.steps[3].repair and s.steps[5].scale == 2
+    flap = s.steps[4].inject
+    assert flap is not None and flap.again and flap.body(1) == {"fault": "ecc", "gpu": 1}
+    assert s.repairs and s.replaces, "the pool's repair ladder is on, its last rung too"
     assert s.with_pool_nodes(5).fleet.pool_nodes == 5 and s.fleet.pool_nodes == 3
 
 
@@ -70,6 +73,19 @@ def _step(body: str) -> str:
             "steps.1 (b): repaired needs a repair step",
         ),
         (_step("repair: true, scale: 2, expect: steady"), "this one has repair, scale"),
+        (
+            _step("inject: {fault: ecc, again: true, gpu: 1}, expect: quarantined"),
+            "give no node or gpu with it",
+        ),
+        (
+            _step("inject: {fault: ecc, again: true}, expect: replaced"),
+            "inject.again needs an earlier step that expects repaired",
+        ),
+        (
+            "steps:\n  - {name: a, inject: {fault: ecc}, expect: quarantined}\n"
+            "  - {name: b, expect: replaced}",
+            "steps.1 (b): replaced needs this step to inject a fault",
+        ),
         (ONE + "\n  - {name: a, expect: steady}", "step names must be unique: a"),
         ("workload: {gpus_per_pod: 8}\n" + ONE, "exceeds fleet.gpus_per_node"),
         ("fleet: {pool_nodes: 0}\n" + ONE, "fleet.pool_nodes: Input should be greater"),

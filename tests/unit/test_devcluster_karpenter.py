@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from types import SimpleNamespace
 
 from gpumon.devcluster import karpenter, nodes
+from gpumon.devcluster.binaries import Karpenter
 
 
 def test_instance_types_offer_a_templates_gpus_on_demand() -> None:
@@ -37,3 +40,13 @@ def test_a_node_pool_launches_only_its_instance_types_with_its_labels_and_taints
     assert template["spec"]["nodeClassRef"]["name"] == karpenter.node_class()["metadata"]["name"]
     (req,) = template["spec"]["requirements"]
     assert req == {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["gpu-8x"]}
+
+
+def test_the_node_repair_gate_is_on_only_when_asked(tmp_path: Path) -> None:
+    tools = Karpenter(controller=tmp_path / "karpenter", dra_driver=tmp_path / "dra", crds=())
+    cluster = SimpleNamespace(kubeconfig=tmp_path / "kubeconfig")
+    plain = karpenter.controller(tools, cluster, "types.json", (1, 2))  # type: ignore[arg-type]
+    assert not [a for a in plain.argv if a.startswith("--feature-gates")]
+    assert "FEATURE_GATES" not in plain.env
+    gated = karpenter.controller(tools, cluster, "types.json", (1, 2), node_repair=True)  # type: ignore[arg-type]
+    assert [a for a in gated.argv if a.startswith("--feature-gates")] == ["--feature-gates=NodeRepair=true"]

@@ -296,6 +296,33 @@ def test_a_gpu_faulting_again_within_the_flap_window_has_its_machine_replaced() 
     assert (first.attempt, again.attempt) == (1, 1) and first.events[0].key != again.events[0].key
 
 
+def test_a_fault_again_before_a_round_saw_the_node_healthy_ends_the_ladder_and_flaps() -> None:
+    # The quarantine lifted at T0 + 100 (validated at T0 + 80, the rules clear after that) and a
+    # new fault brought it back at T0 + 101, before a repair round read the node healthy.
+    validated = RepairRecord(
+        (
+            Attempt(LadderStep.RESET, 1, (GPU,), T0, AttemptOutcome.SUCCEEDED, T0 + 50, T0 + 60),
+            Attempt(LadderStep.VALIDATE, 2, (GPU,), T0 + 70, AttemptOutcome.SUCCEEDED, None, T0 + 80.4),
+        ),
+        validate=True,
+        validated_at=T0 + 80.4,
+    )
+    policy = replace(POLICY, validate=True)
+    again = node(
+        RecoveryAction.NONE, record=validated, quarantined_at=T0 + 101, machinery=Machinery.CLUSTER_API
+    )
+    ended = step(again, T0 + 102, policy)
+    assert (ended.move, ended.step) == (Move.RECORD, LadderStep.DONE)
+    assert ended.record == RepairRecord(repaired={GPU: T0 + 102})
+    flap = step(replace(again, record=ended.record), T0 + 103, policy)
+    assert flap.step is LadderStep.REPLACE and any("faulted again" in r for r in flap.reasons)
+    # The first quarantine, still held for the rules to clear, is not a new one: the ladder waits.
+    same = step(replace(again, quarantined_at=T0 - 5), T0 + 102, policy)
+    assert same.move is Move.WAIT
+    # In the second the validation ended in: a quarantine's time has whole seconds.
+    assert step(replace(again, quarantined_at=T0 + 80), T0 + 102, policy).move is Move.RECORD
+
+
 def test_the_driver_asking_for_nothing_gpumon_runs() -> None:
     assert step(node(RecoveryAction.DRAIN_P2P), T0).move is Move.WAIT
     assert step(node(RecoveryAction.NONE), T0).move is Move.WAIT

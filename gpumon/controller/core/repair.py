@@ -272,7 +272,7 @@ def plan_repair(
     if running is not None:
         return _follow(inp, running, now, policy)
     healthy = inp.verdict.severity is None and inp.verdict.signals is SignalStatus.FRESH
-    if healthy and not holds_quarantine(rec):
+    if (healthy and not holds_quarantine(rec)) or _quarantined_again(rec, inp.quarantined_at):
         return _finish_ladder(inp, now, policy)
     if rec.gave_up_at is not None or inp.quarantined_at is None:
         return NOTHING
@@ -292,6 +292,23 @@ def plan_repair(
     if step is LadderStep.DONE:
         return RepairPlan(Move.WAIT, reasons=why)
     return _gated(inp, step, wants, now, policy, why, refusal)
+
+
+def _quarantined_again(rec: RepairRecord, quarantined_at: float | None) -> bool:
+    """The ladder's last step succeeded, the quarantine lifted, and a new fault quarantined the
+    node again before a round saw it healthy (the demo's flap step faults 0.5 s after the lift;
+    the repair loop's round is slower): that ladder ended, and its GPUs count as repaired for
+    the flap window. A quarantine that lifted cannot have begun before the step that led to the
+    lift ended; the quarantine's time has whole seconds, the attempt's more, hence the floor."""
+    last = rec.attempts[-1] if rec.attempts else None
+    return (
+        quarantined_at is not None
+        and last is not None
+        and last.outcome is AttemptOutcome.SUCCEEDED
+        and last.ended_at is not None
+        and not holds_quarantine(rec)
+        and quarantined_at >= int(last.ended_at)
+    )
 
 
 def holding_the_node(pods: Iterable[PodView]) -> list[PodView]:

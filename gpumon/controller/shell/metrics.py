@@ -57,7 +57,9 @@ class ControllerMetrics:
         self.signal_errors = Counter(
             "gpumon_controller_signal_errors",
             "Signal input refused or lost, by source and kind (direct: oversize, schema, invalid, "
-            "flood, connection, internal); per node in gpumon_controller_exporter_refusals_total.",
+            "flood, connection, internal; the exporters' targets file: targets_file_missing, "
+            "targets_file_unreadable, targets_file_invalid); per node in "
+            "gpumon_controller_exporter_refusals_total.",
             ["source", "kind"],
             registry=registry,
         )
