@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tiers import TIERS
 
-pytest_plugins = ["devcluster_fixtures", "api_stand_in"]
+pytest_plugins = ["devcluster_fixtures", "api_stand_in", "capi_pools"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

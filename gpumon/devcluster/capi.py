@@ -230,12 +230,14 @@ def machine_pool(
     replicas: int,
     cluster_name: str = DEFAULT_CLUSTER_NAME,
     annotations: Mapping[str, str] | None = None,
+    devices_after_seconds: float = 0.0,
 ) -> list[dict[str, Any]]:
     """A MachineDeployment Cluster API's manager reconciles and its KwokMachineTemplate
-    (``node``: the Node each Machine becomes, :func:`gpumon.devcluster.nodes.shape`), in
-    creation order. The bootstrap Secret the Machines name need not exist: with
-    ``dataSecretName`` and no ``configRef`` the core manager reads nothing (cluster-api v1.13.6,
-    ``reconcileBootstrap``), and only an infrastructure provider would, which kwok's is not."""
+    (``node``: the Node each Machine becomes, :func:`gpumon.devcluster.nodes.shape`; its GPUs
+    registering ``devices_after_seconds`` after it joins), in creation order. The bootstrap
+    Secret the Machines name need not exist: with ``dataSecretName`` and no ``configRef`` the
+    core manager reads nothing (cluster-api v1.13.6, ``reconcileBootstrap``), and only an
+    infrastructure provider would, which kwok's is not."""
     md = machine_deployment(
         name,
         namespace,
@@ -244,11 +246,14 @@ def machine_pool(
         annotations=annotations,
         labels={WATCH_FILTER_LABEL: WATCH_FILTER},
     )
+    machine_spec: dict[str, Any] = {"node": dict(node)}
+    if devices_after_seconds:
+        machine_spec["devicesAfterSeconds"] = devices_after_seconds
     template = {
         "apiVersion": f"{INFRA_GROUP}/{PROVIDER_VERSION}",
         "kind": "KwokMachineTemplate",
         "metadata": _managed(name, namespace, cluster_name),
-        "spec": {"template": {"spec": {"node": dict(node)}}},
+        "spec": {"template": {"spec": machine_spec}},
     }
     return [template, md]
 
@@ -318,7 +323,9 @@ _MACHINE_SPEC = {
     "type": "object",
     "properties": {
         "providerID": {"type": "string"},
-        "node": _OBJECT,  # the Node to make: labels, taints, resources, os (nodes.shape)
+        "node": _OBJECT,  # the Node to make: labels, taints, resources, os, dra (nodes.shape)
+        # Its GPUs register that long after the Node joins (gpumon.devcluster.capi_infra_plan).
+        "devicesAfterSeconds": {"type": "number"},
     },
 }
 

@@ -13,12 +13,14 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import time
 from pathlib import Path
 
 from aiohttp import web
 
-from gpumon.devcluster import capi
+from gpumon.devcluster import capi, resourceslices
 from gpumon.devcluster.capi_infra_plan import MACHINE_NAMESPACE_LABEL, InfraPlan, plan
+from gpumon.k8s import dra
 from gpumon.kube.client import Conflict, KubeApi, KubeError, NotFound, connected
 from gpumon.runtime import logs
 
@@ -36,11 +38,18 @@ class KwokInfraProvider:
     async def step(self) -> InfraPlan:
         machines = await self._api.get(f"{_MACHINES}/{capi.KWOK_MACHINES}")
         made = await self._api.get("/api/v1/nodes", {"labelSelector": MACHINE_NAMESPACE_LABEL})
+        slices = await self._api.get(dra.RESOURCE_SLICES_PATH, {"labelSelector": MACHINE_NAMESPACE_LABEL})
         ready = {
             r: (await self._api.get(f"/apis/{r.api_version}/{r.plural}")).get("items") or []
             for r in capi.READY_AT_ONCE
         }
-        p = plan(machines.get("items") or [], made.get("items") or [], ready)
+        p = plan(
+            machines.get("items") or [],
+            made.get("items") or [],
+            ready,
+            sliced=[s["spec"]["nodeName"] for s in slices.get("items") or ()],
+            now=time.time(),  # wall clock: a Node's creation time is kept in the cluster
+        )
         await self._apply(p)
         return p
 
@@ -69,6 +78,14 @@ class KwokInfraProvider:
                 log.info("node of a deleted machine deleted", extra={"node": name})
             except NotFound:
                 pass
+        for up in p.devices_up:
+            with contextlib.suppress(NotFound):  # the Node was deleted meanwhile
+                if up.dra is not None:
+                    await resourceslices.publish(self._api, up.node, up.dra, labels=up.labels)
+                else:
+                    patch = {"status": {"capacity": dict(up.resources), "allocatable": dict(up.resources)}}
+                    await self._api.patch(f"/api/v1/nodes/{up.node}/status", patch)
+                log.info("node's devices registered", extra={"node": up.node})
         for kind, namespace, name in p.make_ready:
             path = f"/apis/{kind.api_version}/namespaces/{namespace}/{kind.plural}/{name}/status"
             with contextlib.suppress(NotFound):

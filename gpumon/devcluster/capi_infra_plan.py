@@ -15,20 +15,30 @@ provider contract asks (docs/autoscaling.md, "Cluster API's own controllers"):
   exist (gpumon.devcluster.capi.READY_AT_ONCE): the network and the API server everything runs
   against are already there.
 
+Beyond the contract, the node's own side, which a cloud behind Cluster API does not show it
+either: a machine whose spec says ``devicesAfterSeconds`` becomes a Node without its GPUs, as a
+real one joins before its device plugin or DRA driver registers; that long after the Node was
+made, its extended resources become allocatable or, for a DRA shape (``node.dra``), its
+ResourceSlice is published (gpumon.devcluster.resourceslices), labelled like the Node.
+
 A KwokMachine carries no finalizer: it has nothing in a cloud to release."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from gpumon.devcluster import nodes
 from gpumon.devcluster.capi import ReadyAtOnce
 
 PROVIDER_ID_PREFIX = "kwok://"
-# On the Nodes the provider made: the KwokMachine's namespace (its name is the Node's).
+# On the Nodes the provider made (and their ResourceSlices): the KwokMachine's namespace (its
+# name is the Node's).
 MACHINE_NAMESPACE_LABEL = "infrastructure.devcluster.gpumon.io/kwok-machine-namespace"
+# On those Nodes: when the provider made it, in unix seconds (creationTimestamp has whole ones).
+CREATED_AT_ANNOTATION = "infrastructure.devcluster.gpumon.io/created-at"
 
 Json = Mapping[str, Any]
 
@@ -47,15 +57,28 @@ class Provision:
 
 
 @dataclass(frozen=True)
+class DevicesUp:
+    """A Node's devices registering: its extended resources, or its DRA driver's slice."""
+
+    node: str
+    resources: Mapping[str, str]  # to make allocatable (device plugins); empty for DRA
+    dra: nodes.NodeTemplate | None  # the devices to publish in the Node's ResourceSlice
+    labels: Mapping[str, str]  # the slice's: the Node's
+
+
+@dataclass(frozen=True)
 class InfraPlan:
     create_nodes: tuple[dict[str, Any], ...]
     provision: tuple[Provision, ...]
     delete_nodes: tuple[str, ...]
     make_ready: tuple[tuple[ReadyAtOnce, str, str], ...]  # (kind, namespace, name)
+    devices_up: tuple[DevicesUp, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.create_nodes or self.provision or self.delete_nodes or self.make_ready)
+        return not (
+            self.create_nodes or self.provision or self.delete_nodes or self.make_ready or self.devices_up
+        )
 
 
 def _owned_by_machine(obj: Json) -> bool:
@@ -71,32 +94,73 @@ def _get(obj: Json, *path: str) -> Any:
     return obj
 
 
+def _created_at(node: Json) -> float:
+    meta = node["metadata"]
+    try:
+        return float((meta.get("annotations") or {})[CREATED_AT_ANNOTATION])
+    except (KeyError, ValueError):
+        stamp = str(meta.get("creationTimestamp") or "1970-01-01T00:00:00Z")
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _new_node(meta: Json, pid: str, node_shape: Json, delay: float, now: float) -> dict[str, Any]:
+    body = nodes.from_shape(
+        meta["name"],
+        node_shape,
+        provider_id=pid,
+        extra_labels={MACHINE_NAMESPACE_LABEL: meta["namespace"]},
+        annotations={CREATED_AT_ANNOTATION: repr(now)},
+    )
+    if delay > 0:  # joins before its device plugin registers
+        for key in ("capacity", "allocatable"):
+            held = nodes.device_resources(body["status"][key])
+            body["status"][key] = {k: v for k, v in body["status"][key].items() if k not in held}
+    return body
+
+
+def _devices_up(node: Json, node_shape: Json, sliced: set[str]) -> DevicesUp | None:
+    """What still has to register on ``node`` for it to offer its shape's devices, or None."""
+    name = node["metadata"]["name"]
+    template = nodes.dra_template(node_shape)
+    if template is not None:
+        labels = dict(node["metadata"].get("labels") or {})
+        return None if name in sliced else DevicesUp(name, {}, template, labels)
+    wanted = nodes.device_resources(node_shape.get("resources") or {})
+    have = _get(node, "status", "allocatable") or {}
+    return None if all(k in have for k in wanted) else DevicesUp(name, wanted, None, {})
+
+
 def plan(
     machines: Sequence[Json],
     provider_nodes: Sequence[Json],
     ready_at_once: Mapping[ReadyAtOnce, Sequence[Json]],
+    *,
+    sliced: Sequence[str] = (),
+    now: float = 0.0,
 ) -> InfraPlan:
     """``provider_nodes``: the Nodes labelled :data:`MACHINE_NAMESPACE_LABEL`, listed after
-    ``machines`` (so a Node made for a listed machine is never taken for an orphan)."""
+    ``machines`` (so a Node made for a listed machine is never taken for an orphan); ``sliced``:
+    the names of the Nodes whose ResourceSlice the provider published; ``now``: unix seconds."""
     node_by_id = {_get(n, "spec", "providerID"): n for n in provider_nodes}
     live_ids: set[str] = set()
     create: list[dict[str, Any]] = []
     provision: list[Provision] = []
+    devices: list[DevicesUp] = []
     for m in machines:
         meta = m["metadata"]
         pid = provider_id(meta["namespace"], meta["name"])
         live_ids.add(pid)
         if meta.get("deletionTimestamp") or not _owned_by_machine(m):
             continue  # the contract: act only once a Machine owns the infrastructure machine
-        if pid not in node_by_id:
-            create.append(
-                nodes.from_shape(
-                    meta["name"],
-                    _get(m, "spec", "node") or {},
-                    provider_id=pid,
-                    extra_labels={MACHINE_NAMESPACE_LABEL: meta["namespace"]},
-                )
-            )
+        node_shape = _get(m, "spec", "node") or {}
+        delay = float(_get(m, "spec", "devicesAfterSeconds") or 0)
+        node = node_by_id.get(pid)
+        if node is None:
+            create.append(_new_node(meta, pid, node_shape, delay, now))
+        elif not node["metadata"].get("deletionTimestamp"):
+            up = _devices_up(node, node_shape, set(sliced))
+            if up is not None and now >= _created_at(node) + delay:
+                devices.append(up)
         set_id = _get(m, "spec", "providerID") != pid
         set_provisioned = _get(m, "status", "initialization", "provisioned") is not True
         if set_id or set_provisioned:
@@ -112,4 +176,10 @@ def plan(
         for obj in objects
         if not kind.reported(obj) and not obj["metadata"].get("deletionTimestamp")
     )
-    return InfraPlan(tuple(create), tuple(provision), tuple(orphans), make_ready)
+    return InfraPlan(
+        tuple(create),
+        tuple(provision),
+        tuple(orphans),
+        make_ready,
+        tuple(devices),
+    )

@@ -132,16 +132,40 @@ def manifest(
 
 def shape(template: NodeTemplate, extra_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
     """What every node made from ``template`` has, but its name, as plain data: what an
-    infrastructure provider's machine template holds (gpumon.devcluster.capi_infra)."""
+    infrastructure provider's machine template holds (gpumon.devcluster.capi_infra). A DRA
+    template's GPUs are no resource: ``dra`` then says which devices its driver publishes
+    (:func:`dra_template` reads it back)."""
     node_labels = labels("", template) | dict(extra_labels or {})
     del node_labels["kubernetes.io/hostname"]
-    return {
+    out: dict[str, Any] = {
         "labels": node_labels,
         "taints": [dict(t) for t in template.taints],
         "resources": {"cpu": template.cpu, "memory": template.memory, "pods": template.pods}
         | gpu_resources(template),
         "os": template.os,
     }
+    if template.dra:
+        out["dra"] = {"gpus": template.gpus, "product": template.product, "mig": dict(template.mig)}
+    return out
+
+
+def dra_template(node_shape: Mapping[str, Any]) -> NodeTemplate | None:
+    """The template whose devices a :func:`shape`'s node publishes through DRA, or None."""
+    described = node_shape.get("dra")
+    if not described:
+        return None
+    return NodeTemplate(
+        gpus=int(described["gpus"]),
+        product=str(described["product"]),
+        mig={str(k): int(v) for k, v in (described.get("mig") or {}).items()},
+        dra=True,
+    )
+
+
+def device_resources(resources: Mapping[str, str]) -> dict[str, str]:
+    """The extended resources among a node's (``vendor/name``): what a device plugin
+    advertises once it registers, not what the kubelet reports from the start."""
+    return {k: v for k, v in resources.items() if "/" in k}
 
 
 def from_shape(

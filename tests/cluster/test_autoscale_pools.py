@@ -1,7 +1,9 @@
 """Pool autoscaling against the real control plane: the controller (as the shipped ServiceAccount
-plus the autoscaling rules of docs/autoscaling.md) scales a Cluster API MachineDeployment whose
-replicas the pool simulator turns into kwok nodes, with a boot delay and a further delay before
-the GPUs are allocatable; the real scheduler places the pods."""
+plus the autoscaling rules of docs/autoscaling.md) scales a Cluster API MachineDeployment that
+Cluster API's own manager (v1.13.6) reconciles into Machines, which the devcluster's kwok
+infrastructure provider turns into kwok Nodes whose GPUs register a further delay after they
+join (tests/capi_pools.py); the real scheduler places the pods. Cluster API names the Nodes:
+the tests find them by the pool's label, never by a predicted name."""
 
 from __future__ import annotations
 
@@ -9,12 +11,13 @@ import asyncio
 import contextlib
 import itertools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from capi_pools import CapiPool, PoolFactory, at_size
 from controller_harness import (  # noqa: F401 - fixtures
     TEST_LABEL,
     KubeconfigFactory,
@@ -28,77 +31,46 @@ from controller_harness import (  # noqa: F401 - fixtures
     sa_kubeconfig_for_fixture,
     wait_for_event,
 )
-from devcluster_fixtures import gpumon_credentials
 from kubernetes_asyncio import client, watch
 
 from gpumon.controller.core.contract import RECORD_ANNOTATION, REMOVING_ANNOTATION
 from gpumon.devcluster import capi, nodes
-from gpumon.devcluster.poolplan import POOL_LABEL, Timing
-from gpumon.devcluster.poolsim import PoolSimulator, SimulatedPool
+from gpumon.devcluster.poolplan import POOL_LABEL
 from gpumon.devcluster.waiting import eventually
-from gpumon.kube.client import KubeClient
 
 # cluster-autoscaler's node-group bounds on a Cluster API target.
 CA = {
     "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "0",
     "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size": "1",
 }
-TIMING = Timing(boot_delay_seconds=1.0, gpu_delay_seconds=3.0)
-
-
-@dataclass
-class Pool:
-    namespace: str
-    name: str
-    sim: SimulatedPool
-    custom: client.CustomObjectsApi
-    created: dict[str, Any]  # the MachineDeployment as the API server answered its creation
-
-    async def scale(self) -> dict[str, Any]:
-        result: dict[str, Any] = await self.custom.get_namespaced_custom_object_scale(
-            capi.GROUP, capi.VERSION, self.namespace, capi.MACHINE_DEPLOYMENTS, self.name
-        )
-        return result
-
-    async def replicas(self) -> int:
-        return int((await self.scale())["spec"].get("replicas", 0))  # a Scale omits 0
-
-    async def md(self) -> dict[str, Any]:
-        result: dict[str, Any] = await self.custom.get_namespaced_custom_object(
-            capi.GROUP, capi.VERSION, self.namespace, capi.MACHINE_DEPLOYMENTS, self.name
-        )
-        return result
-
-
-PoolFactory = Callable[..., Awaitable[Pool]]
+# A pool Node's GPUs register this long after it joined (its device plugin's start): the
+# controller sees nodes that joined without GPUs as well as Machines without Nodes.
+DEVICES_AFTER_SECONDS = 3.0
+Pool = CapiPool
 
 
 @pytest.fixture
-async def make_pool(api: client.ApiClient, namespace: str, test_id: str) -> AsyncIterator[PoolFactory]:
-    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
-    made: list[str] = []
+def make_pool(capi_pool: PoolFactory) -> PoolFactory:
+    """``await make_pool(suffix, template, replicas=0, annotations=None)``: a Cluster API pool
+    of ``template`` nodes (8 whole GPUs by default) whose GPUs register ``devices_after_seconds``
+    (:data:`DEVICES_AFTER_SECONDS` unless told) after a Node joins."""
 
     async def make(
         suffix: str = "gpu",
         template: nodes.NodeTemplate | None = None,
         replicas: int = 0,
         annotations: dict[str, str] | None = None,
+        devices_after_seconds: float = DEVICES_AFTER_SECONDS,
     ) -> Pool:
-        name = f"{test_id}-{suffix}"
-        created = await custom.create_namespaced_custom_object(
-            capi.GROUP,
-            capi.VERSION,
-            namespace,
-            capi.MACHINE_DEPLOYMENTS,
-            capi.machine_deployment(name, namespace, replicas=replicas, annotations=annotations),
+        return await capi_pool(
+            replicas=replicas,
+            suffix=suffix,
+            template=template,
+            annotations=annotations,
+            devices_after_seconds=devices_after_seconds,
         )
-        made.append(name)
-        tpl = template or nodes.NodeTemplate(gpus=8, labels={TEST_LABEL: test_id})
-        return Pool(namespace, name, SimulatedPool(namespace, name, tpl, TIMING), custom, created)
 
-    yield make
-    for name in made:
-        await core.delete_collection_node(label_selector=f"{POOL_LABEL}={name}")
+    return make
 
 
 @pytest.fixture
@@ -109,7 +81,7 @@ async def kubeconfig(sa_kubeconfig_for: KubeconfigFactory) -> Path:
 
 def pool_config(pool: Pool, test_id: str, **over: Any) -> dict[str, Any]:
     template: dict[str, Any] = {"resources": {"nvidia.com/gpu": 8}, "labels": {TEST_LABEL: test_id}}
-    shared = pool.sim.template.shared
+    shared = pool.template.shared
     if shared is not None:
         template = {
             "shared_gpus": {"cards": shared.gpus, "memory_per_card": shared.memory_gib_per_gpu},
@@ -132,20 +104,16 @@ async def autoscaling(
     test_id: str,
     pools: list[dict[str, Any]],
     *,
-    simulate: list[Pool],
-    api: client.ApiClient,
     endpoints: dict[str, str] | None = None,
 ) -> AsyncIterator[Running]:
     cfg = controller_config(
         kubeconfig=kubeconfig, namespace=namespace, test_id=test_id, endpoints=endpoints or {}, pools=pools
     )
-    async with KubeClient(gpumon_credentials(api)) as kube:
-        sim = PoolSimulator(kube, [p.sim for p in simulate], interval_seconds=0.2)
-        async with sim.running(), running(cfg) as ctl:
-            autoscaler = ctl.controller.autoscaler
-            assert autoscaler is not None
-            await eventually(lambda: _true(autoscaler.rounds > 0), what="a first autoscaling round")
-            yield ctl
+    async with running(cfg) as ctl:
+        autoscaler = ctl.controller.autoscaler
+        assert autoscaler is not None
+        await eventually(lambda: _true(autoscaler.rounds > 0), what="a first autoscaling round")
+        yield ctl
 
 
 async def _true(ok: bool) -> bool | None:
@@ -209,9 +177,7 @@ async def test_pending_pods_scale_a_pool_from_zero_to_exactly_what_they_need(
         await core.create_namespaced_pod(namespace, gpu_pod(f"train-{i}", test_id, {nodes.GPU: "2"}))
 
     await all_unschedulable(core, namespace, 5)
-    async with autoscaling(
-        kubeconfig, namespace, test_id, [pool_config(pool, test_id)], simulate=[pool], api=api
-    ) as ctl:
+    async with autoscaling(kubeconfig, namespace, test_id, [pool_config(pool, test_id)]) as ctl:
         seen: list[int] = []
 
         async def requested() -> int | None:
@@ -247,9 +213,7 @@ async def test_shared_gpu_pods_are_bin_packed_per_card(
     core = client.CoreV1Api(api)
     shared = nodes.NodeTemplate(gpus=0, shared=nodes.SharedGpus(4, 16), labels={TEST_LABEL: test_id})
     pool = await make_pool("share", shared)
-    async with autoscaling(
-        kubeconfig, namespace, test_id, [pool_config(pool, test_id)], simulate=[pool], api=api
-    ) as ctl:
+    async with autoscaling(kubeconfig, namespace, test_id, [pool_config(pool, test_id)]) as ctl:
         for i in range(12):
             await core.create_namespaced_pod(
                 namespace, gpu_pod(f"infer-{i}", test_id, {nodes.SHARED_GPU_MEMORY: "5"})
@@ -279,9 +243,7 @@ async def test_cgpu_core_share_pods_are_bin_packed_per_card_and_off_step_ones_re
     for i in range(12):
         await core.create_namespaced_pod(namespace, gpu_pod(f"infer-{i}", test_id, limits))
     await all_unschedulable(core, namespace, 12)
-    async with autoscaling(
-        kubeconfig, namespace, test_id, [pool_config(pool, test_id)], simulate=[pool], api=api
-    ) as ctl:
+    async with autoscaling(kubeconfig, namespace, test_id, [pool_config(pool, test_id)]) as ctl:
 
         async def requested() -> int | None:
             return (await pool.replicas()) or None
@@ -321,7 +283,7 @@ async def test_mig_profile_pods_scale_a_pool_to_exactly_the_nodes_they_need(
     for i in range(7):
         await core.create_namespaced_pod(namespace, gpu_pod(f"mig-{i}", test_id, {resource: "1"}))
     await all_unschedulable(core, namespace, 7)
-    async with autoscaling(kubeconfig, namespace, test_id, [config], simulate=[pool], api=api) as ctl:
+    async with autoscaling(kubeconfig, namespace, test_id, [config]) as ctl:
 
         async def requested() -> int | None:
             return (await pool.replicas()) or None
@@ -340,13 +302,12 @@ async def test_a_quarantined_node_gets_a_replacement_before_its_drain_finishes(
 ) -> None:
     core, policy = client.CoreV1Api(api), client.PolicyV1Api(api)
     pool = await make_pool(replicas=2)
-    bad, good = f"{pool.name}-0", f"{pool.name}-1"  # the simulator's names
+    names = await eventually(lambda: at_size(pool, 2), what="2 pool nodes", timeout_seconds=90)
+    bad, good = sorted(names)
     async with exporters([bad, good], gpus=8) as ex:
         endpoints = {n: e.url for n, e in ex.items()}
         cfg = [pool_config(pool, test_id)]
-        async with autoscaling(
-            kubeconfig, namespace, test_id, cfg, simulate=[pool], api=api, endpoints=endpoints
-        ) as ctl:
+        async with autoscaling(kubeconfig, namespace, test_id, cfg, endpoints=endpoints) as ctl:
             await eventually(
                 lambda: fresh_signals(ctl, 2),
                 what="both pool nodes joined, signals fresh",
@@ -379,13 +340,11 @@ async def test_a_quarantined_node_gets_a_replacement_before_its_drain_finishes(
 
 
 async def test_idle_nodes_are_drained_respecting_pdbs_and_removed_down_to_min(
-    api: client.ApiClient,
-    kube: KubeClient,
-    namespace: str,
-    test_id: str,
-    make_pool: PoolFactory,
-    kubeconfig: Path,
+    api: client.ApiClient, namespace: str, test_id: str, make_pool: PoolFactory, kubeconfig: Path
 ) -> None:
+    """Which node goes is gpumon's choice, made on Cluster API's side by the
+    ``cluster.x-k8s.io/delete-machine`` annotation on its Machine: the MachineSet deletes the
+    marked Machine first, whatever its own deletion order would pick."""
     core, policy = client.CoreV1Api(api), client.PolicyV1Api(api)
     pool = await make_pool(replicas=2)
     cfg = [
@@ -393,7 +352,8 @@ async def test_idle_nodes_are_drained_respecting_pdbs_and_removed_down_to_min(
             pool, test_id, min_replicas=1, scale_down_unneeded_seconds=2, scale_down_cooldown_seconds=0
         )
     ]
-    victim, stays = f"{pool.name}-0", f"{pool.name}-1"
+    names = await eventually(lambda: at_size(pool, 2), what="2 pool nodes", timeout_seconds=90)
+    victim, stays = sorted(names)
     # A CPU pod on the node that will be chosen (idle as long as the other, first by name), held
     # by a PDB.
     cpu = {
@@ -411,35 +371,43 @@ async def test_idle_nodes_are_drained_respecting_pdbs_and_removed_down_to_min(
             "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}},
         },
     )
-    async with PoolSimulator(kube, [pool.sim], interval_seconds=0.2).running():
-        await eventually(lambda: _len(pool_nodes(core, pool), 2), what="2 pool nodes", timeout_seconds=60)
-        await core.create_namespaced_pod(namespace, cpu)
+    await core.create_namespaced_pod(namespace, cpu)
 
-        async def web_running() -> bool | None:
-            p = await core.read_namespaced_pod("web", namespace)
-            return True if p.status.phase == "Running" else None
+    async def web_running() -> bool | None:
+        p = await core.read_namespaced_pod("web", namespace)
+        return True if p.status.phase == "Running" else None
 
-        await eventually(web_running, what="the CPU pod Running")
-        async with autoscaling(kubeconfig, namespace, test_id, cfg, simulate=[], api=api) as ctl:
-            blocked = await wait_for_event(core, "default", victim, "GpuPoolEvictionBlocked")
-            assert "web" in blocked.message
-            node = await node_obj(core, victim)
-            assert node["spec"].get("unschedulable") is True
-            assert REMOVING_ANNOTATION in node["metadata"]["annotations"]
-            await rounds(ctl, 2)
-            assert await pool.replicas() == 2  # the PDB holds it
-            await policy.delete_namespaced_pod_disruption_budget("web", namespace)
+    await eventually(web_running, what="the CPU pod Running")
+    async with autoscaling(kubeconfig, namespace, test_id, cfg) as ctl:
+        blocked = await wait_for_event(core, "default", victim, "GpuPoolEvictionBlocked")
+        assert "web" in blocked.message
+        node = await node_obj(core, victim)
+        assert node["spec"].get("unschedulable") is True
+        assert REMOVING_ANNOTATION in node["metadata"]["annotations"]
+        await rounds(ctl, 2)
+        assert await pool.replicas() == 2  # the PDB holds it
+        await policy.delete_namespaced_pod_disruption_budget("web", namespace)
 
-            async def scaled_down() -> bool | None:
-                return True if await pool.replicas() == 1 else None
+        async def scaled_down() -> bool | None:
+            return True if await pool.replicas() == 1 else None
 
-            await eventually(scaled_down, what="replicas lowered to 1", timeout_seconds=60)
-            remaining = await eventually(lambda: _len(pool_nodes(core, pool), 1), what="one node left")
-            assert remaining[0].metadata.name == stays  # the marked node went, not another
-            event = await wait_for_event(core, namespace, pool.name, "GpuPoolScaledDown")
-            assert victim in event.message and "2 -> 1" in event.message
-            await rounds(ctl, 3)
-            assert await pool.replicas() == 1  # never below min
+        await eventually(scaled_down, what="replicas lowered to 1", timeout_seconds=60)
+        # Cluster API drains the Node of the Machine it deletes before deleting it.
+        remaining = await eventually(
+            lambda: _len(pool_nodes(core, pool), 1), what="one node left", timeout_seconds=90
+        )
+        assert remaining[0].metadata.name == stays  # the marked node went, not another
+
+        async def one_machine() -> list[str] | None:
+            # Cluster API deletes the Node first, then lets its Machine go.
+            linked = [m["status"]["nodeRef"]["name"] for m in await pool.machines()]
+            return linked if len(linked) == 1 else None
+
+        assert await eventually(one_machine, what="the marked Machine gone", timeout_seconds=60) == [stays]
+        event = await wait_for_event(core, namespace, pool.name, "GpuPoolScaledDown")
+        assert victim in event.message and "2 -> 1" in event.message
+        await rounds(ctl, 3)
+        assert await pool.replicas() == 1  # never below min
 
 
 @dataclass
@@ -517,16 +485,20 @@ async def test_bounds_step_limit_cooldown_and_cluster_autoscaler_pools(
 ) -> None:
     core = client.CoreV1Api(api)
     refused = await make_pool("ca", annotations=CA)
-    stepped = await make_pool("step")
+    # Cluster API makes each requested Machine and its Node, but the Nodes' GPUs do not register
+    # within the test: each step's capacity stays "arriving" (joined without allocatable GPUs,
+    # inside the controller's arriving timeout), so what is left over at the max is always the
+    # same 2 pods. With GPUs registering, the pods bind as nodes come and how many the max-size
+    # Event counts depends on when it is written (pods a scale-up was for get time to bind).
+    stepped = await make_pool("step", devices_after_seconds=3600)
     pools = [
         # cluster-autoscaler manages it: refused, though it is first in line for the pods.
         pool_config(refused, test_id),
         pool_config(stepped, test_id, max_replicas=3, max_step=1, scale_up_cooldown_seconds=2),
     ]
-    # No simulator: the requested nodes never come, so each step's capacity stays "arriving".
     async with (
         ScaleHistory.of(stepped) as history,
-        autoscaling(kubeconfig, namespace, test_id, pools, simulate=[], api=api) as ctl,
+        autoscaling(kubeconfig, namespace, test_id, pools) as ctl,
     ):
         for i in range(5):
             await core.create_namespaced_pod(namespace, gpu_pod(f"big-{i}", test_id, {nodes.GPU: "8"}))
@@ -562,7 +534,7 @@ async def test_cluster_autoscaler_annotations_are_the_bounds_when_allowed(
     pool = await make_pool("ca", annotations=CA)
     cfg = pool_config(pool, test_id, allow_cluster_autoscaler=True)
     del cfg["max_replicas"]
-    async with autoscaling(kubeconfig, namespace, test_id, [cfg], simulate=[], api=api) as ctl:
+    async with autoscaling(kubeconfig, namespace, test_id, [cfg]) as ctl:
         for i in range(2):
             await core.create_namespaced_pod(namespace, gpu_pod(f"big-{i}", test_id, {nodes.GPU: "8"}))
         await wait_for_event(core, namespace, pool.name, "GpuPoolAtLimit")

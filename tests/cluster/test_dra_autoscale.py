@@ -1,9 +1,10 @@
 """DRA demand on the real control plane: pods asking for GPUs through ResourceClaimTemplates stay
 pending (no node publishes devices yet), the controller scales a Cluster API pool whose template
-declares the devices a new node publishes, the pool simulator's nodes publish them in their
-ResourceSlices (gpumon.devcluster.resourceslices, NVIDIA's names), and the real kube-scheduler
-allocates the claims and binds the pods. A selector the planner cannot evaluate is reported and
-scales nothing."""
+declares the devices a new node publishes, Cluster API's own controllers make the Machines and
+the kwok infrastructure provider their Nodes, which publish the devices in their ResourceSlices
+once their driver registers (gpumon.devcluster.resourceslices, NVIDIA's names), and the real
+kube-scheduler allocates the claims and binds the pods. A selector the planner cannot evaluate is
+reported and scales nothing."""
 
 from __future__ import annotations
 
@@ -112,7 +113,7 @@ def pending_dra(
         )
         await client.AppsV1Api(api).create_namespaced_deployment(namespace, body)
         await all_unschedulable(core, namespace, replicas)
-        async with autoscaling(kubeconfig, namespace, test_id, [config], simulate=[pool], api=api) as ctl:
+        async with autoscaling(kubeconfig, namespace, test_id, [config]) as ctl:
             yield PendingDra(api, namespace, pool, app), ctl
 
     return run

@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from capi_pools import PoolFactory
 from kubernetes_asyncio import client
-from test_pool_simulator import _patch_scale
 
-from gpumon.devcluster import capi, nodes, podresources_server, resourceslices, workloads
+from gpumon.devcluster import nodes, podresources_server, resourceslices, workloads
 from gpumon.devcluster.nodemaker import NodeMaker
-from gpumon.devcluster.poolplan import POOL_LABEL, Timing
-from gpumon.devcluster.poolsim import PoolSimulator, SimulatedPool
+from gpumon.devcluster.poolplan import POOL_LABEL
 from gpumon.devcluster.waiting import eventually
 from gpumon.exporter.podresources import api_pb2, api_pb2_grpc
 from gpumon.k8s import dra
@@ -196,15 +195,17 @@ async def test_mig_claims_get_the_profile_they_select_and_the_rest_stays_pending
 
 
 async def test_a_dra_pool_node_publishes_its_slice_when_its_gpus_come_up_and_takes_it_along(
-    api: client.ApiClient, kube: KubeClient, namespace: str, test_id: str
+    api: client.ApiClient, namespace: str, test_id: str, capi_pool: PoolFactory
 ) -> None:
-    core, resource, custom = client.CoreV1Api(api), client.ResourceV1Api(api), client.CustomObjectsApi(api)
-    md = capi.machine_deployment(test_id, namespace, replicas=0)
-    await custom.create_namespaced_custom_object(
-        capi.GROUP, capi.VERSION, namespace, capi.MACHINE_DEPLOYMENTS, md
-    )
-    pool = SimulatedPool(
-        namespace, test_id, dra_nodes(test_id, 2, product="NVIDIA-H100-80GB-HBM3"), Timing(0.5, 1.5)
+    """A Cluster API pool of DRA nodes (Cluster API's own controllers, the kwok infrastructure
+    provider making the Nodes): a new Machine's Node joins first and its driver publishes the
+    devices 1.5 s later; scaled to zero, Cluster API deletes the Node and the garbage collector
+    its slice."""
+    resource = client.ResourceV1Api(api)
+    pool = await capi_pool(
+        replicas=0,
+        template=dra_nodes(test_id, 2, product="NVIDIA-H100-80GB-HBM3"),
+        devices_after_seconds=1.5,
     )
     await resource.create_namespaced_resource_claim_template(
         namespace, workloads.claim_template("one-h100", resourceslices.GPU_DEVICE_CLASS)
@@ -215,36 +216,37 @@ async def test_a_dra_pool_node_publishes_its_slice_when_its_gpus_come_up_and_tak
     await client.AppsV1Api(api).create_namespaced_deployment(namespace, deployment)
 
     async def pool_slices() -> list[Any]:
-        return list((await resource.list_resource_slice(label_selector=f"{POOL_LABEL}={test_id}")).items)
+        return list((await resource.list_resource_slice(label_selector=f"{POOL_LABEL}={pool.name}")).items)
 
     async def joined_without_slice() -> str | None:
-        listed = (await core.list_node(label_selector=f"{POOL_LABEL}={test_id}")).items
-        return listed[0].metadata.name if listed and not await pool_slices() else None
+        listed = await pool.all_nodes()
+        return listed[0]["metadata"]["name"] if listed and not await pool_slices() else None
 
-    try:
-        async with PoolSimulator(kube, [pool]).running():
-            await _patch_scale(custom, pool, 1)
-            # The node joins first, its driver publishes the devices a GPU delay later.
-            name = await eventually(joined_without_slice, what="a pool node joined, no slice yet")
-            pods, _ = await eventually(
-                lambda: _placed(api, namespace, "train", 2), what="both pods placed on the new pool node"
-            )
-            assert {p["spec"]["nodeName"] for p in pods} == {name}
-            [published] = await pool_slices()
-            assert published.spec.node_name == name and published.metadata.owner_references[0].name == name
-            products = {
-                d.attribute(dra.PRODUCT_NAME_ATTRIBUTE)
-                for d in dra.slice_devices(api.sanitize_for_serialization(published))
-            }
-            assert products == {"NVIDIA H100-80GB-HBM3"}
-            await client.AppsV1Api(api).delete_namespaced_deployment("train", namespace)
-            await _patch_scale(custom, pool, 0)
-            # The node goes, and the garbage collector takes its slice with it.
-            await eventually(
-                lambda: _none_left(pool_slices), what="the deleted pool node's slice garbage-collected"
-            )
-    finally:
-        await core.delete_collection_node(label_selector=f"{POOL_LABEL}={test_id}")
+    await pool.set_replicas(1)
+    # The node joins first, its driver publishes the devices a GPU delay later.
+    name = await eventually(joined_without_slice, what="a pool node joined, no slice yet", timeout_seconds=60)
+    pods, _ = await eventually(
+        lambda: _placed(api, namespace, "train", 2),
+        what="both pods placed on the new pool node",
+        timeout_seconds=60,
+    )
+    assert {p["spec"]["nodeName"] for p in pods} == {name}
+    [published] = await pool_slices()
+    assert published.spec.node_name == name and published.metadata.owner_references[0].name == name
+    products = {
+        d.attribute(dra.PRODUCT_NAME_ATTRIBUTE)
+        for d in dra.slice_devices(api.sanitize_for_serialization(published))
+    }
+    assert products == {"NVIDIA H100-80GB-HBM3"}
+    await client.AppsV1Api(api).delete_namespaced_deployment("train", namespace)
+    await pool.set_replicas(0)
+    # Cluster API deletes the Machine and its Node, and the garbage collector takes the slice.
+    await eventually(
+        lambda: _none_left(pool_slices),
+        what="the deleted pool node's slice garbage-collected",
+        timeout_seconds=90,
+    )
+    assert await pool.all_nodes() == []
 
 
 async def _none_left(listing: Any) -> bool | None:

@@ -18,12 +18,14 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from capi_pools import CapiPool, PoolFactory, at_size, create
 from controller_harness import (  # noqa: F401 - fixtures
     TEST_LABEL,
     KubeconfigFactory,
@@ -40,15 +42,7 @@ from controller_harness import (  # noqa: F401 - fixtures
 )
 from kubernetes_asyncio import client
 from metrics_text import parse, select
-from test_cluster_api_pools import (  # noqa: F401 - the fixture
-    CapiPool,
-    PoolFactory,
-    at_size,
-    capi_pool,
-    create,
-    mhc_object,
-    pool_config,
-)
+from test_cluster_api_pools import mhc_object, pool_config
 from test_karpenter_pools import (  # noqa: F401 - the fixture
     TAINT_KEY,
     deployment_on_a_karpenter_node,
@@ -143,7 +137,7 @@ async def test_a_reboot_that_fails_is_followed_by_the_machine_replaced_through_c
     devcluster: DevCluster,
     namespace: str,
     test_id: str,
-    capi_pool: PoolFactory,  # noqa: F811 - the fixture
+    capi_pool: PoolFactory,
     sa_kubeconfig_for: KubeconfigFactory,
 ) -> None:
     """A GPU whose driver asks for a node reboot; the reboot Job never runs and fails at its deadline; the
@@ -216,7 +210,7 @@ async def test_a_machine_health_check_covering_the_machine_replaces_the_node_gpu
     devcluster: DevCluster,
     namespace: str,
     test_id: str,
-    capi_pool: PoolFactory,  # noqa: F811 - the fixture
+    capi_pool: PoolFactory,
     sa_kubeconfig_for: KubeconfigFactory,
 ) -> None:
     """A pool that replaces straight away, its Machines judged by a MachineHealthCheck that
@@ -262,11 +256,71 @@ async def test_a_machine_health_check_covering_the_machine_replaces_the_node_gpu
     assert deleters and f"system:serviceaccount:{namespace}:{SA}" not in deleters, deleters
 
 
+@dataclass(frozen=True)
+class Owner:
+    """What a replacement deletes (a Machine, a NodeClaim), as the test reads it."""
+
+    what: str
+    there: Callable[[], Awaitable[bool]]  # there and not deleting
+
+    async def going(self) -> bool | None:
+        return None if await self.there() else True
+
+
+async def refused_until_granted(
+    controller: contextlib.AbstractAsyncContextManager[tuple[Any, ...]],
+    core: client.CoreV1Api,
+    bad: str,
+    owner: Owner,
+    sa_kubeconfig_for: KubeconfigFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``controller`` runs without controller-repair.yaml, the replacement of ``bad`` asked for
+    (it yields the running controller first). The refusal (403) is told in one
+    GpuRepairReplaceUnavailable Event over four more repair rounds, the owner still there; the
+    RBAC applied, the next try deletes the owner. Each refusal counted, the outage logged once
+    and its end once, no task restarted."""
+    with caplog.at_level("INFO", logger="gpumon.controller.shell.replacements"):
+        async with controller as (ctl, *_):
+            metrics = await _refused_then_granted(ctl, core, bad, owner, sa_kubeconfig_for)
+    said = [r.getMessage() for r in caplog.records]
+    assert said.count("repair replacement unavailable") == 1, "logged once per outage"
+    assert "repair replacement available again" in said
+    counted = [x for x in metrics.splitlines() if x.startswith("gpumon_controller_repair_errors_total{")]
+    assert counted and all('error="KubeError"' in line for line in counted), counted
+    assert 'gpumon_controller_task_restarts_total{task="repair"}' not in metrics, "nothing crashed"
+
+
+async def _refused_then_granted(
+    ctl: Any, core: client.CoreV1Api, bad: str, owner: Owner, sa_kubeconfig_for: KubeconfigFactory
+) -> str:
+    """The controller's metrics as they were before the grant."""
+    told = await wait_for_event(core, "default", bad, "GpuRepairReplaceUnavailable", seconds=60)
+    assert "deploy/rbac/controller-repair.yaml" in told.message and "403" in told.message, told.message
+    loop = ctl.controller.repair
+    assert loop is not None
+    after = loop.rounds + 4
+
+    async def four_more_rounds() -> bool | None:
+        return True if loop.rounds >= after else None
+
+    await eventually(four_more_rounds, what="four more repair rounds", timeout_seconds=60)
+    metrics = await metrics_text(ctl.url)
+    assert len(await events(core, "default", bad, "GpuRepairReplaceUnavailable")) == 1
+    assert await owner.there(), f"the {owner.what} went without the RBAC"
+    await sa_kubeconfig_for(autoscaling=True, repair=True)  # a person applies the RBAC
+    await eventually(owner.going, what=f"the {owner.what} deleting once granted", timeout_seconds=120)
+    return metrics
+
+
+REPLACE_AT_ONCE = {"steps": ["replace"], "replace_immediately": True, "replace_deadline_seconds": 300}
+
+
 async def test_without_rbac_for_machines_the_refusal_is_told_once_and_the_swap_follows_the_grant(
     api: client.ApiClient,
     namespace: str,
     test_id: str,
-    capi_pool: PoolFactory,  # noqa: F811 - the fixture
+    capi_pool: PoolFactory,
     sa_kubeconfig_for: KubeconfigFactory,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -280,36 +334,49 @@ async def test_without_rbac_for_machines_the_refusal_is_told_once_and_the_swap_f
     names = sorted(await eventually(lambda: at_size(pool, 2), what="2 nodes", timeout_seconds=90))
     bad = names[0]
     machine = {node: m for m, node in (await pool.linked()).items()}[bad]
+
+    async def read() -> dict[str, Any] | None:
+        return {m["metadata"]["name"]: m for m in await pool.machines()}.get(machine)
+
+    async def there() -> bool:
+        m = await read()
+        return m is not None and not m["metadata"].get("deletionTimestamp")
+
     kubeconfig: Path = await sa_kubeconfig_for(autoscaling=True)
-    repair = {"steps": ["replace"], "replace_immediately": True, "replace_deadline_seconds": 300}
-    with caplog.at_level("INFO", logger="gpumon.controller.shell.replacements"):
-        async with reboot_asked(pool, names, namespace, test_id, kubeconfig, repair) as (ctl, _, _):
-            told = await wait_for_event(core, "default", bad, "GpuRepairReplaceUnavailable", seconds=60)
-            assert "deploy/rbac/controller-repair.yaml" in told.message and "403" in told.message
-            loop = ctl.controller.repair
-            assert loop is not None
-            after = loop.rounds + 4
+    controller = reboot_asked(pool, names, namespace, test_id, kubeconfig, REPLACE_AT_ONCE)
+    await refused_until_granted(controller, core, bad, Owner("Machine", there), sa_kubeconfig_for, caplog)
 
-            async def four_more_rounds() -> bool | None:
-                return True if loop.rounds >= after else None
 
-            await eventually(four_more_rounds, what="four more repair rounds", timeout_seconds=60)
-            metrics = await metrics_text(ctl.url)
-            assert len(await events(core, "default", bad, "GpuRepairReplaceUnavailable")) == 1
-            assert machine in {m["metadata"]["name"] for m in await pool.machines()}
-            await sa_kubeconfig_for(autoscaling=True, repair=True)  # a person applies the RBAC
+async def test_without_rbac_for_node_claims_the_refusal_is_told_once_and_the_deletion_follows_the_grant(
+    api: client.ApiClient,
+    namespace: str,
+    test_id: str,
+    node_pool: str,  # noqa: F811 - the fixture
+    sa_kubeconfig_for: KubeconfigFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The same for a Karpenter node (#27, missing RBAC for NodeClaims): the API refuses the
+    controller the node's NodeClaim (403), counted each time, logged and told once for the
+    outage, asked again with backoff, nothing crashing and the NodeClaim left alone; once the
+    RBAC is applied the next try deletes the NodeClaim."""
+    core = client.CoreV1Api(api)
+    bad, owner = await karpenter_node(api, namespace, test_id, node_pool)
+    pool = {**await karpenter_pool(api, namespace, test_id, node_pool), "repair": REPLACE_AT_ONCE}
 
-            async def deleting() -> bool | None:
-                m = {m["metadata"]["name"]: m for m in await pool.machines()}.get(machine)
-                return True if m is None or m["metadata"].get("deletionTimestamp") else None
+    async def there() -> bool:
+        try:
+            claim = await client.CustomObjectsApi(api).get_cluster_custom_object(
+                karpenter.GROUP, karpenter.VERSION, karpenter.NODE_CLAIMS, owner.name
+            )
+        except client.ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return not claim["metadata"].get("deletionTimestamp")
 
-            await eventually(deleting, what="the Machine deleting once granted", timeout_seconds=120)
-    said = [r.getMessage() for r in caplog.records]
-    assert said.count("repair replacement unavailable") == 1, "logged once per outage"
-    assert "repair replacement available again" in said
-    counted = [x for x in metrics.splitlines() if x.startswith("gpumon_controller_repair_errors_total{")]
-    assert counted and all('error="KubeError"' in line for line in counted), counted
-    assert 'gpumon_controller_task_restarts_total{task="repair"}' not in metrics, "nothing crashed"
+    kubeconfig: Path = await sa_kubeconfig_for(autoscaling=True)
+    controller = controlling(bad, pool, namespace, test_id, kubeconfig, fault="node_reboot")
+    await refused_until_granted(controller, core, bad, Owner("NodeClaim", there), sa_kubeconfig_for, caplog)
 
 
 async def test_a_controller_killed_mid_replacement_is_followed_by_one_that_finishes_it_deleting_nothing(
@@ -317,7 +384,7 @@ async def test_a_controller_killed_mid_replacement_is_followed_by_one_that_finis
     devcluster: DevCluster,
     namespace: str,
     test_id: str,
-    capi_pool: PoolFactory,  # noqa: F811 - the fixture
+    capi_pool: PoolFactory,
     sa_kubeconfig_for: KubeconfigFactory,
 ) -> None:
     """The first controller deletes the bad node's Machine and is killed at once. A test
@@ -395,10 +462,17 @@ async def test_a_controller_killed_mid_replacement_is_followed_by_one_that_finis
 
 @contextlib.asynccontextmanager
 async def controlling(
-    node: str, pool: dict[str, Any], namespace: str, test_id: str, kubeconfig: Path
+    node: str,
+    pool: dict[str, Any],
+    namespace: str,
+    test_id: str,
+    kubeconfig: Path,
+    *,
+    fault: str | None = None,
 ) -> AsyncIterator[tuple[Any, Any]]:
-    """The node's exporter and the controller with ``pool``, once the node's signals are fresh.
-    Yields the running controller and the node's exporter."""
+    """The node's exporter and the controller with ``pool``, once the node's signals are fresh;
+    with ``fault``, the node's GPU 2 then asks for that recovery action. Yields the running
+    controller and the node's exporter."""
     async with exporters([node], gpus=8) as ex:
         cfg = controller_config(
             kubeconfig=kubeconfig,
@@ -409,6 +483,8 @@ async def controlling(
         )
         async with running(cfg) as ctl:
             await eventually(lambda: fresh_signals(ctl, 1), what="the node's signals")
+            if fault is not None:
+                ex[node].fault(gpu=2, fault="recovery_action", action=fault)
             yield ctl, ex[node]
 
 

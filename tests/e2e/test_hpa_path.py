@@ -4,21 +4,24 @@ simulated GPU load on a Deployment's pods → gpumon exporters (per-pod attribut
 Prometheus → prometheus-adapter with deploy/prometheus-adapter/config.yaml, registered with the
 aggregation layer → the HPA of deploy/examples/hpa-gpu-utilization.yaml in the real
 kube-controller-manager raises replicas → the new pods are pending → ``gpumon controller``
-(a real process) scales the node pool (a Cluster API MachineDeployment the pool simulator turns
-into kwok nodes) → the pods run. Then the load drops: the HPA lowers replicas and the
-controller drains and removes the idle nodes. Every step is read from the cluster.
+(a real process) scales the node pool (a Cluster API MachineDeployment that Cluster API's own
+manager turns into Machines and the kwok infrastructure provider into kwok nodes, their GPU
+registering a second after they join: tests/capi_pools.py) → the pods run. Then the load drops:
+the HPA lowers replicas and the controller drains and removes the idle nodes (Cluster API
+deleting the Machines gpumon marked). Every step is read from the cluster.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from capi_pools import PoolFactory
 from kubernetes_asyncio import client
 from metrics_adapter import GROUP, external_metrics_api
 from pool_exporters import PoolExporters
@@ -27,11 +30,9 @@ from gpumon.devcluster import capi
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.localservers import ControllerProcess, PrometheusProcess
 from gpumon.devcluster.nodes import GPU, NodeTemplate
-from gpumon.devcluster.poolplan import POOL_LABEL, Timing
-from gpumon.devcluster.poolsim import PoolSimulator, SimulatedPool
+from gpumon.devcluster.poolplan import POOL_LABEL
 from gpumon.devcluster.waiting import eventually
 from gpumon.devcluster.workloads import gpu_deployment
-from gpumon.kube.client import KubeClient
 
 REPO = Path(__file__).resolve().parents[2]
 HPA_EXAMPLE = REPO / "deploy" / "examples" / "hpa-gpu-utilization.yaml"
@@ -212,26 +213,13 @@ class Milestones:
 
 
 @pytest.fixture
-async def pool(api: client.ApiClient, kube: KubeClient, namespace: str, test_id: str) -> AsyncIterator[str]:
-    """A MachineDeployment of one-GPU kwok nodes (one node to begin with), simulated."""
-    name = f"{test_id[:40]}-gpu"
-    custom = client.CustomObjectsApi(api)
-    await custom.create_namespaced_custom_object(
-        capi.GROUP,
-        capi.VERSION,
-        namespace,
-        capi.MACHINE_DEPLOYMENTS,
-        capi.machine_deployment(name, namespace, replicas=1),
+async def pool(capi_pool: PoolFactory, test_id: str) -> str:
+    """A MachineDeployment of one-GPU kwok nodes (one node to begin with) on Cluster API's own
+    controllers; a new node's GPU registers a second after it joins."""
+    made = await capi_pool(
+        replicas=1, template=NodeTemplate(gpus=1, labels={TEST_LABEL: test_id}), devices_after_seconds=1.0
     )
-    template = NodeTemplate(gpus=1, labels={TEST_LABEL: test_id})
-    sim = PoolSimulator(
-        kube, [SimulatedPool(namespace, name, template, Timing(1.0, 1.0))], interval_seconds=0.2
-    )
-    try:
-        async with sim.running():
-            yield name
-    finally:
-        await client.CoreV1Api(api).delete_collection_node(label_selector=f"{POOL_LABEL}={name}")
+    return made.name
 
 
 async def test_gpu_load_scales_the_deployment_and_its_node_pool_up_and_back_down(

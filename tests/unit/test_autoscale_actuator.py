@@ -491,3 +491,43 @@ async def test_the_loop_stops_when_cancelled_as_a_change_wakes_it() -> None:
     node(a, "n0")  # an informer change wakes the loop
     task.cancel()
     await assert_ends_cancelled(task, "the autoscaler lost its cancellation")
+
+
+class ControlledKube(ScaleKube):
+    """A target whose own controller writes it as soon as its replicas change, before the
+    autoscaler's record write (Cluster API's MachineDeployment controller); ``moves_to``: it
+    also sets other replicas (someone else scaled it meanwhile)."""
+
+    def __init__(self, pool: Pool, moves_to: int | None = None) -> None:
+        super().__init__(pool)
+        self.moves_to = moves_to
+
+    async def patch(self, path: str, body: Mapping[str, Any], *, strategic: bool = False) -> dict[str, Any]:
+        answer = await super().patch(path, body, strategic=strategic)
+        if path == self.target.scale_path:
+            if self.moves_to is not None:
+                self.md["spec"]["replicas"] = self.moves_to
+            self.touch(self.target.path)
+        return answer
+
+
+async def test_a_record_that_loses_to_the_targets_controller_is_written_over_its_new_version() -> None:
+    pool = make_pool()
+    kube = ControlledKube(pool)
+    a = autoscaler(kube, pool)
+    pending(a, 5)
+    (plan,) = await a.round()
+    assert plan.desired == 2 and kube.scale_patches() == [2]
+    record = record_from_annotation(kube.md["metadata"]["annotations"][RECORD_ANNOTATION])
+    assert set(record.provided) == {f"uid-p{i}" for i in range(5)} and record.scaled_up_at == NOW
+    assert metric(a, "scale_up", "applied") == 1
+
+
+async def test_no_record_is_written_over_replicas_someone_else_moved() -> None:
+    pool = make_pool()
+    kube = ControlledKube(pool, moves_to=7)
+    a = autoscaler(kube, pool)
+    pending(a, 5)
+    await a.round()
+    assert kube.scale_patches() == [2] and kube.md["spec"]["replicas"] == 7
+    assert RECORD_ANNOTATION not in kube.md["metadata"]["annotations"]

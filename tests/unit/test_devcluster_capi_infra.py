@@ -6,7 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from gpumon.devcluster import capi, cluster_api, nodes
-from gpumon.devcluster.capi_infra_plan import MACHINE_NAMESPACE_LABEL, plan, provider_id
+from gpumon.devcluster.capi_infra_plan import (
+    CREATED_AT_ANNOTATION,
+    MACHINE_NAMESPACE_LABEL,
+    plan,
+    provider_id,
+)
 
 SHAPE = nodes.shape(nodes.NodeTemplate(gpus=8), {"devcluster.gpumon.io/pool": "gpu"})
 MACHINE_OWNER = [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "name": "m", "uid": "u"}]
@@ -133,3 +138,42 @@ def test_the_manager_webhooks_are_served_on_loopback() -> None:
     assert hook["clientConfig"] == {"url": "https://127.0.0.1:9443/validate-x", "caBundle": "Q0E="}
     # Only what the manager reconciles: the pool simulator's objects are not defaulted.
     assert hook["objectSelector"] == {"matchLabels": {capi.WATCH_FILTER_LABEL: capi.WATCH_FILTER}}
+
+
+def delayed(name: str, node_shape: dict[str, Any], seconds: float) -> dict[str, Any]:
+    m = machine(name, initialization={"provisioned": True})
+    m["spec"] |= {"providerID": f"kwok://ns/{name}", "node": node_shape, "devicesAfterSeconds": seconds}
+    return m
+
+
+def test_a_node_joins_without_its_gpus_and_gets_them_the_delay_later() -> None:
+    m = delayed("gpu-a", SHAPE, 3.0)
+    (node,) = plan([m], [], {}, now=100.0).create_nodes
+    assert "nvidia.com/gpu" not in node["status"]["allocatable"]
+    assert node["status"]["allocatable"]["cpu"] == "96"
+    assert node["metadata"]["annotations"][CREATED_AT_ANNOTATION] == "100.0"
+    assert plan([m], [node], {}, now=102.9).empty  # the device plugin has not registered yet
+    (up,) = plan([m], [node], {}, now=103.0).devices_up
+    assert (up.node, dict(up.resources), up.dra) == ("gpu-a", {"nvidia.com/gpu": "8"}, None)
+    node["status"]["allocatable"] |= {"nvidia.com/gpu": "8"}
+    assert plan([m], [node], {}, now=200.0).empty
+
+
+def test_a_dra_node_publishes_its_slice_labelled_like_the_node_once_its_delay_is_over() -> None:
+    template = nodes.NodeTemplate(gpus=2, dra=True, mig={"3g.40gb": 2})
+    shape = nodes.shape(template, {"devcluster.gpumon.io/pool": "dra"})
+    assert nodes.dra_template(shape) == nodes.NodeTemplate(
+        gpus=2, dra=True, mig={"3g.40gb": 2}, product=template.product
+    )
+    m = delayed("dra-a", shape, 1.5)
+    (node,) = plan([m], [], {}, now=10.0).create_nodes
+    assert not nodes.device_resources(node["status"]["allocatable"])
+    assert plan([m], [node], {}, now=11.0).empty
+    (up,) = plan([m], [node], {}, now=11.5).devices_up
+    assert up.dra is not None and up.dra.mig == {"3g.40gb": 2} and not up.resources
+    assert up.labels["devcluster.gpumon.io/pool"] == "dra"
+    assert up.labels[MACHINE_NAMESPACE_LABEL] == "ns"
+    assert plan([m], [node], {}, sliced=["dra-a"], now=20.0).empty
+    # Without a delay too, the slice comes once the Node is there (its uid owns the slice).
+    (up,) = plan([delayed("dra-a", shape, 0)], [node], {}, now=10.0).devices_up
+    assert up.dra is not None

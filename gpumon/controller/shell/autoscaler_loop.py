@@ -50,12 +50,12 @@ from gpumon.controller.core.objects import (
     pod_from_json,
 )
 from gpumon.controller.core.plans import DrainTarget, Event, ObjectRef
-from gpumon.controller.core.pools import Pool, PoolNode, ScaleState, pool_node_from_json
+from gpumon.controller.core.pools import Pool, PoolNode, ScaleState, ScaleTarget, pool_node_from_json
 from gpumon.controller.core.scale_plan import Action, PoolInput, PoolPlan, plan_pools, removal_record
 from gpumon.controller.read import read_scale
 from gpumon.k8s.dra import DEVICE_CLASSES_PATH, resource_claims_path
 from gpumon.k8s.dra_cel import compile_selector
-from gpumon.kube.client import KubeApi, KubeError, NotFound
+from gpumon.kube.client import Conflict, KubeApi, KubeError, NotFound
 from gpumon.kube.informer import Selection, View
 from gpumon.kube.registry import Informers
 
@@ -476,9 +476,30 @@ class Autoscaler:
             self.metrics.pending_to_request.observe(max(0.0, self._wall() - min(waited)))
         # Advisory: without it, requested replicas still count as arriving capacity.
         try:
-            await write_record(self._api, target, plan.record, rv)
+            await self._record_scale_up(target, plan, rv)
         except KubeError as e:
             log.warning("could not write the autoscaler record", extra={"pool": plan.pool, "error": str(e)})
+
+    async def _record_scale_up(self, target: ScaleTarget, plan: PoolPlan, rv: str) -> None:
+        """The record of a scale-up just written, over the version that write returned. A
+        target's own controller may write it in between: Cluster API's MachineDeployment
+        controller writes the MachineDeployment as soon as its replicas change (on v1.13.6 a
+        step-limit test lost one record of three that way, and the cooldown then counts from
+        an older scale-up). Then the target is read again and, its replicas still the ones just
+        written, the record goes over that version; a target whose replicas moved meanwhile is
+        left to the next round's plan."""
+        try:
+            await write_record(self._api, target, plan.record, rv)
+            return
+        except Conflict:
+            again = await read_scale(self._api, target)
+        if again.spec_replicas != plan.desired:
+            log.warning(
+                "autoscaler record not written: the target's replicas moved",
+                extra={"pool": plan.pool, "replicas": again.spec_replicas},
+            )
+            return
+        await write_record(self._api, target, plan.record, again.resource_version)
 
     async def _give_up(self, node: str, now: float, pool: Pool) -> None:
         with contextlib.suppress(NotFound):
