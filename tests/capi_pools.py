@@ -20,7 +20,7 @@ from kubernetes_asyncio import client
 
 from gpumon.devcluster import capi, nodes
 from gpumon.devcluster.cluster_api import ClusterApiRunning
-from gpumon.devcluster.poolplan import POOL_LABEL
+from gpumon.devcluster.nodes import POOL_LABEL
 
 TEST_LABEL = "test.gpumon.io/id"  # as tests/cluster/controller_harness.py: the test's own nodes
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from gpumon.demo.scenario import Scenario
 from gpumon.devcluster import capi, nodes
-from gpumon.devcluster.poolplan import POOL_LABEL
+from gpumon.devcluster.nodes import POOL_LABEL
 from gpumon.devcluster.workloads import APP_LABEL, gpu_deployment
 from gpumon.k8s.resources import DIRECTX_RESOURCE, GPUSHARE_MEMORY_RESOURCE
 from gpumon.wire import file_sd

@@ -19,7 +19,7 @@ from gpumon.controller.core.contract import (
 )
 from gpumon.controller.core.repair_jobs import job_work
 from gpumon.devcluster import nodes
-from gpumon.devcluster.poolplan import POOL_LABEL
+from gpumon.devcluster.nodes import POOL_LABEL
 from gpumon.devcluster.workloads import APP_LABEL
 from gpumon.k8s.resources import GPUSHARE_MEMORY_RESOURCE
 from gpumon.k8s.sharing import GPUSHARE_INDEX

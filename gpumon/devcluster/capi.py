@@ -1,11 +1,12 @@
 """Cluster API bodies (v1beta2, the stored version of cluster-api v1.13). Pure builders.
 
-Two users: the pool simulator (gpumon.devcluster.poolsim), whose MachineDeployments no Cluster
-API controller reconciles and whose references point at nothing, and Cluster API's own
-manager (gpumon.devcluster.cluster_api), which reconciles only objects carrying its watch
-filter label and creates Machines through the devcluster's kwok infrastructure provider
-(gpumon.devcluster.capi_infra): the Cluster, its kubeconfig Secret, the control plane stand-in,
-the KwokMachineTemplate and the MachineHealthCheck below, and the provider's CRDs."""
+For Cluster API's own manager (gpumon.devcluster.cluster_api), which reconciles only objects
+carrying its watch filter label and creates Machines through the devcluster's kwok
+infrastructure provider (gpumon.devcluster.capi_infra): the Cluster, its kubeconfig Secret, the
+control plane stand-in, the KwokMachineTemplate, the MachineDeployment and the
+MachineHealthCheck below, and the provider's CRDs. A MachineDeployment made without the
+filter label (:func:`machine_deployment` alone) is an inert ``/scale`` target nothing
+reconciles: what tests and benchmarks that only read gpumon's writes use."""
 
 from __future__ import annotations
 
@@ -14,21 +15,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumon.devcluster.nodes import KUBELET_VERSION
-from gpumon.devcluster.poolplan import SimulatedPoolStatus
 
 GROUP = "cluster.x-k8s.io"
 VERSION = "v1beta2"
 MACHINE_DEPLOYMENTS = "machinedeployments"
 DEPLOYMENT_NAME_LABEL = "cluster.x-k8s.io/deployment-name"
 CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
-DELETE_MACHINE_ANNOTATION = "cluster.x-k8s.io/delete-machine"
 DEFAULT_CLUSTER_NAME = "devcluster"
 MACHINES = "machines"
 MACHINE_SETS = "machinesets"
 MACHINE_HEALTH_CHECKS = "machinehealthchecks"
 CLUSTERS = "clusters"
 # Cluster API's manager reconciles only objects with this label value (its --watch-filter), so
-# the pool simulator's MachineDeployments in the same control plane are left alone.
+# the inert /scale targets of other tests in the same control plane are left alone.
 WATCH_FILTER_LABEL = "cluster.x-k8s.io/watch-filter"
 WATCH_FILTER = "gpumon-devcluster"
 # The label on a provider's CRDs that names which of its versions implement a contract.
@@ -156,23 +155,6 @@ def machine_deployment(
 
 def bootstrap_secret_name(machine_deployment: str) -> str:
     return f"{machine_deployment}-bootstrap"
-
-
-def selector_string(match_labels: Mapping[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
-
-
-def status(pool: SimulatedPoolStatus, *, desired: int, generation: int, selector: str) -> dict[str, Any]:
-    """The ``status`` a MachineDeployment controller would report for this pool."""
-    return {
-        "replicas": pool.replicas,
-        "readyReplicas": pool.ready_replicas,
-        "availableReplicas": pool.available_replicas,
-        "upToDateReplicas": pool.replicas,
-        "selector": selector,
-        "observedGeneration": max(1, generation),
-        "phase": "ScalingUp" if pool.available_replicas < desired else "Running",
-    }
 
 
 # -- a self-hosted management cluster: Cluster API's manager against the API server it runs on --

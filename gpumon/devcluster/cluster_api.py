@@ -14,9 +14,11 @@ What the manager needs, read from cluster-api v1.13.6 (``main.go``, ``config/``)
   served by ``service`` there and by ``url`` on the manager's loopback port here, applied once
   the manager is ready (before, every create of a Cluster API object would be refused);
 - ``--watch-filter``: it reconciles only objects labelled ``cluster.x-k8s.io/watch-filter``
-  with that value, so the pool simulator's MachineDeployments in the same control plane stay
-  the simulator's; the webhooks get the same label as their ``objectSelector`` here, for the
-  same reason (the objects the manager creates carry it too: it is in their templates).
+  with that value, so the inert MachineDeployments other tests use as bare ``/scale`` targets
+  in the same control plane (a Karpenter-pool refusal, the live dashboards, the fleet
+  benchmarks) stay as they made them; the webhooks get the same label as their
+  ``objectSelector`` here, for the same reason (the objects the manager creates carry it too:
+  it is in their templates).
 
 Started on demand (a test session's first Cluster API test, ``gpumon demo``): it costs every
 other test nothing."""
@@ -87,9 +89,9 @@ def with_conversion_webhook(crd: Mapping[str, Any], port: int, ca_pem: bytes) ->
 def on_loopback(configuration: Mapping[str, Any], port: int, ca_pem: bytes) -> dict[str, Any]:
     """A webhook configuration of ``config/webhook/manifests.yaml`` with each ``service``
     reference replaced by the same path on the manager's loopback port, and limited to the
-    objects the manager reconciles (its watch filter label): the pool simulator's
-    MachineDeployments keep the shape their tests expect (the defaulting webhook would add
-    the cluster-name label to their selectors)."""
+    objects the manager reconciles (its watch filter label): the inert MachineDeployments of
+    other tests keep the shape those tests expect (the defaulting webhook would add the
+    cluster-name label to their selectors)."""
     only_managed = {"matchLabels": {capi.WATCH_FILTER_LABEL: capi.WATCH_FILTER}}
     webhooks = []
     for hook in configuration.get("webhooks") or ():

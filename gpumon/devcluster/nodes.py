@@ -15,6 +15,10 @@ from typing import Any, Literal
 from gpumon.devcluster.components import KWOK_NODE_ANNOTATION, KWOK_NODE_ANNOTATION_VALUE
 from gpumon.k8s.resources import DIRECTX_RESOURCE, NVIDIA_MIG_PREFIX
 
+# On a pool's Nodes (through its machine template): the pool's name, what a gpumon pool's
+# node_selector picks in the tests, the demo and the benchmarks.
+POOL_LABEL = "devcluster.gpumon.io/pool"
+
 GPU = "nvidia.com/gpu"
 SHARED_GPU_MEMORY = "aliyun.com/gpu-mem"  # GiB, summed over the node's GPUs
 SHARED_GPU_COUNT = "aliyun.com/gpu-count"

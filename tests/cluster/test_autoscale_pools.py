@@ -35,7 +35,7 @@ from kubernetes_asyncio import client, watch
 
 from gpumon.controller.core.contract import RECORD_ANNOTATION, REMOVING_ANNOTATION
 from gpumon.devcluster import capi, nodes
-from gpumon.devcluster.poolplan import POOL_LABEL
+from gpumon.devcluster.nodes import POOL_LABEL
 from gpumon.devcluster.waiting import eventually
 
 # cluster-autoscaler's node-group bounds on a Cluster API target.

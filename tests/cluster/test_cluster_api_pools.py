@@ -27,7 +27,7 @@ from kubernetes_asyncio import client
 
 from gpumon.controller.core.node_owner import node_owner
 from gpumon.devcluster import capi, nodes
-from gpumon.devcluster.poolplan import POOL_LABEL
+from gpumon.devcluster.nodes import POOL_LABEL
 from gpumon.devcluster.waiting import eventually
 
 

@@ -24,7 +24,7 @@ from controller_harness import (  # noqa: F401 - fixtures
 
 from gpumon.devcluster import nodes, resourceslices
 from gpumon.devcluster.cluster import DevCluster
-from gpumon.devcluster.poolplan import POOL_LABEL
+from gpumon.devcluster.nodes import POOL_LABEL
 from gpumon.devcluster.waiting import eventually
 from gpumon.kube.informer import Selection
 

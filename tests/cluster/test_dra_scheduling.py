@@ -15,7 +15,7 @@ from kubernetes_asyncio import client
 
 from gpumon.devcluster import nodes, podresources_server, resourceslices, workloads
 from gpumon.devcluster.nodemaker import NodeMaker
-from gpumon.devcluster.poolplan import POOL_LABEL
+from gpumon.devcluster.nodes import POOL_LABEL
 from gpumon.devcluster.waiting import eventually
 from gpumon.exporter.podresources import api_pb2, api_pb2_grpc
 from gpumon.k8s import dra

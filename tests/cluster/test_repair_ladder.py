@@ -39,8 +39,8 @@ from controller_harness import (  # noqa: F401 - fixtures
 )
 from kubernetes_asyncio import client
 
-# The pool fixtures and helpers of the autoscaling tests: a MachineDeployment whose replicas the
-# pool simulator turns into kwok nodes.
+# The pool fixtures and helpers of the autoscaling tests: a MachineDeployment whose replicas
+# Cluster API's own controllers turn into kwok nodes.
 from test_autoscale_pools import PoolFactory, autoscaling, make_pool, pool_config  # noqa: F401
 
 from gpumon.controller.core import contract as c

@@ -29,8 +29,7 @@ from pool_exporters import PoolExporters
 from gpumon.devcluster import capi
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.localservers import ControllerProcess, PrometheusProcess
-from gpumon.devcluster.nodes import GPU, NodeTemplate
-from gpumon.devcluster.poolplan import POOL_LABEL
+from gpumon.devcluster.nodes import GPU, POOL_LABEL, NodeTemplate
 from gpumon.devcluster.waiting import eventually
 from gpumon.devcluster.workloads import gpu_deployment
 

@@ -12,7 +12,7 @@ from gpumon.config.controller import ControllerConfig
 from gpumon.controller.configure import pool_from_config
 from gpumon.demo import fleet, scenario
 from gpumon.devcluster import capi
-from gpumon.devcluster.poolplan import POOL_LABEL
+from gpumon.devcluster.nodes import POOL_LABEL
 from gpumon.wire import file_sd
 
 

@@ -136,7 +136,7 @@ def test_the_manager_webhooks_are_served_on_loopback() -> None:
     }
     (hook,) = cluster_api.on_loopback(hooks, 9443, b"CA")["webhooks"]
     assert hook["clientConfig"] == {"url": "https://127.0.0.1:9443/validate-x", "caBundle": "Q0E="}
-    # Only what the manager reconciles: the pool simulator's objects are not defaulted.
+    # Only what the manager reconciles: other tests' inert /scale targets are not defaulted.
     assert hook["objectSelector"] == {"matchLabels": {capi.WATCH_FILTER_LABEL: capi.WATCH_FILTER}}
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from gpumon.devcluster import capi, nodes
-from gpumon.devcluster.poolplan import SimulatedPoolStatus
 
 
 def test_whole_gpu_node_has_resource_labels_and_kwok_annotation() -> None:
@@ -104,24 +103,3 @@ def test_machine_deployment_selector_matches_its_template() -> None:
     assert match.items() <= md["spec"]["template"]["metadata"]["labels"].items()
     template_spec = md["spec"]["template"]["spec"]
     assert {"bootstrap", "clusterName", "infrastructureRef"} <= template_spec.keys()  # required by the CRD
-    assert capi.selector_string(match) == "cluster.x-k8s.io/deployment-name=pool-a"
-
-
-def test_machine_deployment_status_reports_the_pool() -> None:
-    status = capi.status(
-        SimulatedPoolStatus(replicas=3, ready_replicas=2, available_replicas=1),
-        desired=3,
-        generation=4,
-        selector="a=b",
-    )
-    assert status == {
-        "replicas": 3,
-        "readyReplicas": 2,
-        "availableReplicas": 1,
-        "upToDateReplicas": 3,
-        "selector": "a=b",
-        "observedGeneration": 4,
-        "phase": "ScalingUp",
-    }
-    done = capi.status(SimulatedPoolStatus(2, 2, 2), desired=2, generation=0, selector="a=b")
-    assert done["phase"] == "Running" and done["observedGeneration"] == 1
