@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from capi_pools import at_size
 from controller_harness import (  # noqa: F401 - fixtures
     Exporter,
     KubeconfigFactory,
@@ -153,7 +154,8 @@ async def scene_for(
     async def make(*, rbac: bool = True, **over: Any) -> AsyncIterator[Scene]:
         kubeconfig = await sa_kubeconfig_for(autoscaling=True, repair=rbac)
         pool = await make_pool(replicas=1)
-        node = f"{pool.name}-0"  # the simulator's name
+        # Named after its Machine: known once Cluster API has made it.
+        (node,) = await eventually(lambda: at_size(pool, 1), what="the pool's node", timeout_seconds=90)
         pools = [
             pool_config(
                 pool,
@@ -166,12 +168,8 @@ async def scene_for(
         ]
         async with exporters([node], gpus=4) as ex:
             endpoints = {node: ex[node].url}
-            async with autoscaling(
-                kubeconfig, namespace, test_id, pools, simulate=[pool], api=api, endpoints=endpoints
-            ) as ctl:
-                await eventually(
-                    lambda: fresh_signals(ctl, 1), what="the pool's node joined", timeout_seconds=60
-                )
+            async with autoscaling(kubeconfig, namespace, test_id, pools, endpoints=endpoints) as ctl:
+                await eventually(lambda: fresh_signals(ctl, 1), what="the node's signals")
                 core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
                 yield Scene(core, batch, namespace, node, ex[node], ctl, kubeconfig, test_id, pools)
 
