@@ -160,9 +160,12 @@ def exporter_endpoints(d: DirectSignalsConfig) -> dict[str, str]:
     if d.targets_file is None:
         return dict(d.endpoints)
     try:
-        raw = d.targets_file.read_bytes()
-        groups = file_sd.parse(raw, yaml_format=d.targets_file.suffix in (".yml", ".yaml"))
-        return file_sd.exporter_urls(groups, node_label=d.targets_node_label, scheme=d.scheme)
+        return file_sd.read_exporter_urls(
+            d.targets_file.read_bytes(),
+            filename=d.targets_file.name,
+            node_label=d.targets_node_label,
+            scheme=d.scheme,
+        )
     except OSError as e:
         raise TargetsFileError(f"signals.direct.targets_file {d.targets_file}: {e.strerror}") from None
     except file_sd.FileSdError as e:

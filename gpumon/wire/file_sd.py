@@ -86,6 +86,12 @@ def exporter_urls(groups: Iterable[TargetGroup], *, node_label: str, scheme: str
     return urls
 
 
+def read_exporter_urls(raw: bytes, *, filename: str, node_label: str, scheme: str) -> dict[str, str]:
+    """A file's bytes, parsed by its name's extension, as :func:`exporter_urls`."""
+    groups = parse(raw, yaml_format=filename.endswith((".yml", ".yaml")))
+    return exporter_urls(groups, node_label=node_label, scheme=scheme)
+
+
 def dump(exporters: Mapping[str, str], *, node_label: str = "node") -> bytes:
     """The file for node name -> ``host:port``: one group per exporter, its node in ``node_label``."""
     groups = [

@@ -137,3 +137,15 @@ async def test_a_missing_or_refused_file_keeps_the_last_map_is_counted_and_told_
     write(path, file_sd.dump({"b": "127.0.0.1:2"}), mtime_ns=3)
     e.refresh()
     assert e.current() == {"b": "http://127.0.0.1:2"}
+
+
+def test_gpumon_status_reads_the_same_file_and_names_it_when_it_cannot(tmp_path: Path) -> None:
+    from gpumon.config.controller import DirectSignalsConfig
+    from gpumon.status.command import TargetsFileError, exporter_endpoints
+
+    path = tmp_path / "targets.yaml"
+    path.write_text("- targets: ['127.0.0.1:1']\n  labels: {node: a}\n")
+    assert exporter_endpoints(DirectSignalsConfig(targets_file=path)) == {"a": "http://127.0.0.1:1"}
+    assert exporter_endpoints(DirectSignalsConfig(endpoints={"b": "http://h:2"})) == {"b": "http://h:2"}
+    with pytest.raises(TargetsFileError, match=r"targets_file .*gone\.json"):
+        exporter_endpoints(DirectSignalsConfig(targets_file=tmp_path / "gone.json"))

@@ -109,9 +109,12 @@ class FileEndpoints:
         if seen == self._seen:
             return
         try:
-            raw = self._path.read_bytes()
-            groups = file_sd.parse(raw, yaml_format=self._path.suffix in (".yml", ".yaml"))
-            urls = file_sd.exporter_urls(groups, node_label=self._node_label, scheme=self._scheme)
+            urls = file_sd.read_exporter_urls(
+                self._path.read_bytes(),
+                filename=self._path.name,
+                node_label=self._node_label,
+                scheme=self._scheme,
+            )
         except OSError as e:
             self._refused("unreadable", f"cannot read: {e.strerror}", seen)
             return
