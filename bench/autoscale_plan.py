@@ -1,6 +1,6 @@
 """Autoscaling: the time one planning round takes at fleet scale, in-process.
 
-2,000 GPU nodes in 4 pools (8 GPUs each), 20,000 scheduled GPU pods, 500 pending GPU pods of
+2,000 GPU nodes in 4 pools (8 GPUs each), 95 % of them running GPU pods, 500 pending GPU pods of
 mixed sizes, some nodes quarantined, idle, joining or without allocatable GPUs. Measured: the
 pure planner (:func:`gpumon.controller.core.scale_plan.plan_pools`), and the whole CPU side of a round
 (the shell reading its caches into planner inputs, then planning), the caches being the real
@@ -38,21 +38,34 @@ from gpumon.controller.core.contract import RECORD_ANNOTATION
 from gpumon.controller.core.contract.autoscaler import Record, record_to_annotation
 from gpumon.controller.core.demand import PodDemand
 from gpumon.controller.core.device_claims import ClaimDemand, DeviceRequest, Selector
-from gpumon.controller.core.objects import GpuResources, PdbView, PodView
+from gpumon.controller.core.objects import GpuResources, PdbView
 from gpumon.controller.core.pools import Pool, PoolNode, ScaleState
 from gpumon.controller.core.scale_plan import Action, plan_pools
+from gpumon.controller.core.signals import EMPTY_FLEET, FleetSignals
 from gpumon.controller.shell.autoscaler_loop import AutoscaleMetrics, Autoscaler, gpu_resources
+from gpumon.controller.shell.node_pods import NodePods
 from gpumon.k8s.dra_cel import compile_selector
 from gpumon.kube.informer import Selection, View
 from gpumon.kube.registry import Informers
 
 NODES = 2_000
-PODS = 20_000
 PENDING = 500
 POOLS = 4
 GPU = "nvidia.com/gpu"
 NOW = 1_800_000_000.0
 TARGET_SECONDS = 10.0  # docs/benchmarks.md, "Targets": pending GPU pods -> scale request
+
+
+class _NoSignals:
+    """Which nodes are busy is given to each round here (``busy``), not read from signals."""
+
+    name = "none"
+
+    def current(self) -> FleetSignals:
+        return EMPTY_FLEET
+
+    async def run(self, on_change: Any) -> None:
+        raise AssertionError("not used")
 
 
 class _NoApi:
@@ -139,12 +152,12 @@ def _pending(rng: random.Random) -> list[PodDemand]:
 
 def _autoscaler(
     pools: list[Pool], rng: random.Random, dra: bool = False
-) -> tuple[Autoscaler, dict[str, ScaleState]]:
+) -> tuple[Autoscaler, dict[str, ScaleState], frozenset[str]]:
+    """The autoscaler with its caches seeded, each pool's scale, and the nodes running GPU pods
+    (what :meth:`Autoscaler.busy_nodes` finds from the exporters' signals and node lists)."""
     api: Any = _NoApi()
     informers = Informers()
-    pods: View[PodView] = informers.informer(Selection("/api/v1/pods")).view(
-        lambda o: None, name="pods", index=lambda p: p.node_name
-    )
+    evictor = Evictor(api, RetryPolicy(Backoff()))
     pdbs: View[PdbView] = informers.informer(Selection("/apis/policy/v1/poddisruptionbudgets")).view(
         lambda o: None, name="pdbs"
     )
@@ -152,10 +165,11 @@ def _autoscaler(
         api,
         pools,
         informers=informers,
-        pods=pods,
+        node_pods=NodePods(api, GpuResources(), evictor),
+        source=_NoSignals(),
         pdbs=pdbs,
         recorder=EventRecorder(api, instance="bench"),
-        evictor=Evictor(api, RetryPolicy(Backoff())),
+        evictor=evictor,
         metrics=AutoscaleMetrics(CollectorRegistry()),
         is_leader=lambda: True,
         dry_run=True,
@@ -177,11 +191,7 @@ def _autoscaler(
                 unschedulable=0.02 <= roll < 0.025,
             )
             a.nodes[pool.name].update_local(name, view, "1")
-    busy = names[: int(len(names) * 0.95)]  # 5 % idle
-    for i in range(PODS):
-        node = busy[i % len(busy)]
-        pod = PodView("ml", f"job-{i}", f"uid-{i}", node, "Running", uses_gpu=True)
-        pods.update_local(f"ml/job-{i}", pod, "1")
+    busy = frozenset(names[: int(len(names) * 0.95)])  # 5 % idle
     pending = _pending(rng)
     for demand in _as_claims(pending, rng) if dra else pending:
         a.pending.update_local(demand.key, demand, "1")
@@ -194,8 +204,8 @@ def _autoscaler(
         for pool in pools
     }
     # Warm the shell's observations, as a running controller has them.
-    a.inputs(scales, NOW - 1_000)
-    return a, scales
+    a.inputs(scales, busy, NOW - 1_000)
+    return a, scales, busy
 
 
 def _ms(samples: list[float]) -> str:
@@ -207,12 +217,12 @@ def _ms(samples: list[float]) -> str:
 def _dra_rounds(repeats: int, seed: int) -> tuple[float, list[float], int]:
     """The DRA fleet: (first round, later rounds, nodes added for pending pods)."""
     pools = _pools(dra=True)
-    a, scales = _autoscaler(pools, random.Random(seed), dra=True)
+    a, scales, busy = _autoscaler(pools, random.Random(seed), dra=True)
     pending = list(a.pending.items().values())
     times: list[float] = []
     plans: tuple[Any, ...] = ()
     for _ in range(repeats + 1):
-        inputs = a.inputs(scales, NOW)
+        inputs = a.inputs(scales, busy, NOW)
         started = time.perf_counter()
         plans = plan_pools(inputs, pending, NOW)
         times.append(time.perf_counter() - started)
@@ -222,18 +232,18 @@ def _dra_rounds(repeats: int, seed: int) -> tuple[float, list[float], int]:
 def measure(repeats: int = 30, seed: int = 1) -> Table:
     rng = random.Random(seed)
     pools = _pools()
-    a, scales = _autoscaler(pools, rng)
+    a, scales, busy = _autoscaler(pools, rng)
     pending = list(a.pending.items().values())
     pure: list[float] = []
     full: list[float] = []
     plans: tuple[Any, ...] = ()
     for _ in range(repeats):
-        inputs = a.inputs(scales, NOW)
+        inputs = a.inputs(scales, busy, NOW)
         started = time.perf_counter()
         plans = plan_pools(inputs, pending, NOW)
         pure.append(time.perf_counter() - started)
         started = time.perf_counter()
-        plans = plan_pools(a.inputs(scales, NOW), list(a.pending.items().values()), NOW)
+        plans = plan_pools(a.inputs(scales, busy, NOW), list(a.pending.items().values()), NOW)
         full.append(time.perf_counter() - started)
     added = sum(p.demand_nodes for p in plans)
     dra_first, dra_later, dra_added = _dra_rounds(repeats, seed)
@@ -246,10 +256,12 @@ def measure(repeats: int = 30, seed: int = 1) -> Table:
     return Table(
         title="Autoscaling: planning at fleet scale",
         method=(
-            f"{NODES:,} GPU nodes in {POOLS} pools (8 GPUs each), {PODS:,} scheduled GPU pods, {PENDING} "
-            f"pending GPU pods (1-8 GPUs); {repeats} rounds in-process (`python -m bench.autoscale_plan`). "
-            "A round's CPU side is the shell reading its informer caches into planner inputs, then "
-            "planning; API calls excluded. The naive autoscaler asks one node per pending pod. "
+            f"{NODES:,} GPU nodes in {POOLS} pools (8 GPUs each), 95 % of them running GPU pods, "
+            f"{PENDING} pending GPU pods (1-8 GPUs); {repeats} rounds in-process "
+            "(`python -m bench.autoscale_plan`). A round's CPU side is the shell reading its informer "
+            "caches and which nodes are busy into planner inputs, then planning; API calls (the lists "
+            "of the nodes the exporters do not show busy) excluded. The naive autoscaler asks one node "
+            "per pending pod. "
             "DRA: the same fleet and pods, GPUs published by `template.dra` and claimed "
             "(gpu.nvidia.com, half with a CEL memory selector), planned in the same run."
         ),

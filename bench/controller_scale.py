@@ -64,7 +64,7 @@ from bench.scale_fleet import (
     pool_target,
 )
 from gpumon.controller.core.contract import TAINT_KEY
-from gpumon.controller.core.objects import GpuResources, gpu_pod_from_json, node_from_json
+from gpumon.controller.core.objects import node_from_json
 from gpumon.devcluster import capi, kubeconfig, processes
 from gpumon.devcluster.binaries import ETCD_VERSION, KUBERNETES_VERSION, KWOK_VERSION
 from gpumon.devcluster.cluster import DevCluster
@@ -868,22 +868,17 @@ def etcd_db_bytes(dev: DevCluster) -> int:
     return db.stat().st_size if db.exists() else 0
 
 
-# Enough objects for bytes per object, few enough that the bench's own memory stays small at
-# 100,000 pods: the first pages, in name order, so whole nodes' pods (8 GPU pods, 2 CPU pods).
+# Enough objects for bytes per object, few enough that the bench's own memory stays small: the
+# first pages, in name order.
 CACHE_SAMPLE_NODES = 500
-CACHE_SAMPLE_PODS = 2_500
 
 
 async def cache_sample(api: KubeApi) -> tuple[CacheSize, ...]:
-    """Nodes and pods as the API server lists them (in pages, as the informers list them),
-    measured as the controller's views and as whole objects."""
+    """Nodes as the API server lists them (in pages, as the informers list them), measured as
+    the controller's views and as whole objects. Pods are not sampled: the controller keeps no
+    cache of them (gpumon/controller/shell/node_pods.py)."""
     nodes = await list_all(api, "/api/v1/nodes", at_most=CACHE_SAMPLE_NODES)
-    pods = await list_all(api, f"/api/v1/namespaces/{NAMESPACE}/pods", at_most=CACHE_SAMPLE_PODS)
-    resources = GpuResources()
-    return (
-        cache_size("nodes", nodes, node_from_json),
-        cache_size("pods", pods, functools.partial(gpu_pod_from_json, resources=resources)),
-    )
+    return (cache_size("nodes", nodes, node_from_json),)
 
 
 def memory_available() -> int:

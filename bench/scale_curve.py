@@ -274,8 +274,8 @@ def cache_grid(samples: Sequence[CacheSize], nodes: int) -> Grid:
         "Objects listed from the bench's API server during the run, as it returns them (managedFields "
         "included); deep size (`sys.getsizeof` over everything reachable, each object once) of the "
         "controller's views (gpumon/controller/core/objects.py) beside the decoded full objects an "
-        "informer keeping whole objects would hold. CPU-only pods are listed but not kept: the ratio "
-        "counts the whole sample, the per-object columns count what each design holds.",
+        "informer keeping whole objects would hold. Pods are not cached since the fleet-wide Pod cache "
+        "was removed (issue #29): a node's pods are listed when a decision needs them.",
         header,
         rows,
     )

@@ -44,8 +44,6 @@ from gpumon.controller.core.objects import (
     GpuResources,
     NodeView,
     PdbView,
-    PodView,
-    gpu_pod_from_json,
     node_from_json,
     pdb_from_json,
 )
@@ -56,6 +54,7 @@ from gpumon.controller.shell.autoscaler_loop import AutoscaleMetrics, Autoscaler
 from gpumon.controller.shell.leader import LeaderElector, LeaderSettings
 from gpumon.controller.shell.lease_thread import LeaseThread
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
+from gpumon.controller.shell.node_pods import NodePods
 from gpumon.controller.shell.remediation_loop import Reconciler, ReconcilerSettings
 from gpumon.controller.shell.repair_loop import RepairLoop, RepairSettings
 from gpumon.controller.shell.repair_metrics import RepairMetrics
@@ -117,10 +116,10 @@ WATCH_BACKOFF = Backoff(initial_seconds=0.5, max_seconds=30.0)
 
 @dataclass(frozen=True, slots=True)
 class RemediationCaches:
-    """What the reconciler reads of the cluster (the autoscaler shares pods, PDBs, slices)."""
+    """What the reconciler reads of the cluster (the autoscaler shares PDBs and slices). No
+    Pods: a node's are listed when a decision about it needs them (NodePods)."""
 
     nodes: View[NodeView]
-    pods: View[PodView]
     pdbs: View[PdbView]
     state: View[Mapping[str, str]]
     claims: View[ClaimView]
@@ -162,7 +161,7 @@ class Controller:
         extra = [self.endpoints.view] if isinstance(self.endpoints, DiscoveredEndpoints) else []
         extra += self.autoscaler.views if self.autoscaler is not None else []
         c = self.caches
-        return [c.nodes, c.pods, c.pdbs, c.state, c.claims, c.slices, *extra]
+        return [c.nodes, c.pdbs, c.state, c.claims, c.slices, *extra]
 
 
 CONTROLLER = web.AppKey("controller", Controller)
@@ -198,6 +197,13 @@ def make_app(
         on_result=lambda ok: metrics.events.labels("created" if ok else "failed").inc(),
     )
     evictor = Evictor(api, settings.retry)
+    node_pods = NodePods(
+        api,
+        resources,
+        evictor,
+        on_list=lambda reader, result: metrics.pod_lists.labels(reader, result).inc(),
+        on_skip=lambda reader: _api_errors(metrics, f"pods_{reader}")("malformed_object"),
+    )
     supervisor = Supervisor(
         delay=TASK_BACKOFF.delay, on_restart=lambda task: metrics.task_restarts.labels(task).inc()
     )
@@ -207,7 +213,7 @@ def make_app(
     reconciler = Reconciler(
         api=api,
         nodes=caches.nodes,
-        pods=caches.pods,
+        node_pods=node_pods,
         pdbs=caches.pdbs,
         state=caches.state,
         claims=caches.claims,
@@ -228,7 +234,8 @@ def make_app(
             api,
             pools,
             informers=informers,
-            pods=caches.pods,
+            node_pods=node_pods,
+            source=source,
             pdbs=caches.pdbs,
             slices=caches.slices,
             recorder=recorder,
@@ -243,7 +250,18 @@ def make_app(
     repair = None
     if any(p.repair is not None for p in pools):
         repair = _repair_loop(
-            config, api, pools, caches, source, recorder, evictor, reconciler, is_leader, registry, wall_clock
+            config,
+            api,
+            pools,
+            caches,
+            node_pods,
+            source,
+            recorder,
+            evictor,
+            reconciler,
+            is_leader,
+            registry,
+            wall_clock,
         )
     controller = Controller(
         config=config,
@@ -305,11 +323,6 @@ def _remediation_caches(
         nodes=of("/api/v1/nodes", labels=config.node_selector or "").view(
             node_from_json, name="nodes", same=_ignoring_version
         ),
-        pods=of("/api/v1/pods").view(
-            functools.partial(gpu_pod_from_json, resources=resources),
-            name="pods",
-            index=lambda p: p.node_name,
-        ),
         pdbs=of("/apis/policy/v1/poddisruptionbudgets").view(pdb_from_json, name="pdbs"),
         state=of(
             f"/api/v1/namespaces/{config.namespace}/configmaps",
@@ -328,7 +341,6 @@ def _remediation_caches(
 def _follow(caches: RemediationCaches, reconciler: Reconciler) -> None:
     """The reconciler hears of every change of what it reads."""
     caches.nodes.on_change = reconciler.on_node
-    caches.pods.on_change = reconciler.on_pod
     caches.claims.on_change = reconciler.on_claim
     caches.slices.on_change = reconciler.on_slice
     if caches.rules is not None:
@@ -341,6 +353,7 @@ def _repair_loop(
     api: KubeApi,
     pools: list[Pool],
     caches: RemediationCaches,
+    node_pods: NodePods,
     source: SignalSource,
     recorder: EventRecorder,
     evictor: Evictor,
@@ -356,7 +369,7 @@ def _repair_loop(
         api=api,
         pools=pools,
         nodes=caches.nodes,
-        pods=caches.pods,
+        node_pods=node_pods,
         source=source,
         recorder=recorder,
         evictor=evictor,

@@ -11,17 +11,34 @@ import copy
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from gpumon.config import HealthConfig
 from gpumon.config.controller import ControllerConfig, PolicyConfig
 from gpumon.controller.configure import build_policy
 from gpumon.controller.core.policy import Rule
+from gpumon.controller.core.signals import FleetSignals, NodeReading
 from gpumon.controller.core.verdicts import Finding, GpuVerdict, NodeVerdict, SignalStatus
 from gpumon.controller.shell.leader import LeaderElector, LeaderSettings
 from gpumon.controller.shell.lease_thread import LeaseThread
 from gpumon.gpu.health import Severity
 from gpumon.kube.client import Conflict, KubeError, NotFound
+
+
+class StaticSource:
+    """A signal source whose readings the test sets."""
+
+    name = "static"
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeReading] = {}
+
+    def current(self) -> FleetSignals:
+        return FleetSignals(MappingProxyType(dict(self.nodes)))
+
+    async def run(self, on_change: Any) -> None:
+        raise AssertionError("not used")
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -69,9 +86,33 @@ class FakeKube:
 
     async def get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
         self.calls.append(("GET", path, params))
+        answer = self._hook("GET", path, params)
+        if answer is not None:
+            return answer
+        if path == "/api/v1/pods" and "spec.nodeName=" in (params or {}).get("fieldSelector", ""):
+            return {"metadata": {}, "items": self.pods_on((params or {})["fieldSelector"].split("=", 1)[1])}
         if path not in self.objects:
             raise NotFound(404, "NotFound", path)
         return copy.deepcopy(self.objects[path])
+
+    def pods_on(self, node: str) -> list[dict[str, Any]]:
+        """The pods bound to ``node``, as a list by ``spec.nodeName`` answers."""
+        return [
+            copy.deepcopy(o)
+            for p, o in self.objects.items()
+            if "/pods/" in p and (o.get("spec") or {}).get("nodeName") == node
+        ]
+
+    def pod_lists(self) -> list[str]:
+        """The nodes whose pods were listed, in order."""
+        return [
+            params["fieldSelector"].split("=", 1)[1]
+            for m, p, params in self.calls
+            if m == "GET"
+            and p == "/api/v1/pods"
+            and params
+            and "spec.nodeName=" in params.get("fieldSelector", "")
+        ]
 
     async def post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         self.calls.append(("POST", path, copy.deepcopy(dict(body))))

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from cancellation import assert_ends_cancelled
-from controller_fakes import FakeKube
+from controller_fakes import FakeKube, StaticSource
 from prometheus_client import CollectorRegistry
 from test_autoscale_demand import containers, unschedulable
 
@@ -34,8 +34,9 @@ from gpumon.controller.core.contract.autoscaler import (
     record_to_annotation,
 )
 from gpumon.controller.core.demand import PodDemand
-from gpumon.controller.core.objects import GpuResources, PdbView, PodView, from_rfc3339
+from gpumon.controller.core.objects import GpuResources, PdbView, from_rfc3339
 from gpumon.controller.core.pools import Pool, PoolNode
+from gpumon.controller.core.signals import GpuReading, NodeReading
 from gpumon.controller.shell.autoscaler_loop import (
     AutoscaleMetrics,
     Autoscaler,
@@ -43,7 +44,9 @@ from gpumon.controller.shell.autoscaler_loop import (
     gpu_resources,
     set_replicas,
 )
-from gpumon.kube.client import Conflict, TooManyRequests
+from gpumon.controller.shell.node_pods import NodePods
+from gpumon.gpu.model import PodRef
+from gpumon.kube.client import Conflict, KubeError, TooManyRequests
 from gpumon.kube.informer import Selection, View
 from gpumon.kube.registry import Informers
 
@@ -65,7 +68,7 @@ def make_pool(**over: Any) -> Pool:
 
 class ScaleKube(FakeKube):
     """FakeKube whose ``/scale`` is a view of the target object, as on a real API server (one
-    resourceVersion for both), and which lists pods by node."""
+    resourceVersion for both)."""
 
     def __init__(self, pool: Pool, replicas: int = 0, annotations: Mapping[str, str] | None = None) -> None:
         super().__init__()
@@ -100,15 +103,6 @@ class ScaleKube(FakeKube):
         if path == self.target.scale_path:
             self.calls.append(("GET", path, params))
             return self._scale()
-        if path == "/api/v1/pods":
-            self.calls.append(("GET", path, params))
-            node = (params or {})["fieldSelector"].removeprefix("spec.nodeName=")
-            pods = [
-                copy.deepcopy(o)
-                for p, o in self.objects.items()
-                if "/pods/" in p and o.get("spec", {}).get("nodeName") == node
-            ]
-            return {"items": pods}
         return await super().get(path, params)
 
     async def patch(self, path: str, body: Mapping[str, Any], *, strategic: bool = False) -> dict[str, Any]:
@@ -146,25 +140,29 @@ class Clock:
 
 
 def autoscaler(
-    kube: ScaleKube, pool: Pool, *, dry_run: bool = False, clock: Clock | None = None
+    kube: ScaleKube,
+    pool: Pool,
+    *,
+    dry_run: bool = False,
+    clock: Clock | None = None,
+    source: StaticSource | None = None,
 ) -> Autoscaler:
     resources = gpu_resources(GpuResources(), [pool])
     clock = clock or Clock()
     informers = Informers()
-    pods: View[PodView] = informers.informer(Selection("/api/v1/pods")).view(
-        lambda o: None, name="pods", index=lambda p: p.node_name
-    )
     pdbs: View[PdbView] = informers.informer(Selection("/apis/policy/v1/poddisruptionbudgets")).view(
         lambda o: None, name="pdbs"
     )
+    evictor = Evictor(kube, RetryPolicy(Backoff(0.5, 2)))
     return Autoscaler(
         kube,
         [pool],
         informers=informers,
-        pods=pods,
+        node_pods=NodePods(kube, resources, evictor),
+        source=source or StaticSource(),
         pdbs=pdbs,
         recorder=EventRecorder(kube, instance="t", wall_clock=clock),
-        evictor=Evictor(kube, RetryPolicy(Backoff(0.5, 2))),
+        evictor=evictor,
         metrics=AutoscaleMetrics(CollectorRegistry()),
         is_leader=lambda: True,
         dry_run=dry_run,
@@ -192,12 +190,22 @@ def node(a: Autoscaler, name: str, **kw: Any) -> None:
     )
 
 
-def gpu_pod_on(a: Autoscaler, node_name: str) -> None:
-    a._pods.update_local(
-        f"ml/{node_name}-job",
-        PodView("ml", f"{node_name}-job", "u", node_name, "Running", uses_gpu=True),
-        "1",
+def gpu_pod_on(kube: ScaleKube, node_name: str) -> str:
+    """A GPU pod bound to the node, as its list shows it."""
+    name = f"{node_name}-job"
+    path = f"/api/v1/namespaces/ml/pods/{name}"
+    kube.add(
+        path,
+        {
+            "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
+            "spec": {
+                "nodeName": node_name,
+                "containers": [{"name": "c", "resources": {"limits": {GPU: "1"}}}],
+            },
+            "status": {"phase": "Running"},
+        },
     )
+    return path
 
 
 def metric(a: Autoscaler, action: str, result: str) -> float:
@@ -369,7 +377,7 @@ async def test_scale_down_cordons_drains_then_marks_records_and_lowers_replicas(
     a = autoscaler(kube, pool, clock=clock)
     node(a, "n0", machine="m0", machine_namespace="capi")
     node(a, "n1")
-    gpu_pod_on(a, "n1")
+    gpu_pod_on(kube, "n1")
     for path in ("/api/v1/nodes/n0", "/api/v1/nodes/n1"):
         kube.add(path, {"metadata": {"name": path.rsplit("/", 1)[1]}, "spec": {}})
     web = cpu_pod(kube, "n0")
@@ -420,7 +428,7 @@ async def test_a_gpu_pod_found_on_the_node_calls_the_removal_off() -> None:
     a = autoscaler(kube, pool)
     node(a, "n0", unschedulable=True, removing_since=NOW - 1)
     node(a, "n1")
-    gpu_pod_on(a, "n1")
+    gpu_pod_on(kube, "n1")
     kube.add(
         "/api/v1/nodes/n0",
         {
@@ -436,6 +444,70 @@ async def test_a_gpu_pod_found_on_the_node_calls_the_removal_off() -> None:
     assert not [p for m, p, _ in kube.calls if p.endswith("/eviction")] and kube.scale_patches() == []
 
 
+def attributed(node_name: str, *pods: str) -> NodeReading:
+    """The exporter's reading of a node: one GPU, the ``pods`` placed on it."""
+    gpu = GpuReading("GPU-0", 0, NOW, pods=tuple(PodRef("ml", p, "c") for p in pods))
+    return NodeReading(node_name, NOW, (gpu,), pods_attributed=bool(pods))
+
+
+async def test_nodes_the_exporters_show_busy_are_not_listed_and_the_others_are() -> None:
+    # No cache of the fleet's pods: the exporters' per-pod signals say which nodes are busy; a
+    # node they do not show busy (idle, or no reading) costs one list of its pods.
+    pool = down_pool()
+    kube = ScaleKube(pool, replicas=3)
+    source = StaticSource()
+    a = autoscaler(kube, pool, source=source)
+    for name in ("n0", "n1", "n2"):
+        node(a, name)
+    source.nodes["n0"] = attributed("n0", "train")
+    source.nodes["n1"] = attributed("n1")  # idle, as far as its exporter knows
+    gpu_pod_on(kube, "n2")  # no reading: the list finds its GPU pod
+    assert await a.busy_nodes() == {"n0", "n2"}
+    assert sorted(kube.pod_lists()) == ["n1", "n2"]
+
+
+def idle_n0_busy_n1() -> tuple[ScaleKube, Autoscaler]:
+    """A pool of two nodes that may shrink to one: n0 idle, n1 running a GPU pod."""
+    pool = down_pool()
+    kube = ScaleKube(pool, replicas=2)
+    a = autoscaler(kube, pool)
+    node(a, "n0")
+    node(a, "n1")
+    gpu_pod_on(kube, "n1")
+    return kube, a
+
+
+async def test_scale_down_confirms_a_candidates_pods_before_cordoning() -> None:
+    # The candidate looked idle when the round began; a GPU pod got there before the cordon.
+    kube, a = idle_n0_busy_n1()
+    kube.add("/api/v1/nodes/n0", {"metadata": {"name": "n0"}, "spec": {}})
+    lists = 0
+
+    def late_pod(params: Any) -> None:
+        nonlocal lists
+        if params["fieldSelector"] == "spec.nodeName=n0":
+            lists += 1
+            if lists == 2:
+                gpu_pod_on(kube, "n0")
+
+    kube.hooks[("GET", "/api/v1/pods")] = late_pod
+    (plan,) = await a.round()
+    assert plan.drain == ("n0",) and lists == 2
+    assert kube.writes("PATCH") == [] and kube.scale_patches() == []  # never cordoned, replicas kept
+
+
+async def test_a_node_whose_pods_cannot_be_listed_counts_busy() -> None:
+    kube, a = idle_n0_busy_n1()
+
+    def refuse(params: Any) -> None:
+        if params["fieldSelector"] == "spec.nodeName=n0":
+            raise KubeError(503, "ServiceUnavailable", "etcd leader changed")
+
+    kube.hooks[("GET", "/api/v1/pods")] = refuse
+    (plan,) = await a.round()
+    assert plan.drain == () and kube.writes() == []
+
+
 async def test_a_removal_recorded_before_a_restart_is_finished() -> None:
     pool = down_pool()
     record = Record(removal=Removal(("n0",), 2, 1, NOW - 10), scaled_down_at=NOW - 10)
@@ -443,7 +515,7 @@ async def test_a_removal_recorded_before_a_restart_is_finished() -> None:
     a = autoscaler(kube, pool)
     node(a, "n0", marked=True, unschedulable=True, removing_since=NOW - 20)
     node(a, "n1")
-    gpu_pod_on(a, "n1")
+    gpu_pod_on(kube, "n1")
     (plan,) = await a.round()
     assert plan.action.value == "finish_removal" and kube.scale_patches() == [1]
 
@@ -455,12 +527,12 @@ async def test_observations_follow_the_nodes() -> None:
     a = autoscaler(kube, pool, clock=clock)
     node(a, "n0")
     node(a, "n1", allocatable=False)
-    gpu_pod_on(a, "n1")
+    gpu_pod_on(kube, "n1")
     await a.round()
     assert a._idle_since == {"n0": NOW} and a._ready_since == {"n0": NOW}
     assert a._unregistered_since == {"a": NOW}
     clock.now += 7
-    gpu_pod_on(a, "n0")
+    gpu_pod_on(kube, "n0")
     a.nodes["a"]._put("n1", None)
     await a.round()
     assert a._idle_since == {} and a._ready_since == {"n0": NOW}
@@ -482,7 +554,7 @@ async def test_the_loop_stops_when_cancelled_as_a_change_wakes_it() -> None:
     # a controller stopping at that moment never did.
     pool = make_pool()
     a = autoscaler(ScaleKube(pool), pool)
-    for view in (*a.views, a._pods, a._pdbs):
+    for view in (*a.views, a._pdbs):
         view.synced.set()
     task = asyncio.create_task(a.run())
     for _ in range(5):  # into its wait for a change

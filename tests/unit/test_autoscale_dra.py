@@ -477,8 +477,6 @@ def test_exact_count_on_identical_gpus_scales_like_nvidia_com_gpu(counts: list[i
 async def test_the_loop_resolves_claims_scales_and_reports_refusals() -> None:
     from test_autoscale_actuator import ScaleKube, autoscaler, node
 
-    from gpumon.controller.core.objects import PodView
-
     pool = dra_pool()
     kube = ScaleKube(pool)
     a = autoscaler(kube, pool)
@@ -499,8 +497,10 @@ async def test_the_loop_resolves_claims_scales_and_reports_refusals() -> None:
     assert a.metrics.refused_pods.labels("dra_unevaluable")._value.get() == 1
     # A node running a pod that holds a claim is not idle (never scaled down from under it).
     node(a, "n0")
-    a._pods.update_local("ml/job", PodView("ml", "job", "u", "n0", "Running", claims=pod.claim_refs), "1")
-    assert a._busy("n0")
+    job = pod_obj("job", "c0")
+    job["spec"]["nodeName"] = "n0"
+    kube.add(f"/api/v1/namespaces/{NS}/pods/job", job)
+    assert await a.busy_nodes() == {"n0"}
 
 
 def test_without_dra_templates_claims_are_not_watched() -> None:

@@ -22,8 +22,8 @@ from bench.scale_curve import (
     fits,
     least_squares,
 )
-from bench.scale_fleet import bound_pods, node_manifest
-from gpumon.controller.core.objects import GpuResources, gpu_pod_from_json, node_from_json
+from bench.scale_fleet import node_manifest
+from gpumon.controller.core.objects import node_from_json
 
 pytestmark = pytest.mark.unit
 
@@ -146,16 +146,12 @@ def test_deep_size_counts_a_shared_object_once() -> None:
 
 def test_cache_bytes_of_views_beside_whole_objects() -> None:
     nodes = [kwok_node(f"gpu-node-{i:04d}") for i in range(20)]
-    pods = [p for n in nodes for p in bound_pods(str(n["metadata"]["name"]))]  # type: ignore[index]
     node_size = cache_size("nodes", nodes, node_from_json)
-    pod_size = cache_size("pods", pods, lambda o: gpu_pod_from_json(o, GpuResources()))
     assert (node_size.listed, node_size.kept) == (20, 20)
-    assert (pod_size.listed, pod_size.kept) == (200, 160)  # the CPU pods are not kept
     assert 0 < node_size.view_per_object < node_size.full_per_object
-    assert 0 < pod_size.view_per_object < pod_size.full_per_object
-    assert pod_size.ratio == pytest.approx(pod_size.full_bytes / pod_size.view_bytes)
-    text = table_markdown(cache_grid([node_size, pod_size], 20))
-    assert "| pods | 200 | 160 |" in text
+    assert node_size.ratio == pytest.approx(node_size.full_bytes / node_size.view_bytes)
+    text = table_markdown(cache_grid([node_size], 20))
+    assert "| nodes | 20 | 20 |" in text
 
 
 def test_the_curve_holds_lease_renewals_to_100_a_second() -> None:

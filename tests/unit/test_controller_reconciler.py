@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from types import MappingProxyType
 from typing import Any
 
 from cancellation import assert_ends_cancelled
-from controller_fakes import LEASES, FakeKube, lease_thread, load_rules
+from controller_fakes import LEASES, FakeKube, StaticSource, lease_thread, load_rules
 from direct_harness import wait_for
 from prometheus_client import CollectorRegistry
 
@@ -22,10 +21,11 @@ from gpumon.controller.core.claims import ClaimView, PlacedDevice, SliceView
 from gpumon.controller.core.device_taints import RULES_PATH, RuleView, rule_from_json
 from gpumon.controller.core.drain_plan import DrainPolicy
 from gpumon.controller.core.node_plan import QuarantinePolicy
-from gpumon.controller.core.objects import PodView, node_from_json, to_rfc3339
+from gpumon.controller.core.objects import GpuResources, node_from_json, to_rfc3339
 from gpumon.controller.core.policy import Policy
-from gpumon.controller.core.signals import FleetSignals, GpuReading, NodeReading, XidSeen
+from gpumon.controller.core.signals import GpuReading, NodeReading, XidSeen
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
+from gpumon.controller.shell.node_pods import NodePods
 from gpumon.controller.shell.remediation_loop import Reconciler, ReconcilerSettings
 from gpumon.gpu.model import PodRef
 from gpumon.k8s.dra import NVIDIA_GPU_DRIVER, ClaimRef, DeviceRef
@@ -41,19 +41,6 @@ def dev(index: int) -> DeviceRef:
     return DeviceRef(NVIDIA_GPU_DRIVER, "n0", f"gpu-{index}")
 
 
-class StaticSource:
-    name = "static"
-
-    def __init__(self) -> None:
-        self.nodes: dict[str, NodeReading] = {}
-
-    def current(self) -> FleetSignals:
-        return FleetSignals(MappingProxyType(dict(self.nodes)))
-
-    async def run(self, on_change: Any) -> None:
-        raise AssertionError("not used")
-
-
 class World:
     def __init__(
         self,
@@ -62,7 +49,7 @@ class World:
         leader: bool = True,
         is_leader: Callable[[], bool] | None = None,
         rules: bool = False,
-        pods_listed: bool = True,
+        drain_caches_listed: bool = True,
         **safety: Any,
     ) -> None:
         self.t = 1_000_000.0
@@ -73,9 +60,6 @@ class World:
         informers = Informers()
         self.nodes: View[Any] = informers.informer(Selection("/api/v1/nodes")).view(
             node_from_json, name="nodes"
-        )
-        self.pods: View[PodView] = informers.informer(Selection("/p")).view(
-            lambda o: None, name="pods", index=lambda p: p.node_name
         )
         self.pdbs: View[Any] = informers.informer(Selection("/b")).view(lambda o: None, name="pdbs")
         self.state: View[Any] = informers.informer(Selection("/s")).view(lambda o: None, name="state")
@@ -93,10 +77,11 @@ class World:
             self.rules = informers.informer(Selection(RULES_PATH)).view(
                 rule_from_json, name="devicetaintrules"
             )
+        evictor = Evictor(self.api, Backoff(jitter=0))
         self.reconciler = Reconciler(
             api=self.api,
             nodes=self.nodes,
-            pods=self.pods,
+            node_pods=NodePods(self.api, GpuResources(), evictor),
             pdbs=self.pdbs,
             state=self.state,
             claims=self.claims,
@@ -104,7 +89,7 @@ class World:
             source=self.source,
             is_leader=is_leader or (lambda: self.leader),
             recorder=EventRecorder(self.api, instance="t", wall_clock=self.clock),
-            evictor=Evictor(self.api, Backoff(jitter=0)),
+            evictor=evictor,
             metrics=self.metrics,
             settings=ReconcilerSettings(
                 policy=Policy(rules=load_rules(), stale_after_seconds=30),
@@ -117,10 +102,11 @@ class World:
             wall_clock=self.clock,
             rules=self.rules,
         )
-        # Seeded through update_local below, as filled as a listed cache; ``pods_listed=False``
-        # leaves what a drain reads unlisted, as in the first seconds after a restart.
-        for informer in (self.nodes, self.state, self.pods, self.pdbs, self.claims, self.slices):
-            if pods_listed or informer in (self.nodes, self.state):
+        # Seeded through update_local below, as filled as a listed cache;
+        # ``drain_caches_listed=False`` leaves what a drain reads besides the node's pods
+        # unlisted, as in the first seconds after a restart.
+        for informer in (self.nodes, self.state, self.pdbs, self.claims, self.slices):
+            if drain_caches_listed or informer in (self.nodes, self.state):
                 informer.synced.set()
 
     def clock(self) -> float:
@@ -167,10 +153,20 @@ class World:
         )
         self.source.nodes[name] = NodeReading(name, at, gpus, pods_attributed=pods is not None)
 
-    def pod(self, name: str, node: str) -> None:
-        self.pods.update_local(
-            f"ml/{name}", PodView("ml", name, f"uid-{name}", node, "Running", uses_gpu=True), ""
-        )
+    def pod(self, name: str, node: str, *, claim: str = "") -> None:
+        """A pod bound to ``node``, in the API: a GPU pod, or one holding the ResourceClaim
+        ``claim``."""
+        container: dict[str, Any] = {"name": "c"}
+        spec: dict[str, Any] = {"nodeName": node, "containers": [container]}
+        if claim:
+            spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+        else:
+            container["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+        meta = {"name": name, "namespace": "ml", "uid": f"uid-{name}"}
+        self.api.add(f"/api/v1/namespaces/ml/pods/{name}", {"metadata": meta, "spec": spec})
+
+    def pod_gone(self, name: str) -> None:
+        del self.api.objects[f"/api/v1/namespaces/ml/pods/{name}"]
 
     def node_obj(self, name: str) -> dict[str, Any]:
         return self.api.objects[f"/api/v1/nodes/{name}"]
@@ -288,11 +284,36 @@ async def test_partial_drain_evicts_only_the_pod_on_the_bad_gpu_and_labels_progr
     pod_events = [e for e in w.events("GpuPodEvicted") if e["involvedObject"]["kind"] == "Pod"]
     assert pod_events[0]["metadata"]["namespace"] == "ml" and "GPU 1" in pod_events[0]["message"]
     # The victim leaves: the node is drained.
-    w.pods._put("ml/victim", None)
+    w.pod_gone("victim")
     w.t += 1
     w.signals("n0", xid=79, pods={0: "bystander"})
     await w.reconciler.round(["n0"])
     assert w.node_obj("n0")["metadata"]["labels"][c.LABEL_STATE] == "drained"
+
+
+async def test_only_the_bad_nodes_pods_are_listed_and_a_failed_list_waits_for_the_retry():
+    # No cache of the fleet's pods: a drain lists its node's pods when it looks at the node.
+    w = World()
+    for name in ("n0", "n1"):
+        w.node(name)
+        w.pod(f"{name}-job", name)
+    w.signals("n1", pods={1: "n1-job"})
+    w.signals("n0", xid=79, pods={1: "n0-job"})
+
+    def refuse(params: Any) -> None:
+        raise Unreachable("connection refused")
+
+    w.api.hooks[("GET", "/api/v1/pods")] = refuse
+    await w.reconciler.round(["n0", "n1"])
+    assert w.api.pod_lists() == ["n0"], "the healthy node's pods are never asked for"
+    assert w.tainted() == ["n0"] and evictions(w) == []
+    assert w.metrics.api_errors.labels("drain", "Unreachable")._value.get() == 1
+    assert w.reconciler.take_due(w.t + 2) == {"n0"}, "looked at again after the round retry"
+    del w.api.hooks[("GET", "/api/v1/pods")]
+    w.t += 5
+    await w.reconciler.round(["n0"])
+    assert w.api.pod_lists() == ["n0", "n0"]
+    assert evictions(w) == ["/api/v1/namespaces/ml/pods/n0-job/eviction"]
 
 
 async def test_dra_pods_are_drained_by_the_gpu_their_claims_hold():
@@ -308,13 +329,12 @@ async def test_dra_pods_are_drained_by_the_gpu_their_claims_hold():
         w.claims.update_local(
             f"ml/{name}-gpu", ClaimView(ClaimRef("ml", f"{name}-gpu"), (dev(i),), (name,)), ""
         )
-        view = PodView("ml", name, f"uid-{name}", "n0", "Running", claims=(ClaimRef("ml", f"{name}-gpu"),))
-        w.pods.update_local(f"ml/{name}", view, "")
+        w.pod(name, "n0", claim=f"{name}-gpu")
     w.signals("n0", xid=79)
     await w.reconciler.round(["n0"])
     evictions = [p for m, p, _ in w.api.calls if p.endswith("/eviction")]
     assert evictions == ["/api/v1/namespaces/ml/pods/victim/eviction"]
-    # A claim's change looks at the nodes of the pods it is reserved for (this one: quarantined).
+    # A claim's change looks at the quarantined nodes whose slices publish its devices.
     w.claims.on_change = w.reconciler.on_claim
     w.reconciler._dirty.clear()
     w.claims._put("ml/victim-gpu", None)
@@ -328,11 +348,7 @@ async def test_bad_gpus_dra_devices_are_tainted_before_the_eviction_and_untainte
     mig = PlacedDevice(DeviceRef(NVIDIA_GPU_DRIVER, "n0", "gpu-1-mig-9-0-4"), "n0-GPU-1", "MIG-1")
     w.slices.update_local("n0-slice", SliceView("n0", 1, (*devices, mig)), "")
     w.claims.update_local("ml/v-gpu", ClaimView(ClaimRef("ml", "v-gpu"), (dev(1),), ("victim",)), "")
-    w.pods.update_local(
-        "ml/victim",
-        PodView("ml", "victim", "uid-victim", "n0", "Running", claims=(ClaimRef("ml", "v-gpu"),)),
-        "",
-    )
+    w.pod("victim", "n0", claim="v-gpu")
     w.reconciler.rules_served()
     w.signals("n0", xid=79)
     await w.reconciler.round(["n0"])
@@ -442,7 +458,7 @@ async def test_a_drain_past_its_deadline_is_counted_overdue_by_pool():
     assert (overdue("a"), overdue("b")) == (1, 0)
     # Drained at last: no longer overdue.
     w.api.hooks.clear()
-    w.pods._put("ml/victim", None)
+    w.pod_gone("victim")
     w.signals("n0", xid=79, pods={})
     await w.reconciler.round(["n0"])
     assert w.node_obj("n0")["metadata"]["labels"][c.LABEL_STATE] == "drained" and overdue("a") == 0
@@ -468,7 +484,7 @@ def evictions(w: World) -> list[str]:
 async def test_a_fault_is_tainted_before_the_pods_are_listed_and_drained_once_they_are():
     # After a restart the Pods are most of what is listed (100,000 at 10,000 nodes): the taint
     # needs only the Node, its signals and the lease; the drain waits for the pods.
-    w = World(pods_listed=False)
+    w = World(drain_caches_listed=False)
     w.node("n0")
     w.pod("victim", "n0")  # in the cache, which is not listed yet: not to be trusted
     w.signals("n0", xid=79, pods={1: "victim"})
@@ -483,7 +499,7 @@ async def test_a_fault_is_tainted_before_the_pods_are_listed_and_drained_once_th
     await w.reconciler.round(["n0"])
     assert len(w.api.writes()) == written
     # Listed: the held node is looked at again and drained.
-    for informer in (w.pods, w.pdbs, w.claims, w.slices):
+    for informer in (w.pdbs, w.claims, w.slices):
         informer.synced.set()
     await w.reconciler._release_held()
     assert w.reconciler._dirty == {"n0"}
@@ -506,7 +522,7 @@ async def test_a_draining_node_keeps_its_drain_while_the_pods_are_listed_again()
     before = w.node_obj("n0")["metadata"]
     assert before["labels"][c.LABEL_STATE] == "draining"
     # A restarted controller: the same node, the pods not listed yet.
-    again = World(pods_listed=False)
+    again = World(drain_caches_listed=False)
     again.api.objects["/api/v1/nodes/n0"] = w.node_obj("n0")
     again.nodes.update_local("n0", node_from_json(w.node_obj("n0")), "")
     again.t = w.t + 60
@@ -517,7 +533,7 @@ async def test_a_draining_node_keeps_its_drain_while_the_pods_are_listed_again()
 
 
 async def test_rounds_start_once_nodes_and_state_are_listed_not_the_pods():
-    w = World(pods_listed=False)
+    w = World(drain_caches_listed=False)
     w.state.synced.clear()
     w.node("n0")
     w.signals("n0", xid=79, pods={1: "victim"})
@@ -529,7 +545,7 @@ async def test_rounds_start_once_nodes_and_state_are_listed_not_the_pods():
         w.state.synced.set()
         await wait_for(lambda: w.tainted() == ["n0"], "the taint before the pods are listed")
         w.pod("victim", "n0")
-        for informer in (w.pods, w.pdbs, w.claims, w.slices):
+        for informer in (w.pdbs, w.claims, w.slices):
             informer.synced.set()
         await wait_for(lambda: evictions(w), "the drain once they are")
     finally:
@@ -538,7 +554,7 @@ async def test_rounds_start_once_nodes_and_state_are_listed_not_the_pods():
 
 
 async def test_device_taint_rules_wait_for_the_slices():
-    w = World(rules=True, pods_listed=False)
+    w = World(rules=True, drain_caches_listed=False)
     w.node("n0")
     devices = tuple(PlacedDevice(dev(i), f"n0-GPU-{i}", f"n0-GPU-{i}") for i in range(2))
     w.slices.update_local("n0-slice", SliceView("n0", 1, devices), "")
@@ -547,7 +563,7 @@ async def test_device_taint_rules_wait_for_the_slices():
     await w.reconciler.round(["n0"])
     assert w.tainted() == ["n0"]
     assert [p for m, p, _ in w.api.calls if p == RULES_PATH] == []
-    for informer in (w.pods, w.pdbs, w.claims, w.slices):
+    for informer in (w.pdbs, w.claims, w.slices):
         informer.synced.set()
     await w.reconciler._release_held()
     await w.reconciler.round(w.reconciler._dirty)

@@ -7,9 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from controller_fakes import FakeKube, load_rules
+from controller_fakes import FakeKube, StaticSource, load_rules
 from prometheus_client import CollectorRegistry
-from test_controller_reconciler import StaticSource
 
 from gpumon.config.pools import PoolConfig
 from gpumon.controller.act.events import EventRecorder
@@ -28,13 +27,15 @@ from gpumon.controller.core.contract.repair import (
     record_from_json,
     record_to_json,
 )
-from gpumon.controller.core.objects import PodView, node_from_json, to_rfc3339
+from gpumon.controller.core.objects import GpuResources, node_from_json, to_rfc3339
 from gpumon.controller.core.policy import Policy
 from gpumon.controller.core.signals import GpuReading, NodeReading
+from gpumon.controller.shell.node_pods import NodePods
 from gpumon.controller.shell.repair_loop import RepairLoop, RepairSettings
 from gpumon.controller.shell.repair_metrics import RepairMetrics
 from gpumon.gpu.health import Severity
 from gpumon.gpu.model import HealthReason, HealthState, HealthVerdict, RecoveryAction
+from gpumon.kube.client import KubeError
 from gpumon.kube.informer import Selection, View
 from gpumon.kube.registry import Informers
 
@@ -62,7 +63,6 @@ def world(
     leader: bool = True,
     annotations: dict[str, str] | None = None,
     action: RecoveryAction = RecoveryAction.GPU_RESET,
-    pods: tuple[PodView, ...] = (),
     listed: Sequence[dict[str, Any]] | None = (),
     safety: SafetyPolicy | None = None,
     breakers: dict[str, BreakerTrip] | None = None,
@@ -71,9 +71,6 @@ def world(
     api.creatable.add(f"/apis/batch/v1/namespaces/{NS}/jobs")
     informers = Informers()
     nodes: View[Any] = informers.informer(Selection("/api/v1/nodes")).view(node_from_json, name="nodes")
-    pods_informer: View[PodView] = informers.informer(Selection("/p")).view(
-        lambda o: None, name="pods", index=lambda p: p.node_name
-    )
     record = GpuRecord("GPU-1", 1, "RecoveryGpuReset", Severity.UNHEALTHY, ("recovery-action",), T - 60, "")
     obj = api.add(
         "/api/v1/nodes/n1",
@@ -95,19 +92,21 @@ def world(
     source = StaticSource()
     bad = HealthVerdict(HealthState.UNHEALTHY, (HealthReason("RecoveryGpuReset", "", HealthState.UNHEALTHY),))
     gpu = GpuReading("GPU-1", 1, T, recovery_action=action, health=bad)
-    for pod in pods:
-        pods_informer.update_local(f"{pod.namespace}/{pod.name}", pod, "1")
-    if listed is not None:  # every pod of the node, as the API lists it (None: the list fails)
-        api.add("/api/v1/pods", {"items": list(listed)})
+    # Every pod of the node, as the API lists it (None: the list fails).
+    for pod in listed or ():
+        api.add(f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}", pod)
+    if listed is None:
+        api.hooks[("GET", "/api/v1/pods")] = lambda params: _refuse()
     source.nodes["n1"] = NodeReading("n1", T, (gpu,))
+    evictor = Evictor(api, DEFAULT_RETRY)
     loop = RepairLoop(
         api=api,
         pools=[POOL],
         nodes=nodes,
-        pods=pods_informer,
+        node_pods=NodePods(api, GpuResources(), evictor),
         source=source,
         recorder=EventRecorder(api, instance="t", wall_clock=lambda: T),
-        evictor=Evictor(api, DEFAULT_RETRY),
+        evictor=evictor,
         is_leader=lambda: leader,
         safety=lambda: safety or SafetyPolicy(),
         open_breakers=lambda: breakers or {},
@@ -118,6 +117,10 @@ def world(
         wall_clock=lambda: T,
     )
     return api, loop
+
+
+def _refuse() -> None:
+    raise KubeError(403, "Forbidden", 'pods is forbidden: cannot list resource "pods"')
 
 
 def events(api: FakeKube) -> list[dict[str, Any]]:
@@ -202,13 +205,9 @@ def pod_json(namespace: str, name: str, *, gpu: bool = False, owner: str | None 
     }
 
 
-TRAIN = PodView("ml", "train-0", "uid-train-0", "n1", "Running", uses_gpu=True)
-PLUGIN = PodView(
-    "kube-system", "plugin", "uid-plugin", "n1", "Running", owner_kind="DaemonSet", uses_gpu=True
-)
 ON_THE_NODE = [
     pod_json("ml", "train-0", gpu=True),
-    pod_json("web", "cache"),  # no GPU: outside the caches, taken down by the reboot all the same
+    pod_json("web", "cache"),  # no GPU: holds no GPU, taken down by the reboot all the same
     pod_json("kube-system", "plugin", gpu=True, owner="DaemonSet"),
 ]
 
@@ -222,11 +221,9 @@ def jobs_posted(api: FakeKube) -> list[str]:
 
 
 async def test_before_a_reboot_every_pod_of_the_node_is_evicted_unless_paused() -> None:
-    api, loop = world(
-        dry_run=False, action=RecoveryAction.NODE_REBOOT, pods=(TRAIN, PLUGIN), listed=ON_THE_NODE
-    )
+    api, loop = world(dry_run=False, action=RecoveryAction.NODE_REBOOT, listed=ON_THE_NODE)
     await loop.round()
-    assert ("GET", "/api/v1/pods", {"fieldSelector": "spec.nodeName=n1"}) in api.calls
+    assert api.pod_lists() == ["n1"]
     assert evictions(api) == [
         "/api/v1/namespaces/ml/pods/train-0/eviction",
         "/api/v1/namespaces/web/pods/cache/eviction",
@@ -236,7 +233,6 @@ async def test_before_a_reboot_every_pod_of_the_node_is_evicted_unless_paused() 
     api, loop = world(
         dry_run=False,
         action=RecoveryAction.NODE_REBOOT,
-        pods=(TRAIN, PLUGIN),
         listed=ON_THE_NODE,
         safety=SafetyPolicy(paused=True),
     )
@@ -252,17 +248,20 @@ async def test_the_reboot_starts_once_the_listing_shows_the_node_free() -> None:
     assert jobs_posted(api) == [f"/apis/batch/v1/namespaces/{NS}/jobs"]
 
 
-async def test_a_reset_lists_no_pods() -> None:
+async def test_a_reset_waits_for_the_gpu_pods_only() -> None:
+    # The GPU pod holds the GPUs; the CPU pod and the DaemonSet's do not, and nothing is evicted.
     api, loop = world(dry_run=False, action=RecoveryAction.GPU_RESET, listed=ON_THE_NODE)
     await loop.round()
-    assert [c for c in api.calls if c[1] == "/api/v1/pods"] == [], "the caches say whether its GPUs are free"
-    assert jobs_posted(api) == [f"/apis/batch/v1/namespaces/{NS}/jobs"]
-
-
-async def test_a_failed_listing_keeps_the_reboot_waiting_and_evicts_the_cached_pods() -> None:
-    api, loop = world(dry_run=False, action=RecoveryAction.NODE_REBOOT, pods=(TRAIN, PLUGIN), listed=None)
+    assert api.pod_lists() == ["n1"] and jobs_posted(api) == [] and evictions(api) == []
+    api, loop = world(dry_run=False, action=RecoveryAction.GPU_RESET, listed=ON_THE_NODE[1:])
     await loop.round()
-    assert jobs_posted(api) == [], "not known to be free: no reboot"
-    assert evictions(api) == ["/api/v1/namespaces/ml/pods/train-0/eviction"]
-    counted = loop._metrics.errors.labels("list_pods", "NotFound")._value.get()
-    assert counted == 1
+    assert jobs_posted(api) == [f"/apis/batch/v1/namespaces/{NS}/jobs"] and evictions(api) == []
+
+
+async def test_a_failed_listing_keeps_the_step_waiting_and_evicts_nothing() -> None:
+    for action in (RecoveryAction.NODE_REBOOT, RecoveryAction.GPU_RESET):
+        api, loop = world(dry_run=False, action=action, listed=None)
+        await loop.round()
+        assert jobs_posted(api) == [], "not known to be free: no step"
+        assert evictions(api) == []
+        assert loop._metrics.errors.labels("list_pods", "KubeError")._value.get() == 1

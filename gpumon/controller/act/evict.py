@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from gpumon.controller.act.retry import DEFAULT_RETRY, Outcome, RetryPolicy, outcome
@@ -45,10 +45,11 @@ class Evictor:
         self._retry = retry
         self._attempts: dict[str, int] = {}
         self._next_try: dict[str, float] = {}
-        # Until the pod cache sees these pods go (forget), they are not evicted again: a cache
-        # that lags behind (its watch reconnecting after an API server restart) still shows
-        # them running, and the Eviction API accepts a second eviction of a terminating pod.
+        # Until a list of their node no longer shows these pods (settle), they are not evicted
+        # again: the Eviction API accepts a second eviction of a terminating pod.
         self._done: set[str] = set()
+        # The node of every pod remembered above: a list of the node settles them.
+        self._node_of: dict[str, str] = {}
 
     def next_try_at(self, targets: Sequence[DrainTarget]) -> float | None:
         times = [self._next_try[t.pod.uid] for t in targets if t.pod.uid in self._next_try]
@@ -59,6 +60,12 @@ class Evictor:
         self._attempts.pop(uid, None)
         self._next_try.pop(uid, None)
         self._done.discard(uid)
+        self._node_of.pop(uid, None)
+
+    def settle(self, node: str, present: Collection[str]) -> None:
+        """A list of ``node`` found the pods ``present`` (UIDs): forget the others of that node."""
+        for uid in [u for u, n in self._node_of.items() if n == node and u not in present]:
+            self.forget(uid)
 
     async def run(self, target: DrainTarget, *, now: float, delete: bool, dry_run: bool) -> EvictionOutcome:
         pod = target.pod
@@ -66,6 +73,8 @@ class Evictor:
             return EvictionOutcome(target, EvictionResult.DRY_RUN)
         if pod.uid in self._done or (not delete and now < self._next_try.get(pod.uid, 0.0)):
             return EvictionOutcome(target, EvictionResult.WAITING)
+        if pod.uid:
+            self._node_of[pod.uid] = pod.node_name
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
         preconditions = {"uid": pod.uid} if pod.uid else None
         try:
@@ -97,7 +106,9 @@ class Evictor:
                     return EvictionOutcome(target, EvictionResult.ERROR, str(e))
         self._attempts.pop(pod.uid, None)
         self._next_try.pop(pod.uid, None)
-        if result is not EvictionResult.GONE and pod.uid:
+        if result is EvictionResult.GONE:
+            self._node_of.pop(pod.uid, None)
+        elif pod.uid:
             self._done.add(pod.uid)
         return EvictionOutcome(target, result)
 

@@ -1,5 +1,4 @@
-"""The repair ladder's calls to the API: its record on the Node, a node-local step's Job, and
-the pods a reboot would take down."""
+"""The repair ladder's calls to the API: its record on the Node and a node-local step's Job."""
 
 from __future__ import annotations
 
@@ -36,10 +35,3 @@ async def read_job(api: KubeApi, namespace: str, name: str) -> Json | None:
         return await api.get(f"{jobs_path(namespace)}/{name}")
     except NotFound:
         return None
-
-
-async def node_pods(api: KubeApi, node: str) -> list[Json]:
-    """Every pod bound to ``node``, not only the GPU pods the controller caches: one list by
-    ``spec.nodeName``, a field the API server's watch cache indexes, asked only before a reboot."""
-    listed = await api.get("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"})
-    return list(listed.get("items") or ())

@@ -25,6 +25,7 @@ from gpumon.controller.core import contract as c
 from gpumon.controller.core.claims import SliceView
 from gpumon.controller.core.contract.node import node_records
 from gpumon.controller.core.objects import NodeView
+from gpumon.controller.core.plans import Event, ObjectRef
 from gpumon.gpu.health import Severity
 from gpumon.k8s.dra import DeviceRef, newest_generation
 
@@ -126,3 +127,14 @@ def plan_rules(node: str, wanted: Iterable[WantedRule], existing: Iterable[RuleV
         create=tuple(w for name, w in sorted(want.items()) if name not in have),
         delete=tuple(sorted(have - set(want))),
     )
+
+
+def rules_event(node: str, plan: RulesPlan) -> Event:
+    """The node's Event telling what ``plan`` changed."""
+    ref = ObjectRef("Node", node)
+    if plan.create:
+        devices = ", ".join(f"{w.ref.device} (GPU {w.gpu_uuid})" for w in plan.create)
+        msg = f"DeviceTaintRule {EFFECT} on DRA device(s) {devices}: no new ResourceClaim gets them"
+        return Event(ref, "GpuDevicesTainted", msg, key="devtaint:" + ",".join(w.name for w in plan.create))
+    msg = f"DeviceTaintRule(s) {', '.join(plan.delete)} deleted: the GPUs are no longer recorded unhealthy"
+    return Event(ref, "GpuDevicesUntainted", msg, key="devuntaint:" + ",".join(plan.delete))

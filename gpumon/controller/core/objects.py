@@ -192,13 +192,6 @@ def pod_from_json(obj: Mapping[str, Any], resources: GpuResources) -> PodView:
     )
 
 
-def gpu_pod_from_json(obj: Mapping[str, Any], resources: GpuResources) -> PodView | None:
-    """The pod cache's view: a GPU pod bound to a node; None keeps every other pod out. A pod
-    with ResourceClaims is kept too: the claims' cache says whether they hold GPUs."""
-    pod = pod_from_json(obj, resources)
-    return pod if (pod.uses_gpu or pod.claims) and pod.node_name else None
-
-
 @dataclass(frozen=True, slots=True)
 class PdbView:
     namespace: str

@@ -10,8 +10,10 @@ it and its Cluster API Machine with ``cluster.x-k8s.io/delete-machine``.
 
 Only the leader plans and writes; the caches (pending GPU pods, each pool's nodes) run on every
 replica, as views of the process's informers (:class:`~gpumon.kube.registry.Informers`): the
-ResourceClaims it reads are the reconciler's watch too. With ``dry_run`` every decision is an
-Event and a log line, and nothing is written.
+ResourceClaims it reads are the reconciler's watch too. Which pool nodes run GPU pods comes
+from the exporters' per-pod signals, or, for a node they do not show busy, from one list of its
+pods (:meth:`Autoscaler.busy_nodes`): there is no cache of the fleet's pods. With ``dry_run``
+every decision is an Event and a log line, and nothing is written.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -41,18 +43,13 @@ from gpumon.controller.core.device_claims import (
     claim_requests,
     device_class_view,
 )
-from gpumon.controller.core.objects import (
-    GpuResources,
-    PdbView,
-    PodView,
-    from_rfc3339,
-    pdbs_covering,
-    pod_from_json,
-)
+from gpumon.controller.core.objects import GpuResources, PdbView, PodView, from_rfc3339, pdbs_covering
 from gpumon.controller.core.plans import DrainTarget, Event, ObjectRef
 from gpumon.controller.core.pools import Pool, PoolNode, ScaleState, ScaleTarget, pool_node_from_json
 from gpumon.controller.core.scale_plan import Action, PoolInput, PoolPlan, plan_pools, removal_record
+from gpumon.controller.core.signals import NodeReading, SignalSource
 from gpumon.controller.read import read_scale
+from gpumon.controller.shell.node_pods import NodePods
 from gpumon.k8s.dra import DEVICE_CLASSES_PATH, resource_claims_path
 from gpumon.k8s.dra_cel import compile_selector
 from gpumon.kube.client import Conflict, KubeApi, KubeError, NotFound
@@ -79,12 +76,14 @@ def gpu_resources(base: GpuResources, pools: Iterable[Pool]) -> GpuResources:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading a node's pods
+# Whether a node runs GPU pods
 
 
-async def pods_on(api: KubeApi, node: str, resources: GpuResources) -> list[PodView]:
-    doc = await api.get("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"})
-    return [pod_from_json(obj, resources) for obj in doc.get("items") or ()]
+def shows_gpu_pods(reading: NodeReading | None) -> bool:
+    """The exporter places pods on the node's GPUs: busy, without asking the API. Its silence
+    proves nothing (an exporter that does not attribute pods, one not heard from yet), so a
+    node without such a reading is asked about through the API."""
+    return reading is not None and reading.pods_attributed and any(g.pods for g in reading.gpus)
 
 
 def _stays(pod: PodView) -> bool:
@@ -194,7 +193,8 @@ class Autoscaler:
         pools: Sequence[Pool],
         *,
         informers: Informers,
-        pods: View[PodView],
+        node_pods: NodePods,
+        source: SignalSource,
         pdbs: View[PdbView],
         recorder: EventRecorder,
         slices: View[SliceView] | None = None,
@@ -210,7 +210,8 @@ class Autoscaler:
         self._retry = retry
         self._api = api
         self.pools = tuple(pools)
-        self._pods = pods
+        self._node_pods = node_pods
+        self._source = source
         self._pdbs = pdbs
         self._slices = slices
         self._recorder = recorder
@@ -218,7 +219,6 @@ class Autoscaler:
         self.metrics = metrics
         self._is_leader = is_leader
         self.dry_run = dry_run
-        self._resources = resources
         self.settings = settings
         self._wall = wall_clock
         self._wake = asyncio.Event()
@@ -297,12 +297,36 @@ class Autoscaler:
         published = any(d.ref.driver == driver for s in self._slices.indexed(node.name) for d in s.devices)
         return node if published else replace(node, gpus_allocatable=False)
 
-    def _busy(self, node: str) -> bool:
-        return any(_keeps_node(p) for p in self._pods.indexed(node))
+    async def busy_nodes(self) -> set[str]:
+        """The pool nodes running GPU pods. Those the exporters show busy cost nothing; every
+        other node (idle, or its exporter not telling) is asked about with one list of its
+        pods: a node is room for pending pods and a scale-down candidate only on that answer.
+        A list that fails counts the node busy, which never removes a node and never takes it
+        for room."""
+        fleet = self._source.current()
+        busy = set()
+        for pool in self.pools:
+            for name in self.nodes[pool.name].items():
+                if shows_gpu_pods(fleet.nodes.get(name)):
+                    busy.add(name)
+                    continue
+                try:
+                    pods = await self._node_pods.list(name, "scale_down")
+                except KubeError as e:
+                    log.warning(
+                        "a pool node's pods could not be listed", extra={"node": name, "error": str(e)}
+                    )
+                    busy.add(name)
+                    continue
+                if any(_keeps_node(p) for p in pods):
+                    busy.add(name)
+        return busy
 
-    def inputs(self, scales: Mapping[str, ScaleState | str], now: float) -> list[PoolInput]:
+    def inputs(
+        self, scales: Mapping[str, ScaleState | str], busy_nodes: Collection[str], now: float
+    ) -> list[PoolInput]:
         """What the planner sees of every pool; ``scales`` holds each target's state, or the
-        error reading it."""
+        error reading it, ``busy_nodes`` the nodes running GPU pods (:meth:`busy_nodes`)."""
         seen: set[str] = set()
         out = []
         for pool in self.pools:
@@ -310,7 +334,7 @@ class Autoscaler:
             busy = set()
             for n in nodes:
                 seen.add(n.name)
-                if self._busy(n.name):
+                if n.name in busy_nodes:
                     busy.add(n.name)
                     self._idle_since.pop(n.name, None)
                 else:
@@ -345,7 +369,7 @@ class Autoscaler:
     # -- the loop -----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        for view in (*self.views, self._pods, self._pdbs):
+        for view in (*self.views, self._pdbs):
             await view.synced.wait()
         while True:
             with contextlib.suppress(TimeoutError):
@@ -371,8 +395,9 @@ class Autoscaler:
                 scales[pool.name] = await read_scale(self._api, pool.target)
             except KubeError as e:
                 scales[pool.name] = str(e)
+        busy = await self.busy_nodes()
         now = self._wall()
-        inputs = self.inputs(scales, now)
+        inputs = self.inputs(scales, busy, now)
         started = time.perf_counter()
         pending = self.pending_demand()
         plans = plan_pools(inputs, pending, now)
@@ -543,7 +568,7 @@ class Autoscaler:
 
     async def _drain(self, node: PoolNode, pool: Pool, now: float) -> bool:
         """Cordon and evict; True once only pods that stay with the node are left."""
-        pods = await pods_on(self._api, node.name, self._resources)
+        pods = await self._node_pods.list(node.name, "scale_down")
         if any(_keeps_node(p) for p in pods):
             # A GPU pod got there after the plan was made: leave the node in service.
             if node.removing_since is not None:

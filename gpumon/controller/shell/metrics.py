@@ -78,6 +78,13 @@ class ControllerMetrics:
             ["task"],
             registry=registry,
         )
+        self.pod_lists = Counter(
+            "gpumon_controller_pod_lists",
+            "Lists of one node's pods (there is no cache of the fleet's), by reader (drain, repair, "
+            "scale_down) and result (ok, or the error's type).",
+            ["reader", "result"],
+            registry=registry,
+        )
         self.api_errors = Counter(
             "gpumon_controller_api_errors",
             "Kubernetes API errors by component and kind.",

@@ -9,10 +9,13 @@ right before each write.
 Each decision waits only for the caches it reads (client-go's HasSynced, per decision rather
 than per process): quarantine and recovery need the Nodes and the state ConfigMap (pause,
 breakers), so rounds start once those two are listed; a drain, and gpumon's DeviceTaintRules,
-also need the Pods, PDBs, ResourceClaims and ResourceSlices. At 10,000 nodes the Pods are
-100,000 objects, most of a restart's list: until they are in, a node with a new fault is
-tainted (and labelled quarantined) and its drain is held; a node already quarantined is left
-as it is; both are looked at again once those caches are filled.
+also need the PDBs, ResourceClaims and ResourceSlices. Until they are in, a node with a new
+fault is tainted (and labelled quarantined) and its drain is held; a node already quarantined
+is left as it is; both are looked at again once those caches are filled.
+
+There is no cache of Pods: a drain lists the node's pods each time it looks at the node
+(:mod:`.node_pods`), and looks again every ``drain_check_seconds`` while pods are left to evict.
+A list that fails leaves the node tainted and its drain for the retry.
 """
 
 from __future__ import annotations
@@ -44,10 +47,10 @@ from gpumon.controller.core.contract.breakers import (
 )
 from gpumon.controller.core.contract.node import is_excluded, is_quarantined, node_records, quarantined_at
 from gpumon.controller.core.contract.repair import record_from_json
-from gpumon.controller.core.device_taints import EFFECT, RulesPlan, RuleView, plan_rules, wanted_rules
+from gpumon.controller.core.device_taints import RuleView, plan_rules, rules_event, wanted_rules
 from gpumon.controller.core.drain_plan import DrainPolicy, Escalation, needs_drain, plan_drain
 from gpumon.controller.core.node_plan import QuarantinePolicy, drain_started_at, node_ref, plan_node
-from gpumon.controller.core.objects import NodeView, PdbView, PodView
+from gpumon.controller.core.objects import NodeView, PdbView
 from gpumon.controller.core.plans import DrainPlan, Event, NodePlan, NodeWrite, ObjectRef, PlanKind
 from gpumon.controller.core.policy import (
     EMPTY_NODE_STATE,
@@ -62,6 +65,7 @@ from gpumon.controller.core.repair import holds_quarantine, repair_phase
 from gpumon.controller.core.signals import NodeReading, SignalSource
 from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
 from gpumon.controller.shell.metrics import ControllerMetrics
+from gpumon.controller.shell.node_pods import NodePods
 from gpumon.kube.client import KubeApi, KubeError, NotFound
 from gpumon.kube.informer import View
 from gpumon.runtime.tasks import cancel_and_wait
@@ -98,7 +102,7 @@ class Reconciler:
         *,
         api: KubeApi,
         nodes: View[NodeView],
-        pods: View[PodView],
+        node_pods: NodePods,
         pdbs: View[PdbView],
         state: View[Mapping[str, str]],
         claims: View[ClaimView],
@@ -114,7 +118,7 @@ class Reconciler:
     ) -> None:
         self._api = api
         self._nodes = nodes
-        self._pods = pods
+        self._node_pods = node_pods
         self._pdbs = pdbs
         self._state = state
         self._claims = claims
@@ -133,6 +137,9 @@ class Reconciler:
         self._states: dict[str, NodeRuleState] = {}
         self._status: dict[str, SignalStatus] = {}
         self._dirty: set[str] = set()
+        # The nodes gpumon quarantined, as each was last evaluated or written, so that a
+        # claim's change finds them without a pass over every node.
+        self._quarantined: set[str] = set()
         # Nodes whose drain (or device taints) waited for the pod-level caches.
         self._held: set[str] = set()
         # Each node's next look: the earliest its last look asked for (an evaluation derives
@@ -156,21 +163,15 @@ class Reconciler:
     def on_node(self, key: str, old: NodeView | None, new: NodeView | None) -> None:
         self.mark((key,))
 
-    def on_pod(self, key: str, old: PodView | None, new: PodView | None) -> None:
-        pod = new or old
-        assert pod is not None
-        if new is None:
-            self._evictor.forget(pod.uid)
-        self._mark_if_watched(pod.node_name)
-
     def on_claim(self, key: str, old: ClaimView | None, new: ClaimView | None) -> None:
-        # The pods a claim is reserved for hold its devices: their nodes may drain differently.
-        claim = new or old
-        assert claim is not None
-        for name in {*(old.reserved_for if old else ()), *(new.reserved_for if new else ())}:
-            pod = self._pods.get(f"{claim.ref.namespace}/{name}")
-            if pod is not None:
-                self._mark_if_watched(pod.node_name)
+        """The pods a claim is reserved for hold its devices: a node with findings or a
+        quarantine whose slices publish one of them may drain differently. Found through those
+        nodes' slices (the few nodes that matter), not through the claim's pods: there is no
+        cache of pods to find them in."""
+        pools = {(d.driver, d.pool) for view in (old, new) if view is not None for d in view.devices}
+        self.mark(
+            n for n in self._watched() if any((s.driver, s.pool) in pools for s in self._slices.indexed(n))
+        )
 
     def on_slice(self, key: str, old: SliceView | None, new: SliceView | None) -> None:
         for view in (old, new):
@@ -203,11 +204,19 @@ class Reconciler:
             nodes.update(r.node for r in self._rules.items().values() if r.node)
         self.mark(nodes)
 
+    def _watched(self) -> set[str]:
+        """The nodes with findings or a quarantine: those a change of their pods' devices could
+        matter to."""
+        return {*self._states, *self._quarantined}
+
+    def _note_quarantine(self, view: NodeView) -> None:
+        if is_quarantined(view):
+            self._quarantined.add(view.name)
+        else:
+            self._quarantined.discard(view.name)
+
     def _mark_if_watched(self, name: str) -> None:
-        """Look at a node again when a change of its pods could matter: it has findings or a
-        quarantine."""
-        node = self._nodes.get(name)
-        if name in self._states or (node is not None and is_quarantined(node)):
+        if name in self._states or name in self._quarantined:
             self.mark((name,))
 
     def _schedule(self, when: float | None, node: str) -> None:
@@ -305,9 +314,9 @@ class Reconciler:
 
     @property
     def _drain_caches(self) -> tuple[View[Any], ...]:
-        """What a drain reads besides the Node: which pods are where, their PDBs, and which GPU
-        each DRA claim holds (the slices also say which devices gpumon's rules taint)."""
-        return (self._pods, self._pdbs, self._claims, self._slices)
+        """What a drain reads besides the Node and its pods: the PDBs, and which GPU each DRA
+        claim holds (the slices also say which devices gpumon's rules taint)."""
+        return (self._pdbs, self._claims, self._slices)
 
     def drains_ready(self) -> bool:
         return all(i.synced.is_set() for i in self._drain_caches)
@@ -373,8 +382,11 @@ class Reconciler:
             if view is None:
                 self._states.pop(name, None)
                 self._status.pop(name, None)
+                self._quarantined.discard(name)
+                self._node_pods.gone(name)
                 gone.append(name)
                 continue
+            self._note_quarantine(view)
             records = node_records(view)
             prev = with_records(self._states.get(name, EMPTY_NODE_STATE), records, policy)
             reading = fleet.nodes.get(name)
@@ -487,18 +499,11 @@ class Reconciler:
             if is_quarantined(view):
                 return  # tainted already; its drain's progress is written once pods are known
         elif wants_drain:
-            pods = self._pods.indexed(view.name)
-            drain_plan = plan_drain(
-                verdict,
-                reading,
-                pods,
-                list(self._pdbs.items().values()),
-                now=now,
-                started_at=drain_started_at(view, now),
-                policy=self.settings.drain,
-                holds=holds_by_pod(pods, self._claims.items(), self._slices.indexed(view.name)),
-            )
-            phase = drain_plan.phase
+            drain_plan = await self._plan_drain(view, verdict, reading, now)
+            if drain_plan is not None:
+                phase = drain_plan.phase
+            elif is_quarantined(view):
+                return  # the pods could not be listed: the drain waits for the retry
         phase = repair_phase(repair) or phase  # a step of the repair ladder under way
         plan = plan_node(
             view, verdict, now=now, phase=phase, refusal=refusal, policy=self.settings.quarantine
@@ -517,6 +522,29 @@ class Reconciler:
         await self._sync_device_taints(view.name, now)
         if drain_plan is not None and applied and plan.kind not in (PlanKind.REFUSED, PlanKind.SKIPPED):
             await self._drain(view, drain_plan, now)
+
+    async def _plan_drain(
+        self, view: NodeView, verdict: NodeVerdict, reading: NodeReading | None, now: float
+    ) -> DrainPlan | None:
+        """The drain's plan from the node's pods, listed now; None when the list fails (the node
+        is looked at again after the round retry)."""
+        try:
+            pods = await self._node_pods.list(view.name, "drain")
+        except KubeError as e:
+            self._metrics.api_errors.labels("drain", type(e).__name__).inc()
+            log.warning("the node's pods could not be listed; the drain waits", extra={"node": view.name})
+            self._schedule(now + self.settings.retry.round_retry_seconds, view.name)
+            return None
+        return plan_drain(
+            verdict,
+            reading,
+            pods,
+            list(self._pdbs.items().values()),
+            now=now,
+            started_at=drain_started_at(view, now),
+            policy=self.settings.drain,
+            holds=holds_by_pod(pods, self._claims.items(), self._slices.indexed(view.name)),
+        )
 
     async def _sync_device_taints(self, name: str, now: float) -> None:
         """Make the node's DeviceTaintRules what its unhealthy-GPU record asks for (the record
@@ -549,7 +577,7 @@ class Reconciler:
             rules.update_local(rule.name, rule, "")
         self._metrics.actions.labels("device_taint", "success").inc()
         if view is not None:
-            await self._recorder.record(_device_taint_event(view, plan))
+            await self._recorder.record(rules_event(name, plan))
 
     async def _node_exists(self, name: str) -> bool:
         try:
@@ -597,6 +625,7 @@ class Reconciler:
             return False
         if written is not None:
             self._nodes.update_local(view.name, written, written.resource_version)
+            self._note_quarantine(written)
         self._metrics.actions.labels(plan.kind.value, "success").inc()
         if plan.kind is PlanKind.QUARANTINE and verdict.first_bad_at is not None:
             latency = max(0.0, self._wall() - verdict.first_bad_at)
@@ -666,14 +695,3 @@ class Reconciler:
             if not plan.overdue:
                 wake.append(plan.deadline_at)
             self._schedule(min(wake), view.name)
-
-
-def _device_taint_event(view: NodeView, plan: RulesPlan) -> Event:
-    if plan.create:
-        devices = ", ".join(f"{w.ref.device} (GPU {w.gpu_uuid})" for w in plan.create)
-        msg = f"DeviceTaintRule {EFFECT} on DRA device(s) {devices}: no new ResourceClaim gets them"
-        return Event(
-            node_ref(view), "GpuDevicesTainted", msg, key="devtaint:" + ",".join(w.name for w in plan.create)
-        )
-    msg = f"DeviceTaintRule(s) {', '.join(plan.delete)} deleted: the GPUs are no longer recorded unhealthy"
-    return Event(node_ref(view), "GpuDevicesUntainted", msg, key="devuntaint:" + ",".join(plan.delete))

@@ -3,8 +3,9 @@ plans each quarantined one (:func:`gpumon.controller.core.repair.plan_repair`), 
 round's new disruptive steps as one batch through the quarantine's breaker and rate limit, and
 carries out the moves: the record on the Node first, then the step's Job, so that a leader that
 dies between the two leaves an attempt whose Job the next one creates (under the same name).
-Before a reboot it lists the node's pods through the API (the caches hold GPU pods only, and the
-reboot takes every pod down) and evicts them, PDBs holding, until the node is free.
+Each round lists the pods of every node on a ladder through the API (:mod:`.node_pods`): its GPU
+pods say whether its GPUs and the node are free; before a reboot, which takes every pod down,
+all its pods do, and are evicted, PDBs holding, until the node is free.
 
 Only the leader plans and writes. Dry-run records the Events (prefixed) and writes nothing; as
 dry-run never quarantines, its ladders never start.
@@ -28,7 +29,7 @@ from prometheus_client.registry import Collector
 from gpumon.controller.act.breaker_record import record_breaker
 from gpumon.controller.act.events import EventRecorder
 from gpumon.controller.act.evict import EvictionResult, Evictor
-from gpumon.controller.act.repair_jobs import ensure_job, node_pods, read_job, write_record
+from gpumon.controller.act.repair_jobs import ensure_job, read_job, write_record
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.breaker import PoolView, SafetyPolicy
 from gpumon.controller.core.contract import DRY_RUN_PREFIX
@@ -42,13 +43,7 @@ from gpumon.controller.core.contract.repair import (
     record_from_json,
     replacements_from_annotations,
 )
-from gpumon.controller.core.objects import (
-    GpuResources,
-    NodeView,
-    PodView,
-    node_from_json,
-    pod_from_json,
-)
+from gpumon.controller.core.objects import NodeView, PodView, node_from_json
 from gpumon.controller.core.plans import DrainTarget, Event, ObjectRef
 from gpumon.controller.core.policy import Policy, signal_status
 from gpumon.controller.core.pools import Pool
@@ -68,6 +63,7 @@ from gpumon.controller.core.repair_gate import admit_repairs, continuing_refusal
 from gpumon.controller.core.repair_jobs import PoolRepair, job_manifest, job_name, job_work
 from gpumon.controller.core.signals import NodeReading, SignalSource
 from gpumon.controller.shell.api_access import ApiAccess
+from gpumon.controller.shell.node_pods import NodePods
 from gpumon.controller.shell.repair_metrics import RepairMetrics
 from gpumon.controller.shell.replacements import ReplacementStep
 from gpumon.k8s.selectors import parse_selector
@@ -76,9 +72,6 @@ from gpumon.kube.informer import View
 
 log = logging.getLogger(__name__)
 
-# Before a reboot, whether a listed pod uses a GPU does not matter (every pod but DaemonSet and
-# mirror pods leaves): the default resources only fill in the view.
-_POD_RESOURCES = GpuResources()
 _JOB_STEPS = frozenset({LadderStep.RESET, LadderStep.REBOOT, LadderStep.VALIDATE})
 
 
@@ -135,7 +128,7 @@ class RepairLoop:
         api: KubeApi,
         pools: Sequence[Pool],
         nodes: View[NodeView],
-        pods: View[PodView],
+        node_pods: NodePods,
         source: SignalSource,
         recorder: EventRecorder,
         evictor: Evictor,
@@ -150,7 +143,7 @@ class RepairLoop:
         self._api = api
         self._pools = [(p, parse_selector(p.node_selector)) for p in pools if p.repair is not None]
         self._nodes = nodes
-        self._pods = pods
+        self._node_pods = node_pods
         self._source = source
         self._recorder = recorder
         self._evictor = evictor
@@ -172,13 +165,10 @@ class RepairLoop:
             state=state,
             wall_clock=wall_clock,
         )
-        # Pods evicted before a reboot, by node, until a listing of the node no longer shows them.
-        self._evicted: dict[str, set[str]] = {}
         metrics.registry.register(_Ladders(self._ladders))
 
     async def run(self) -> None:
         await self._nodes.synced.wait()
-        await self._pods.synced.wait()
         while True:
             if self._is_leader():
                 await self.round()
@@ -216,14 +206,16 @@ class RepairLoop:
         for m in members:
             if quarantined_at(m.view) is None and not m.record.attempts and m.record.gave_up_at is None:
                 continue  # healthy and never repaired: the common case, nothing to read
-            inp = await self._input(m, fleet.nodes.get(m.view.name), repairing, now)
-            if needs_the_nodes_pods(
+            pods = await self._pods_of(m.view.name)
+            inp = await self._input(m, fleet.nodes.get(m.view.name), pods, repairing, now)
+            if pods is not None and needs_the_nodes_pods(
                 inp,
                 now=now,
                 policy=m.repair.policy,
                 xid_window_seconds=self.settings.policy.health.xid_window_seconds,
             ):
-                inp, holders[m.view.name] = await self._before_reboot(inp)
+                holders[m.view.name] = holding_the_node(pods)
+                inp = replace(inp, node_free=not holders[m.view.name])
             planned.append((m, inp, self._plan(m, inp, now)))
         safety, breakers = self._safety(), self._open_breakers()
         refused: dict[str, str] = {}
@@ -294,19 +286,35 @@ class RepairLoop:
                 starts.setdefault(m.pool.name, []).append(first.started_at)
         return {p: PoolView(n, tuple(starts.get(p, ()))) for p, n in sizes.items()}
 
+    async def _pods_of(self, node: str) -> list[PodView] | None:
+        """The node's pods, or None when they could not be listed (the node is then not free,
+        and its free deadline still counts)."""
+        try:
+            return await self._node_pods.list(node, "repair")
+        except KubeError as e:
+            self._metrics.errors.labels("list_pods", type(e).__name__).inc()
+            log.warning("the node's pods could not be listed; its ladder waits", extra={"node": node})
+            return None
+
     async def _input(
-        self, m: _Member, reading: NodeReading | None, repairing: Mapping[str, set[str]], now: float
+        self,
+        m: _Member,
+        reading: NodeReading | None,
+        pods: Sequence[PodView] | None,
+        repairing: Mapping[str, set[str]],
+        now: float,
     ) -> RepairInput:
         view = m.view
         signals, _ = signal_status(reading, now, self.settings.policy)
         records = records_from_json(view.annotations.get(c.ANNOTATION_UNHEALTHY_GPUS))
         verdict = quarantine_verdict(view.name, records, signals)
-        held = self._held(view.name)
+        # GPU pods (and pods with claims) hold the node until a reboot needs it empty.
+        held = None if pods is None else holding_the_node(p for p in pods if p.uses_gpu or p.claims)
         bad = {g.uuid for g in verdict.gpus}
         if reading is not None and reading.pods_attributed:
             gpus_free = not any(g.pods for g in reading.gpus if g.uuid in bad)
         else:
-            gpus_free = not held
+            gpus_free = held == []
         return RepairInput(
             node=view.name,
             pool=m.pool.name,
@@ -316,7 +324,7 @@ class RepairLoop:
             quarantined_at=quarantined_at(view),
             excluded=is_excluded(view),
             gpus_free=gpus_free,
-            node_free=not held,
+            node_free=held == [],
             work=await self._work(view.name, m.record),
             others_repairing=len(repairing.get(m.pool.name, set()) - {view.name}),
             machinery=await self._machinery(m),
@@ -360,34 +368,6 @@ class RepairLoop:
         if self._jobs.succeeded():
             log.info("repair Jobs available again", extra={"namespace": self.settings.namespace})
 
-    def _held(self, node: str) -> list[PodView]:
-        """The cached pods that hold the node: the cache has GPU pods (and pods with claims)
-        only; before a reboot the node's pods are listed whole (:meth:`_before_reboot`)."""
-        return holding_the_node(self._pods.indexed(node))
-
-    async def _before_reboot(self, inp: RepairInput) -> tuple[RepairInput, list[PodView]]:
-        """The ladder would reboot the node once it is free: every pod on it, listed through the
-        API, decides whether it is, and is what the drain before the reboot evicts. A list that
-        fails leaves the node not free (the free deadline still counts) and the cached GPU pods
-        to evict."""
-        node = inp.node
-        try:
-            listed = await node_pods(self._api, node)
-        except KubeError as e:
-            self._metrics.errors.labels("list_pods", type(e).__name__).inc()
-            log.warning(
-                "the node's pods could not be listed; the reboot waits", extra={"node": node, "error": str(e)}
-            )
-            return replace(inp, node_free=False), self._held(node)
-        pods = [pod_from_json(obj, _POD_RESOURCES) for obj in listed]
-        # Pods evicted before that are gone now: the evictor may forget them (the reconciler
-        # forgets the GPU pods its cache sees go; the others it never sees).
-        present = {p.uid for p in pods}
-        for uid in self._evicted.pop(node, set()) - present:
-            self._evictor.forget(uid)
-        holders = holding_the_node(pods)
-        return replace(inp, node_free=not holders), holders
-
     async def _drain_node(self, node: str, held: Sequence[PodView]) -> None:
         """Evict what is left on the node before its reboot, through the Eviction API (PDBs
         hold: a refusal, 429, is "not yet", retried with the evictor's backoff on a later round)."""
@@ -401,8 +381,6 @@ class RepairLoop:
                 return
             target = DrainTarget(pod, "the node reboots to repair its GPUs")
             out = await self._evictor.run(target, now=now, delete=False, dry_run=dry)
-            if out.result is EvictionResult.EVICTED:
-                self._evicted.setdefault(node, set()).add(pod.uid)
             if out.result in (EvictionResult.BLOCKED, EvictionResult.ERROR):
                 self._metrics.errors.labels("evict", out.result.value).inc()
 
