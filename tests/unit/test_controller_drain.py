@@ -343,8 +343,8 @@ def test_backoff_is_capped_exponential_with_bounded_jitter():
     assert Backoff(jitter=0).delay(3) == 4.0
 
 
-async def test_a_pod_evicted_once_is_not_evicted_again_until_the_cache_sees_it_go():
-    # After an API server restart the pod cache can lag: the pod still looks like it runs.
+async def test_a_pod_evicted_once_is_not_evicted_again_until_a_list_of_its_node_misses_it():
+    # A terminating pod is still listed, and the Eviction API accepts a second eviction of it.
     api = FakeKube()
     ev = Evictor(api, RetryPolicy(Backoff()))
     assert (await ev.run(target(), now=0.0, delete=False, dry_run=False)).result is EvictionResult.EVICTED
@@ -354,7 +354,10 @@ async def test_a_pod_evicted_once_is_not_evicted_again_until_the_cache_sees_it_g
         ).result is EvictionResult.WAITING
     assert (await ev.run(target(), now=700.0, delete=True, dry_run=False)).result is EvictionResult.WAITING
     assert len(api.writes()) == 1
-    ev.forget("uid-a")  # the cache saw it go: nothing is remembered about it any more
+    ev.settle("n1", {"uid-a"})  # still listed (terminating): still remembered
+    ev.settle("other", set())  # another node's list says nothing of it
+    assert (await ev.run(target(), now=750.0, delete=False, dry_run=False)).result is EvictionResult.WAITING
+    ev.settle("n1", set())  # gone from its node's list: nothing is remembered about it any more
     assert (await ev.run(target(), now=800.0, delete=False, dry_run=False)).result is EvictionResult.EVICTED
 
 
