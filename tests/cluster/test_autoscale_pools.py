@@ -410,6 +410,41 @@ async def test_idle_nodes_are_drained_respecting_pdbs_and_removed_down_to_min(
         assert await pool.replicas() == 1  # never below min
 
 
+async def test_a_node_running_a_gpu_pod_is_kept_by_the_list_of_its_pods(
+    api: client.ApiClient, namespace: str, test_id: str, make_pool: PoolFactory, kubeconfig: Path
+) -> None:
+    """No exporter runs on these nodes and the controller keeps no cache of the fleet's pods:
+    which node is busy is one list of each node's pods (``spec.nodeName``), asked of the real
+    API server. The idle node goes; the node running a GPU pod is never cordoned."""
+    core = client.CoreV1Api(api)
+    pool = await make_pool(replicas=2)
+    cfg = [pool_config(pool, test_id, scale_down_unneeded_seconds=2, scale_down_cooldown_seconds=0)]
+    names = await eventually(lambda: at_size(pool, 2), what="2 pool nodes", timeout_seconds=90)
+    busy, idle = sorted(names)
+    pod = gpu_pod("train-0", test_id, {"nvidia.com/gpu": "1"})
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": busy}
+    await core.create_namespaced_pod(namespace, pod)
+    await eventually(lambda: scheduled(core, namespace, 1), what="the GPU pod bound", timeout_seconds=60)
+    async with autoscaling(kubeconfig, namespace, test_id, cfg) as ctl:
+        remaining = await eventually(
+            lambda: _len(pool_nodes(core, pool), 1), what="the idle node removed", timeout_seconds=120
+        )
+        assert remaining[0].metadata.name == busy
+        node = await node_obj(core, busy)
+        assert not node["spec"].get("unschedulable") and REMOVING_ANNOTATION not in node["metadata"].get(
+            "annotations", {}
+        )
+        lists = ctl.controller.metrics.pod_lists.labels("scale_down", "ok")._value.get()
+        assert lists >= 2, "each node's pods listed"
+        fleet_wide = [
+            i.selection
+            for i in ctl.controller.informers.informers
+            if i.selection.path == "/api/v1/pods" and not i.selection.field_selector
+        ]
+        assert fleet_wide == [], "no cache of every pod"
+        assert idle not in {n.metadata.name for n in await pool_nodes(core, pool)}
+
+
 @dataclass
 class ScaleHistory:
     """Every version of a pool's MachineDeployment since its creation, as (``spec.replicas``,

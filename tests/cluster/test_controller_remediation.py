@@ -79,6 +79,9 @@ async def test_fatal_xid_quarantines_the_node_and_moves_only_the_pod_on_the_bad_
                 return True if labels.get("gpumon.io/state") == "drained" else None
 
             await eventually(drained, what="state label drained")
+            # No cache of the fleet's pods: the drain listed the bad node's, and no other's.
+            assert ctl.controller.metrics.pod_lists.labels("drain", "ok")._value.get() >= 1
+            assert not [i for i in ctl.controller.informers.informers if i.selection.path == "/api/v1/pods"]
             hist = ctl.controller.metrics.fault_to_taint
             assert hist._sum.get() > 0  # measured by the controller too (signal time to write)
             print(f"fault to taint: {fault_to_taint:.3f}s (controller's own measure {hist._sum.get():.3f}s)")

@@ -103,17 +103,24 @@ async def _in_state(core: client.CoreV1Api, node: str, state: c.NodePhase) -> di
 
 def _failures(ctl: Running) -> dict[str, float]:
     m = ctl.controller.metrics
+    (lists,) = m.pod_lists.collect()
     return {
         "quarantine writes": m.actions.labels("quarantine", "error")._value.get(),
+        # The pending drain lists its node's pods before it evicts: that list fails first.
+        "drain pod lists": sum(
+            s.value
+            for s in lists.samples
+            if s.name.endswith("_total") and s.labels["reader"] == "drain" and s.labels["result"] != "ok"
+        ),
         "evictions": m.evictions.labels("error")._value.get(),
         "events": m.events.labels("failed")._value.get(),
     }
 
 
 async def _failed(ctl: Running) -> bool | None:
-    """The quarantine write and the pending eviction were both tried, and failed."""
+    """The quarantine write and the pending drain were both tried, and failed."""
     f = _failures(ctl)
-    return True if f["quarantine writes"] >= 1 and f["evictions"] >= 1 else None
+    return True if f["quarantine writes"] >= 1 and f["drain pod lists"] + f["evictions"] >= 1 else None
 
 
 def _evicted(*ctls: Running) -> int:

@@ -92,5 +92,11 @@ async def test_each_resource_and_selection_is_watched_once_per_process(
         registered = {key(i.selection) for i in controller.informers.informers}
     assert {k: n for k, n in seen.items() if n != 1} == {}, "watched more than once"
     assert set(seen) == registered
+    # No cache of the fleet's pods: the autoscaler's pending pods and the exporters' are the
+    # only pods watched, each by a selector.
+    pods = {k for k in registered if k[0] == "/api/v1/pods"}
+    assert pods == {("/api/v1/pods", "", "spec.nodeName=,status.phase=Pending")} | {
+        k for k in pods if k[1] == f"{TEST_LABEL}={test_id}"
+    }, pods
     # Readers share: the reconciler's and the autoscaler's ResourceClaims are one watch.
     assert ("/apis/resource.k8s.io/v1/resourceclaims", "", "") in registered
