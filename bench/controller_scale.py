@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import functools
 import json
 import math
@@ -42,7 +43,7 @@ import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench import autoscale_plan, scale_curve
+from bench import autoscale_plan, fleet_churn, scale_curve
 from bench.cache_bytes import CacheSize, cache_size
 from bench.procs import cpu_seconds, free_port, memory
 from bench.report import Grid, Row, Table, section_markdown, splice
@@ -70,7 +71,7 @@ from gpumon.devcluster.binaries import ETCD_VERSION, KUBERNETES_VERSION, KWOK_VE
 from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.components import Options
 from gpumon.devcluster.localservers import ControllerProcess
-from gpumon.kube.client import Conflict, KubeApi, KubeClient, KubeError, Unreachable, connect
+from gpumon.kube.client import Conflict, KubeApi, KubeClient, KubeError, NotFound, Unreachable, connect
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "RESULTS.md"
@@ -104,6 +105,8 @@ class Plan:
     quick: bool
     naive: bool = True  # measure the naive controller after gpumon (the single point does)
     restart: bool = False  # kill the controller and time its start again (the curve does)
+    churn_seconds: float = 0.0  # after the trials, the fleet churns under the lease holder this long
+    churn: fleet_churn.Rates = field(default_factory=fleet_churn.Rates)
 
 
 FULL = Plan(
@@ -149,6 +152,18 @@ def metric_sum(text: str, name: str, **match: str) -> float:
     )
 
 
+def pod_lists(before: str, after: str) -> dict[str, float]:
+    """``gpumon_controller_pod_lists_total``'s increase between two /metrics texts of one
+    process, by "reader/result"."""
+
+    def by_key(text: str) -> dict[str, float]:
+        samples = metric_values(text, "gpumon_controller_pod_lists_total")
+        return {f"{labels.get('reader')}/{labels.get('result')}": v for labels, v in samples}
+
+    start, end = by_key(before), by_key(after)
+    return {k: v - start.get(k, 0.0) for k, v in end.items()}
+
+
 def has_taint(obj: Mapping[str, Any]) -> bool:
     return any(t.get("key") == TAINT_KEY for t in (obj.get("spec") or {}).get("taints") or ())
 
@@ -173,19 +188,29 @@ def per_second(value: float) -> str:
 # The cluster: objects in bulk, watches, the API server's own counters
 
 
-async def create(api: KubeApi, path: str, body: Mapping[str, Any]) -> None:
-    """POST with a few retries on transport errors and 5xx/429 (a busy API server); an object
-    that already exists is fine."""
+async def retrying(request: Callable[[], Awaitable[object]], done: type[KubeError]) -> None:
+    """``request`` with a few retries on transport errors and 5xx/429 (a busy API server); the
+    error ``done`` says that what it asks for is so already."""
     for attempt in range(6):
         try:
-            await api.post(path, body)
+            await request()
             return
-        except Conflict:
+        except done:
             return
         except KubeError as e:
             if not (isinstance(e, Unreachable) or e.status == 429 or e.status >= 500) or attempt == 5:
                 raise
         await asyncio.sleep(0.2 * 2**attempt)
+
+
+async def create(api: KubeApi, path: str, body: Mapping[str, Any]) -> None:
+    """POST; an object that already exists is fine."""
+    await retrying(functools.partial(api.post, path, body), Conflict)
+
+
+async def delete(api: KubeApi, path: str, body: Mapping[str, Any] | None = None) -> None:
+    """DELETE; an object already gone is fine."""
+    await retrying(functools.partial(api.delete, path, body), NotFound)
 
 
 async def create_all(api: KubeApi, items: Iterable[tuple[str, Mapping[str, Any]]]) -> float:
@@ -761,6 +786,158 @@ async def leader_change_trial(
     return LeaderChange(node, leading, taint_at - killed)
 
 
+# A /metrics answer later than this counts as unanswered: the poll keeps its 1 s pace (a late
+# answer holds the next poll back by at most this) and a busy loop shows as a count, not a crash.
+LEADER_POLL_TIMEOUT = 2.0
+
+
+async def lease_holder(
+    session: aiohttp.ClientSession, replicas: Sequence[ControllerProcess]
+) -> ControllerProcess:
+    """The replica whose gauge says it leads now: the restarted controller, or after a leader
+    change the standby."""
+    holding: list[ControllerProcess] = []
+
+    async def none_leads() -> str | None:
+        for replica in replicas:
+            text = await metrics_if_answering(session, replica) if replica.running else None
+            if text is not None and metric_sum(text, "gpumon_controller_leader"):
+                holding.append(replica)
+                return None
+        return "no replica leads"
+
+    await poll("the lease holder", none_leads, every=1.0, deadline=60.0)
+    return holding[0]
+
+
+@dataclass
+class LeaderPolls:
+    """The leader gauge as the once-a-second poll saw it, and the process's memory meanwhile."""
+
+    samples: list[float | None] = field(default_factory=list)  # None: not answered in time
+    slowest: float = 0.0
+    rss: int = 0
+
+
+async def poll_leader(ctl: ControllerProcess, pid: int, until: float, polls: LeaderPolls) -> None:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=LEADER_POLL_TIMEOUT)) as session:
+        while (tick := time.monotonic()) < until:
+            text = await metrics_if_answering(session, ctl)
+            polls.samples.append(None if text is None else metric_sum(text, "gpumon_controller_leader"))
+            if text is not None:
+                polls.slowest = max(polls.slowest, time.monotonic() - tick)
+            if ctl.running:
+                polls.rss = max(polls.rss, memory(pid)[0])
+            await asyncio.sleep(max(0.0, tick + 1.0 - time.monotonic()))
+
+
+async def on_schedule(start: float, steps: Sequence[tuple[float, Callable[[], Awaitable[None]]]]) -> float:
+    """Each step at its time after ``start``, one after another (a slow step makes the next
+    late, never two at once); the most seconds a step ran late."""
+    behind = 0.0
+    for at, step in steps:
+        wait = start + at - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        behind = max(behind, -wait)
+        await step()
+    return behind
+
+
+async def replace_pod(api: KubeApi, step: fleet_churn.PodStep, done: collections.Counter[str]) -> None:
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    await delete(api, f"{path}/{step.delete}")
+    done["pods_deleted"] += 1
+    await create(api, path, fleet_churn.replacement(step))
+    done["pods_created"] += 1
+
+
+async def node_step(api: KubeApi, step: fleet_churn.NodeStep, done: collections.Counter[str]) -> None:
+    """The node leaves as a drained node does (its pods deleted, at once: nothing runs them any
+    more, then the Node); an earlier one joins (the Node, then its pods bound to it)."""
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    for pod in bound_pods(step.leaves):
+        await delete(api, f"{path}/{pod['metadata']['name']}", {"gracePeriodSeconds": 0})
+        done["node_pods_deleted"] += 1
+    await delete(api, f"/api/v1/nodes/{step.leaves}")
+    done["nodes_left"] += 1
+    if step.joins is not None:
+        await create(api, "/api/v1/nodes", node_manifest(step.joins))
+        done["nodes_joined"] += 1
+        for pod in bound_pods(step.joins):
+            await create(api, path, pod)
+            done["node_pods_created"] += 1
+
+
+async def churn_phase(
+    cluster: Cluster,
+    farm: Farm,
+    session: aiohttp.ClientSession,
+    holder: ControllerProcess,
+    names: Sequence[str],
+    spared: Iterable[str],
+    plan: Plan,
+) -> fleet_churn.Churn:
+    """The fleet churns for ``plan.churn_seconds`` under ``holder``, the replica holding the
+    lease: its lease losses, CPU, memory, API requests and pod lists meanwhile."""
+    assert holder.child is not None
+    pid, rates, seconds = holder.child.pid, plan.churn, plan.churn_seconds
+    steps = fleet_churn.schedule(names, spared, seconds, rates)
+    log(
+        f"churn: {seconds:g} s, {len(steps.pods):,} pods replaced and {len(steps.nodes)} nodes leaving "
+        f"under {holder.config['identity']}"
+    )
+    log_from = holder.log_path.stat().st_size
+    before = await controller_metrics(session, holder)
+    done: collections.Counter[str] = collections.Counter()
+    polls = LeaderPolls()
+    start = time.monotonic()
+    try:
+        measured, pods_behind, nodes_behind, _ = await asyncio.gather(
+            window(cluster, farm, pid, CONTROLLER_SA, seconds),
+            on_schedule(
+                start, [(s.at, functools.partial(replace_pod, cluster.api, s, done)) for s in steps.pods]
+            ),
+            on_schedule(
+                start, [(s.at, functools.partial(node_step, cluster.api, s, done)) for s in steps.nodes]
+            ),
+            poll_leader(holder, pid, start + seconds, polls),
+        )
+    except FileNotFoundError as e:  # its /proc entry: the size fails, saying why
+        raise RuntimeError(f"the lease holder exited during the churn:\n{holder.log_tail()}") from e
+    after = await controller_metrics(session, holder)
+    with holder.log_path.open("rb") as f:
+        f.seek(log_from)
+        lease = fleet_churn.lease_log(f.read().decode(errors="replace").splitlines())
+    return fleet_churn.Churn(
+        seconds=measured.seconds,
+        pods_per_second=rates.pods_per_second,
+        node_seconds=rates.node_seconds,
+        away_steps=rates.away_steps,
+        replica=str(holder.config["identity"]),
+        lease_lost=lease.lost,
+        leader_drops=fleet_churn.leader_drops(polls.samples),
+        polls=len(polls.samples),
+        unanswered=polls.samples.count(None),
+        slowest_poll=polls.slowest,
+        slow_rounds=lease.slow_rounds,
+        failed_rounds=lease.failed_rounds,
+        cpu_cores=measured.cores,
+        rss_bytes=float(polls.rss),
+        requests_per_second=measured.requests_per_second,
+        apiserver_cores=measured.apiserver_cores,
+        load=measured.load[0],
+        pod_lists=pod_lists(before, after),
+        pods_deleted=done["pods_deleted"],
+        pods_created=done["pods_created"],
+        node_pods_deleted=done["node_pods_deleted"],
+        node_pods_created=done["node_pods_created"],
+        nodes_left=done["nodes_left"],
+        nodes_joined=done["nodes_joined"],
+        behind=max(pods_behind, nodes_behind),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Naive:
     window: Window
@@ -821,6 +998,7 @@ class Outcome:
     naive: Naive | None = None
     restart: Restart | None = None
     leader_change: LeaderChange | None = None
+    churn: fleet_churn.Churn | None = None
     cache: tuple[CacheSize, ...] = ()
     control_plane_rss: dict[str, int] = field(default_factory=dict)
     etcd_db_bytes: int = 0
@@ -933,6 +1111,7 @@ async def gpumon_phases(
         max_replicas=2 * nodes_needed(plan.pending),
     )
     ctl = ControllerProcess(workdir / "controller", config)
+    replicas = [ctl]
     started = time.monotonic()
     ctl.spawn()
     assert ctl.child is not None
@@ -980,15 +1159,23 @@ async def gpumon_phases(
                 if leader_change_fits(len(names), resource.getrlimit(resource.RLIMIT_NOFILE)[0]):
                     node = next(n for n in names if n not in trial_nodes and n != out.restart.node)
                     standby = ControllerProcess(workdir / "standby", {**config, "identity": "bench-standby"})
-                    try:
-                        out.leader_change = await leader_change_trial(
-                            cluster, farm, ctl, standby, session, node
-                        )
-                    finally:
-                        standby.stop()
+                    replicas.append(standby)
+                    out.leader_change = await leader_change_trial(cluster, farm, ctl, standby, session, node)
                     log(f"leader change: {out.leader_change}")
+            if plan.churn_seconds:
+                holder = await lease_holder(session, replicas)
+                out.churn = await churn_phase(cluster, farm, session, holder, names, faulted(out), plan)
+                log(f"churn: {out.churn}")
     finally:
-        ctl.stop()
+        for replica in replicas:
+            replica.stop()
+
+
+def faulted(out: Outcome) -> set[str]:
+    """The nodes the trials gave a fault (quarantined): the churn leaves them alone."""
+    nodes = {f.node for f in out.faults}
+    nodes |= {t.node for t in (out.restart, out.leader_change) if t is not None}
+    return nodes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1244,20 +1431,24 @@ async def run(plan: Plan, workdir: Path) -> str:
 
 
 CURVE_SECTION = "controller-scale-curve"
+CURVE_CHURN_MINUTES = fleet_churn.GOAL_MINUTES
+QUICK_CHURN_MINUTES = 2.0
 
 
 @dataclass(frozen=True, slots=True)
 class CurveRecord:
     """One size of the curve as it ran, as kept between runs: its figures (numbers), its row of
-    the control-plane table (display text, never read back as numbers), its cache sample and
-    when it ran. A curve run replaces the records of the sizes it ran and keeps the others, so
-    one size can be run again (or added) without running every other."""
+    the control-plane table (display text, never read back as numbers), its cache sample, when
+    it ran, and its churn phase (None: not run, or the size ran before there was one). A curve run
+    replaces the records of the sizes it ran and keeps the others, so one size can be run again
+    (or added) without running every other."""
 
     point: scale_curve.Point
     control_plane: tuple[str, ...]
     cache: tuple[CacheSize, ...]
     seconds: float
     date: str
+    churn: fleet_churn.Churn | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -1266,6 +1457,7 @@ class CurveRecord:
             "cache": [asdict(c) for c in self.cache],
             "seconds": self.seconds,
             "date": self.date,
+            "churn": None if self.churn is None else asdict(self.churn),
         }
 
     @classmethod
@@ -1276,6 +1468,7 @@ class CurveRecord:
             cache=tuple(CacheSize(**c) for c in doc["cache"]),
             seconds=float(doc["seconds"]),
             date=str(doc["date"]),
+            churn=fleet_churn.Churn(**doc["churn"]) if doc.get("churn") else None,
         )
 
 
@@ -1361,7 +1554,9 @@ with 10 pods each (8 single-GPU pods, 2 CPU pods), the signal farm as every node
 real `gpumon controller --act`. Per size: steady CPU, RSS and API requests, fault → taint →
 eviction, pending pods → scale request, a restart (SIGKILL, a fault injected while it is down,
 started again) to its informers synced and to its first correct decision (that node tainted),
-and, where two replicas fit, a leader change to a synced standby. Then a least-squares line per
+and, where two replicas fit, a leader change to a synced standby; then the fleet churns (pods
+replaced, nodes leaving and joining) for 30 minutes under the replica holding the lease, whose
+lease losses are counted (issue #29: none at 10,000 nodes). Then a least-squares line per
 figure. Regenerate with
 `python -m bench controller-scale --curve 1000,2000,5000,10000`: a run replaces the rows of the
 sizes it ran and keeps the others, whose figures bench/controller-scale-curve.json holds (the
@@ -1387,6 +1582,23 @@ CURVE_NOTES = (
     "injects the fault at that moment: the standby waits for the lease to lapse (15 s by default). "
     "It runs only where two replicas' exporter streams fit the farm's open-file limit (2 × nodes + "
     "1,000); '—' where they do not.",
+    "The churn (bench/fleet_churn.py) runs last, under the replica that holds the lease then (the "
+    "restarted controller, or after a leader change the standby; the lease-holder's gauge says "
+    "which), at steady rates, spread over the fleet and sparing the nodes the trials faulted. Pods: "
+    "a bench pod deleted and a replacement created on its node (another name, the same kind, GPU "
+    "and CPU pods 8 to 2 as the fleet has them). Nodes: one leaves (its 10 pods deleted, then the "
+    "Node) and the one that left 3 steps earlier joins again (the Node, then its 10 pods), keeping "
+    "its name, so the farm and the static endpoint map serve its exporter as it joins; the fleet is "
+    "3 nodes short while it churns. The defaults, 2 pods replaced a second and a node every 10 s "
+    "(`--churn-pods-per-second`, `--churn-node-seconds`; `--churn-minutes 0` skips), add about "
+    "6 pod writes and kwok's status patches a second to the API server beside kwok's "
+    f"{CURVE_LEASE_RENEWALS_PER_SECOND} lease renewals: chosen for what the 2-core machine should "
+    "sustain at 10,000 nodes beside the control plane; the churn table's lag says whether the bench "
+    "kept to its schedule. "
+    "The controller keeps no Pod cache, so replaced pods reach it only through the lists of one "
+    "node's pods its decisions make (the pod lists column); nodes reach it through its Node "
+    "informer. A replacement pod's name is not the one the farm's exporter names on that GPU, "
+    "which matters only to a partial drain, and no fault is injected while the fleet churns.",
     "Times are wall-clock seconds on a machine of 2 cores that also runs the control plane, the "
     "farm and other people's work: see the load column and the control-plane table.",
 )
@@ -1411,8 +1623,10 @@ def curve_section(records: Mapping[int, CurveRecord], stopped: str | None) -> st
         ),
     ]
     run_out = scale_curve.first_to_run_out(points)
+    churns = {r.point.nodes: r.churn for r in ordered if r.churn is not None}
     tables = [
-        scale_curve.curve_grid(points),
+        scale_curve.curve_grid(points, churns),
+        fleet_churn.churn_grid([(r.point.nodes, r.churn) for r in ordered], LEADER_POLL_TIMEOUT),
         scale_curve.fit_grid(points),
         scale_curve.cache_grid(largest.cache, largest.point.nodes),
         control_plane_grid(ordered),
@@ -1459,7 +1673,7 @@ async def curve(
         point = curve_point(out, plan)
         seconds = time.monotonic() - t0
         records[nodes] = CurveRecord(
-            point, control_plane_row(point, out, seconds), tuple(out.cache), seconds, started
+            point, control_plane_row(point, out, seconds), tuple(out.cache), seconds, started, out.churn
         )
         write(records, None)
         # etcd data: hundreds of MiB at 10,000; the logs beside it are small and kept
@@ -1484,10 +1698,36 @@ def main(argv: list[str] | None = None) -> int:
         help="run in DIR and leave the controller's, the farm's and kwok's logs there (default: a "
         "temporary directory, removed at the end)",
     )
+    parser.add_argument(
+        "--churn-minutes",
+        type=float,
+        help=f"with --curve: the fleet churns this long after each size's trials (default: "
+        f"{CURVE_CHURN_MINUTES:g}, or {QUICK_CHURN_MINUTES:g} with --quick; 0 skips)",
+    )
+    parser.add_argument(
+        "--churn-pods-per-second",
+        type=float,
+        default=fleet_churn.Rates().pods_per_second,
+        help="with --curve: pods replaced a second while the fleet churns (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--churn-node-seconds",
+        type=float,
+        default=fleet_churn.Rates().node_seconds,
+        help="with --curve: a node leaves and one joins this often (default: %(default)g s; 0: none)",
+    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.nodes:
         plan = replace(plan, nodes=args.nodes)
+    if args.curve:
+        minutes = args.churn_minutes
+        if minutes is None:
+            minutes = QUICK_CHURN_MINUTES if args.quick else CURVE_CHURN_MINUTES
+        rates = fleet_churn.Rates(args.churn_pods_per_second, args.churn_node_seconds)
+        plan = replace(plan, churn_seconds=60 * minutes, churn=rates)
+    elif args.churn_minutes is not None:
+        parser.error("--churn-minutes is for --curve: the single point has no table for it")
     output = args.output or (None if args.quick else RESULTS)
 
     def write(section: str) -> None:

@@ -10,9 +10,10 @@ shape. What a node and a pod each cost in the cache is measured apart (bench/cac
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from bench import fleet_churn
 from bench.cache_bytes import CacheSize
 from bench.report import Grid
 from bench.scale_fleet import CPU_PODS_PER_NODE, GPUS_PER_NODE
@@ -147,19 +148,29 @@ def first_to_run_out(points: Sequence[Point]) -> tuple[str, float] | None:
 # Tables
 
 
-def curve_grid(points: Sequence[Point]) -> Grid:
-    header = ("nodes", "GPUs", "pods", *(f.label for f in FIGURES), "load (1 min)")
+def curve_grid(points: Sequence[Point], churns: Mapping[int, fleet_churn.Churn]) -> Grid:
+    """``churns``: the churn phase by fleet size, where one ran (not a fitted figure: a count
+    whose goal is none)."""
+    header = (
+        "nodes",
+        "GPUs",
+        "pods",
+        *(f.label for f in FIGURES),
+        fleet_churn.losses_header(churns.values()),
+        "load (1 min)",
+    )
     rows = [
         (
             f"{p.nodes:,}",
             f"{p.nodes * GPUS_PER_NODE:,}",
             f"{p.pods:,}",
             *(f.text(f.value(p)) for f in FIGURES),
+            fleet_churn.losses_cell(churns.get(p.nodes)),
             f"{p.load:.2f}",
         )
         for p in sorted(points, key=lambda p: p.nodes)
     ]
-    goals = (f"goal at {GOAL_NODES:,}", "", "", *(f.goal_text for f in FIGURES), "")
+    goals = (f"goal at {GOAL_NODES:,}", "", "", *(f.goal_text for f in FIGURES), fleet_churn.GOAL_TEXT, "")
     at_goal = next((p for p in points if p.nodes == GOAL_NODES), None)
     met: list[tuple[str, ...]] = []
     if at_goal is not None:
@@ -169,6 +180,7 @@ def curve_grid(points: Sequence[Point]) -> Grid:
                 "",
                 "",
                 *(_met(f.value(at_goal), f.goal) for f in FIGURES),
+                fleet_churn.losses_met(churns.get(GOAL_NODES)),
                 "",
             )
         ]

@@ -87,7 +87,7 @@ def test_the_first_resource_to_run_out() -> None:
 
 def test_curve_table_one_row_per_size_with_the_goals_at_10000() -> None:
     points = [point(10_000, cpu_cores=0.3), point(1000), point(2000)]
-    text = table_markdown(curve_grid(points))
+    text = table_markdown(curve_grid(points, {}))
     lines = [x for x in text.splitlines() if x.startswith("| ")]
     assert lines[0].startswith("| nodes | GPUs | pods | steady CPU (cores) | RSS |")
     assert [x.split(" | ")[0] for x in lines[2:5]] == ["| 1,000", "| 2,000", "| 10,000"]
@@ -96,7 +96,7 @@ def test_curve_table_one_row_per_size_with_the_goals_at_10000() -> None:
     met = lines[6].split(" | ")
     assert met[0] == "| met at 10,000" and met[3:5] == ["**no**", "yes"]
     # Without a 10,000-node row nothing is claimed met.
-    assert "met at" not in table_markdown(curve_grid([point(1000), point(2000)]))
+    assert "met at" not in table_markdown(curve_grid([point(1000), point(2000)], {}))
 
 
 def test_fit_table_says_the_form_the_residuals_and_65000() -> None:
@@ -174,7 +174,7 @@ def test_a_leader_change_runs_only_where_two_replicas_streams_fit() -> None:
 
 
 def test_the_leader_change_column_is_blank_where_it_did_not_run() -> None:
-    text = table_markdown(curve_grid([point(1000, leader_change_decision=17.5), point(10_000)]))
+    text = table_markdown(curve_grid([point(1000, leader_change_decision=17.5), point(10_000)], {}))
     rows = {x.split(" | ")[0]: x.split(" | ") for x in text.splitlines() if x.startswith("| ")}
     header = rows["| nodes"]
     column = header.index("leader change → first correct decision")
