@@ -21,6 +21,15 @@ from direct_harness import base_url, running_source, wait_for
 from gpumon.config import ExporterConfig, SamplingConfig
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.policy import Rule
+from gpumon.controller.core.promql import (
+    FRESHNESS,
+    MISSING,
+    PODS,
+    bad_query,
+    conditions,
+    left_out,
+    queries_for,
+)
 from gpumon.controller.core.signals import XidSeen
 from gpumon.controller.shell.signal_sources.direct import (
     DirectSettings,
@@ -34,13 +43,10 @@ from gpumon.controller.shell.signal_sources.direct import (
 )
 from gpumon.controller.shell.signal_sources.endpoints import StaticEndpoints
 from gpumon.controller.shell.signal_sources.prometheus import (
-    FRESHNESS,
-    PODS,
     PrometheusSettings,
     PrometheusSource,
     Sample,
     parse_vector,
-    queries_for,
     readings_from_results,
 )
 from gpumon.devices.simulated import SimulatedBackend, parse_fault
@@ -178,24 +184,59 @@ def s(value: float, **labels: str) -> Sample:
     return Sample(labels, value)
 
 
+TEMP = 'gpumon_gpu_temperature_celsius{sensor="gpu"}'
+
+
 def test_queries_cover_the_signals_rules_use_plus_freshness_and_pods():
     q = queries_for(load_rules(), 600)
-    assert set(q) == {
-        FRESHNESS,
-        PODS,
-        "xid",
-        "gpu_lost",
-        "ecc_uncorrectable",
-        "row_remap_failure",
-        "recovery_action",
-        "temperature",
-    }
-    assert q["recovery_action"] == "gpumon_gpu_recovery_action == 1"
+    signals = ("gpu_lost", "ecc_uncorrectable", "row_remap_failure", "recovery_action", "temperature")
+    assert set(q) == {FRESHNESS, PODS, "xid", *signals, *(MISSING + name for name in signals)}
+    assert q[FRESHNESS] == "max by (node, gpu, uuid) (timestamp(gpumon_gpu_info))"
+    # Only the GPUs some rule could hold for: the loosest of the two thermal rules (87 and 95),
+    # any action but NONE, a lost or failed-remap flag that is set, any uncorrectable error.
+    assert q["temperature"] == f"({TEMP} >= 87.0)"
+    assert q["recovery_action"] == 'gpumon_gpu_recovery_action{action!="none"} == 1'
+    assert q["gpu_lost"] == 'gpumon_gpu_health{state="lost"} != 0.0'
+    assert q["ecc_uncorrectable"] == '(gpumon_gpu_ecc_errors_total{type="uncorrected"} >= 1.0)'
+    assert q[MISSING + "temperature"] == (
+        f"(group by (node, uuid) (gpumon_gpu_info) unless on (node, uuid) {TEMP} and on (node) {TEMP})"
+        f" or (group by (node) (gpumon_gpu_info) unless on (node) {TEMP})"
+    )
     assert "offset 600s" in q["xid"] and "increase(gpumon_gpu_xid_errors_total[600s])" in q["xid"]
     custom = Rule("nv", Signal.PROMQL, Severity.UNHEALTHY, query="sum by (node) (x)", scope=Scope.NODE)
-    health = Rule("h", Signal.EXPORTER_HEALTH, Severity.UNHEALTHY)
-    q = queries_for((custom, health), 600)
-    assert q["rule:nv"] == "sum by (node) (x)" and "__health_info" in q and "exporter_health" in q
+    health = Rule("h", Signal.EXPORTER_HEALTH, Severity.UNHEALTHY, threshold=1)
+    q = queries_for((custom, health), 600, node_label="host")
+    assert q["rule:nv"] == "sum by (node) (x)", "a PromQL rule's answer is what its author wrote"
+    assert q["exporter_health"] == 'gpumon_gpu_health{state!="healthy"} == 1' and "__health_info" in q
+    assert "on (host, uuid)" in q[MISSING + "exporter_health"] and "(host, gpu, uuid)" in q[FRESHNESS]
+
+
+def r(signal: Signal, op: Op, threshold: float, name: str = "r") -> Rule:
+    return Rule(name, signal, Severity.UNHEALTHY, op, threshold)
+
+
+def test_each_signal_is_asked_for_the_values_some_rule_holds_for():
+    t = Signal.TEMPERATURE
+    above = (r(t, Op.GE, 95, "a"), r(t, Op.GT, 87, "b"), r(t, Op.GE, 87, "c"))
+    assert conditions(above) == [">= 87.0"], "the loosest: >= 87 takes in > 87 and >= 95"
+    below = (r(t, Op.LT, 20, "a"), r(t, Op.LE, 10, "b"), r(t, Op.LT, 10, "c"))
+    assert conditions(below) == ["< 20.0"], "a rule that fires below its threshold filters the other way"
+    assert conditions((r(t, Op.LE, 20, "a"), r(t, Op.LT, 20, "b"))) == ["<= 20.0"]
+    both = (*above, *below, r(t, Op.EQ, 50, "e"), r(t, Op.NE, 60, "f"))
+    assert (
+        bad_query(t, both) == f"({TEMP} >= 87.0) or ({TEMP} < 20.0) or ({TEMP} == 50.0) or ({TEMP} != 60.0)"
+    )
+    # Booleans and one-hots leave out the first value no rule holds for, which a GPU absent from
+    # the answer then reads exactly; where every value makes a rule hold, nothing is left out.
+    lost = Signal.GPU_LOST
+    assert bad_query(lost, (r(lost, Op.EQ, 0),)) == 'gpumon_gpu_health{state="lost"} != 1.0'
+    assert left_out(lost, (r(lost, Op.GE, 0),)) is None
+    assert bad_query(lost, (r(lost, Op.GE, 0),)) == 'gpumon_gpu_health{state="lost"}'
+    ra = Signal.RECOVERY_ACTION
+    assert bad_query(ra, (r(ra, Op.LE, 0),)) == 'gpumon_gpu_recovery_action{action!="gpu_reset"} == 1'
+    assert bad_query(ra, (r(ra, Op.GE, 0),)) == "gpumon_gpu_recovery_action == 1"
+    h = Signal.EXPORTER_HEALTH
+    assert bad_query(h, (r(h, Op.GE, 2),)) == 'gpumon_gpu_health{state!="healthy"} == 1'
 
 
 def test_results_fold_into_readings_per_node():
@@ -221,6 +262,9 @@ def test_results_fold_into_readings_per_node():
             s(1, node="b", gpu="0", uuid="B0", action="reboot_the_moon"),  # a newer exporter's: skipped
         ],
         "__health_info": [s(1, node="a", gpu="1", uuid="A1", reason="GpuLost", detail="gone")],
+        # A1 is lost: the exporter drops its readings. b's driver reports no recovery action.
+        MISSING + "temperature": [s(1, node="a", uuid="A1")],
+        MISSING + "recovery_action": [s(1, node="a", uuid="A1"), s(1, node="b")],
         PODS: [s(1, node="a", gpu="1", uuid="A1", namespace="ml", pod="p", container="c")],
         "rule:nv": [s(3, node="b")],
         "rule:g": [s(1, node="a", gpu="0")],  # no uuid label: matched by index
@@ -231,9 +275,13 @@ def test_results_fold_into_readings_per_node():
     assert a.observed_at == 96.0 and a.pods_attributed
     g0, g1 = a.gpus
     assert (g0.temperature_celsius, g0.lost, g0.ecc_uncorrectable, g0.xids) == (70.0, False, None, ())
+    # Absent from the ECC answer, which holds only errors some rule fires on: no rule holds.
+    assert g0.quiet == {Signal.ECC_UNCORRECTABLE}
+    assert g1.quiet == frozenset(), "A1 has an ECC value, and lacks a temperature series: unknown"
     assert g0.custom == {"g": 1.0}
     assert (g0.recovery_action, g1.recovery_action) == (RecoveryAction.DRAIN_AND_RESET, None)
-    assert nodes["b"].gpus[0].recovery_action is None
+    assert nodes["b"].gpus[0].recovery_action is None, "the driver's node reports none"
+    assert nodes["b"].gpus[0].quiet == {Signal.TEMPERATURE, Signal.ECC_UNCORRECTABLE}
     assert (g1.lost, g1.ecc_uncorrectable, g1.temperature_celsius) == (True, 2, None)
     # The query counted the code within the controller's window: seen as of the GPU's scrape.
     assert g1.xids == (XidSeen(79, 96.0),)
