@@ -7,7 +7,9 @@ import asyncio
 import collections
 import contextlib
 import json
+import operator
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -20,11 +22,12 @@ from direct_harness import base_url, running_source, wait_for
 
 from gpumon.config import ExporterConfig, SamplingConfig
 from gpumon.controller.core.backoff import Backoff
-from gpumon.controller.core.policy import Rule
+from gpumon.controller.core.policy import EMPTY_NODE_STATE, Policy, Rule, evaluate_node
 from gpumon.controller.core.promql import (
     FRESHNESS,
     MISSING,
     PODS,
+    SERIES,
     bad_query,
     conditions,
     left_out,
@@ -668,3 +671,95 @@ async def test_a_fleet_of_watches_is_set_up_a_bounded_number_at_a_time():
             assert src.errors == {}
     finally:
         await server.close()
+
+
+# The same fleet, answered the way the queries did before (every GPU's value) and the way they do
+# now (only values some rule could hold for, read back through the query's own filter), judged
+# step by step by the policy: the same verdicts, states and wake-ups, hysteresis and all.
+
+_COMPARE_TEXT = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+_COMPARE_TEXT |= {"==": operator.eq, "!=": operator.ne}
+
+
+def _asked(sig: Signal, rules: tuple[Rule, ...], key: float | str, number: float) -> bool:
+    """Whether the source's query for ``sig`` returns a GPU whose value is ``key`` (a one-hot's
+    label) or ``number``: the filter bad_query writes, read back."""
+    skip = left_out(sig, rules)
+    if SERIES[sig].one_hot is not None or SERIES[sig].boolean:
+        return skip is None or key != skip
+    on = [r for r in rules if r.signal is sig]
+    return any(_COMPARE_TEXT[op](number, float(t)) for op, t in (c.split() for c in conditions(on)))
+
+
+# Per step: temperature, ECC count, recovery action per GPU; None: the series is missing.
+_Step = tuple[tuple[float | None, int | None, RecoveryAction | None], ...]
+_TIMELINE: list[_Step] = [
+    ((60.0, 0, RecoveryAction.NONE), (60.0, 0, RecoveryAction.NONE)),
+    ((96.0, 0, RecoveryAction.NONE), (88.0, 0, RecoveryAction.NONE)),  # unhealthy, degraded pending
+    ((96.0, 2, RecoveryAction.GPU_RESET), (88.0, 0, RecoveryAction.NONE)),
+    ((80.0, 0, RecoveryAction.NONE), (88.0, 0, RecoveryAction.NONE)),  # GPU 0 clears
+    ((None, None, None), (88.0, 0, RecoveryAction.NONE)),  # lost: unknown holds, recovery restarts
+    ((80.0, 0, RecoveryAction.NONE), (60.0, 0, None)),  # GPU 1's driver stops reporting
+    *[((80.0, 0, RecoveryAction.NONE), (60.0, 0, RecoveryAction.NONE))] * 4,  # recovery runs out
+    ((96.0, 0, RecoveryAction.NONE), (60.0, 0, RecoveryAction.NONE)),  # and fires again
+]
+
+
+def _answers(step: _Step, rules: tuple[Rule, ...], *, filtered: bool) -> dict[str, list[Sample]]:
+    out: dict[str, list[Sample]] = {FRESHNESS: []}
+    for sig in (Signal.TEMPERATURE, Signal.ECC_UNCORRECTABLE, Signal.RECOVERY_ACTION):
+        out[sig.value], out[MISSING + sig.value] = [], []
+    for i, (temp, ecc, action) in enumerate(step):
+        ids = {"node": "a", "gpu": str(i), "uuid": f"A{i}"}
+        out[FRESHNESS].append(Sample(ids, 0.0))
+        values: list[tuple[Signal, float | None, dict[str, str]]] = [
+            (Signal.TEMPERATURE, temp, {}),
+            (Signal.ECC_UNCORRECTABLE, None if ecc is None else float(ecc), {}),
+            (
+                Signal.RECOVERY_ACTION,
+                None if action is None else 1.0,
+                {} if action is None else {"action": action.label},
+            ),
+        ]
+        for sig, number, labels in values:
+            if number is None:
+                out[MISSING + sig.value].append(Sample({"node": "a", "uuid": f"A{i}"}, 1.0))
+                continue
+            key = labels.get("action", number)
+            value = float(action) if sig is Signal.RECOVERY_ACTION and action is not None else number
+            if not filtered or _asked(sig, rules, key, value):
+                out[sig.value].append(Sample({**ids, **labels}, number))
+    return out
+
+
+def test_the_filtered_answers_are_judged_exactly_as_every_gpus_values_were():
+    rules = tuple(
+        replace(
+            rule, for_seconds=10.0 if rule.severity is Severity.DEGRADED else 0.0, recover_after_seconds=30.0
+        )
+        for rule in load_rules(builtin=True)
+        if rule.signal in (Signal.TEMPERATURE, Signal.ECC_UNCORRECTABLE, Signal.RECOVERY_ACTION)
+    )
+    policy = Policy(rules=rules)
+    states = {True: EMPTY_NODE_STATE, False: EMPTY_NODE_STATE}
+    seen = []
+    for n, step in enumerate(_TIMELINE):
+        now = 10.0 * n
+        evaluations = {}
+        for filtered in (False, True):
+            results = {
+                k: [replace(x, value=now) if k == FRESHNESS else x for x in v]
+                for k, v in _answers(step, rules, filtered=filtered).items()
+            }
+            reading = readings_from_results(results, rules, now=now)["a"]
+            ev = evaluate_node("a", {}, reading, states[filtered], now, policy)
+            states[filtered] = ev.state
+            evaluations[filtered] = ev
+        assert evaluations[True] == evaluations[False], f"step {n}"
+        seen.append(
+            (evaluations[True].verdict.severity, [g.recovering for g in evaluations[True].verdict.gpus])
+        )
+    # The timeline went through what it is there for: firing, recovering, held, recovered, again.
+    assert seen[1][0] is Severity.UNHEALTHY and seen[3][1][0] is True
+    assert seen[4][1][0] is False, "a lost GPU's missing temperature holds its rule, recovery restarts"
+    assert seen[-2][0] is not Severity.UNHEALTHY and seen[-1][0] is Severity.UNHEALTHY
