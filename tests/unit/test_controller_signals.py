@@ -201,9 +201,11 @@ def test_queries_cover_the_signals_rules_use_plus_freshness_and_pods():
     assert q["recovery_action"] == 'gpumon_gpu_recovery_action{action!="none"} == 1'
     assert q["gpu_lost"] == 'gpumon_gpu_health{state="lost"} != 0.0'
     assert q["ecc_uncorrectable"] == '(gpumon_gpu_ecc_errors_total{type="uncorrected"} >= 1.0)'
-    assert q[MISSING + "temperature"] == (
-        f"(group by (node, uuid) (gpumon_gpu_info) unless on (node, uuid) {TEMP} and on (node) {TEMP})"
-        f" or (group by (node) (gpumon_gpu_info) unless on (node) {TEMP})"
+    assert (
+        q[MISSING + "temperature"] == f"group by (node, uuid) (gpumon_gpu_info) unless on (node, uuid) {TEMP}"
+    )
+    assert q[MISSING + "recovery_action"].endswith(
+        'unless on (node, uuid) gpumon_gpu_recovery_action{action="none"}'
     )
     assert "offset 600s" in q["xid"] and "increase(gpumon_gpu_xid_errors_total[600s])" in q["xid"]
     custom = Rule("nv", Signal.PROMQL, Severity.UNHEALTHY, query="sum by (node) (x)", scope=Scope.NODE)
@@ -267,7 +269,7 @@ def test_results_fold_into_readings_per_node():
         "__health_info": [s(1, node="a", gpu="1", uuid="A1", reason="GpuLost", detail="gone")],
         # A1 is lost: the exporter drops its readings. b's driver reports no recovery action.
         MISSING + "temperature": [s(1, node="a", uuid="A1")],
-        MISSING + "recovery_action": [s(1, node="a", uuid="A1"), s(1, node="b")],
+        MISSING + "recovery_action": [s(1, node="a", uuid="A1"), s(1, node="b", uuid="B0")],
         PODS: [s(1, node="a", gpu="1", uuid="A1", namespace="ml", pod="p", container="c")],
         "rule:nv": [s(3, node="b")],
         "rule:g": [s(1, node="a", gpu="0")],  # no uuid label: matched by index

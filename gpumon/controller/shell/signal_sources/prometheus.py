@@ -125,7 +125,7 @@ def readings_from_results(
         skip = left_out(sig, rules)
         numeric = series.one_hot is None and not series.boolean
         for (node, uuid), each in gpus.items():
-            if node in lacking or (node, uuid) in lacking:
+            if (node, uuid) in lacking:
                 continue
             if numeric:
                 each.fields["quiet"].add(sig)
@@ -237,14 +237,9 @@ def _convert(sig: Signal, key: float | str) -> Any:
             return float(key)
 
 
-def _lacking(samples: Iterable[Sample], node_label: str) -> set[str | tuple[str, str]]:
-    """The answer of a signal's missing-query: (node, uuid) of GPUs without the series, or the
-    node alone where none of its GPUs has it."""
-    out: set[str | tuple[str, str]] = set()
-    for s in samples:
-        node, uuid = s.labels.get(node_label, ""), s.labels.get("uuid")
-        out.add(node if uuid is None else (node, uuid))
-    return out
+def _lacking(samples: Iterable[Sample], node_label: str) -> set[tuple[str, str]]:
+    """(node, uuid) of the GPUs a signal's missing-query names."""
+    return {(s.labels.get(node_label, ""), s.labels.get("uuid", "")) for s in samples}
 
 
 def _seen(codes: Iterable[int], at: float) -> tuple[XidSeen, ...]:
