@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import aiohttp
 import pytest
-from conftest import ExporterProcess, PrometheusProcess
+from conftest import ExporterProcess, PrometheusProcess, scraping, simulated_exporters
 
 from gpumon.config.controller import ControllerConfig
 from gpumon.controller.configure import build_policy
@@ -35,7 +35,6 @@ from gpumon.gpu.health import Severity
 
 pytestmark = pytest.mark.prometheus
 
-JOB = "gpumon-exporter"
 NODES = ("sized-a", "sized-b")
 GPUS = 4
 SICK = (NODES[0], 2)
@@ -47,38 +46,22 @@ WARM = 1  # another GPU of the sick node
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ExporterProcess]]:
-    out: dict[str, ExporterProcess] = {}
-    try:
-        for seed, node in enumerate(NODES):
-            out[node] = ExporterProcess(
-                tmp_path_factory.mktemp(node),
-                "--backend", "simulated", "--node-name", node, "--simulate-gpus", str(GPUS),
-                "--simulate-seed", str(seed), "--fast-interval", "0.5", "--slow-interval", "1",
-            )  # fmt: skip
-            out[node].spawn()
-        for process in out.values():
-            process.wait_ready()
+    with simulated_exporters(tmp_path_factory, NODES, GPUS) as out:
         yield out
-    finally:
-        for process in out.values():
-            process.stop()
 
 
 @pytest.fixture(scope="module")
 def prom(
     tmp_path_factory: pytest.TempPathFactory, fleet: dict[str, ExporterProcess]
 ) -> Iterator[PrometheusProcess]:
-    server = PrometheusProcess(tmp_path_factory.mktemp("prometheus-sized"))
-    try:
-        server.start(server.config({JOB: [p.target for p in fleet.values()]}))
-        server.wait_for(
-            'count(gpumon_gpu_recovery_action{action="none"} == 1)',
-            until=lambda r: bool(r) and int(r[0]["value"][1]) == GPUS * len(NODES),
-            timeout=DEADLINE_SECONDS,
-        )
+    with scraping(
+        tmp_path_factory,
+        "prometheus-sized",
+        fleet,
+        'count(gpumon_gpu_recovery_action{action="none"} == 1)',
+        GPUS * len(NODES),
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def policy() -> Policy:
@@ -152,12 +135,12 @@ class Both:
 
     def bad(self) -> set[tuple[str, str]]:
         """The GPUs named in any signal's answers (the GPUs some rule could hold for, or lacking a
-        series), by node and index ("*": a whole node)."""
+        series), by node and index."""
         index = {s.labels["uuid"]: s.labels["gpu"] for s in self.answers[FRESHNESS]}
         out = set()
         for name, samples in self.answers.items():
             if name.removeprefix(MISSING) in {s.value for s in SERIES}:
-                out |= {(s.labels["node"], index.get(s.labels.get("uuid", ""), "*")) for s in samples}
+                out |= {(s.labels["node"], index[s.labels["uuid"]]) for s in samples}
         return out
 
     async def until(self, done: Callable[[NodeVerdict], bool], what: str) -> NodeVerdict:
