@@ -14,11 +14,10 @@ from strategies import FUZZ, json_objects, json_values, strings
 
 from gpumon.config.controller import ControllerConfig
 from gpumon.controller.configure import build_policy
+from gpumon.controller.core.promql import FRESHNESS, queries_for
 from gpumon.controller.shell.signal_sources.prometheus import (
-    FRESHNESS,
     Sample,
     parse_vector,
-    queries_for,
     readings_from_results,
 )
 from gpumon.exporter.cgroups import ContainerKey, Unmatched, parse_cgroup

@@ -155,3 +155,49 @@ def fleet_prometheus(
         "count(gpumon_pod_gpu_allocated)", until=lambda r: bool(r) and int(r[0]["value"][1]) == pods
     )
     return prometheus
+
+
+# ---------------------------------------------------------------------------------------------
+# The controller's Prometheus source against a fleet of its own (a module's): simulated exporters
+# with fast sampling, and a Prometheus scraping them.
+
+SOURCE_JOB = "gpumon-exporter"
+
+
+@contextlib.contextmanager
+def simulated_exporters(
+    tmp_path_factory: pytest.TempPathFactory, nodes: tuple[str, ...], gpus: int
+) -> Iterator[dict[str, ExporterProcess]]:
+    out: dict[str, ExporterProcess] = {}
+    try:
+        for seed, node in enumerate(nodes):
+            out[node] = ExporterProcess(
+                tmp_path_factory.mktemp(node),
+                "--backend", "simulated", "--node-name", node, "--simulate-gpus", str(gpus),
+                "--simulate-seed", str(seed), "--fast-interval", "0.5", "--slow-interval", "1",
+            )  # fmt: skip
+            out[node].spawn()
+        for process in out.values():
+            process.wait_ready()
+        yield out
+    finally:
+        for process in out.values():
+            process.stop()
+
+
+@contextlib.contextmanager
+def scraping(
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    fleet: dict[str, ExporterProcess],
+    ready: str,
+    count: int,
+) -> Iterator[PrometheusProcess]:
+    """A Prometheus scraping ``fleet``, once the query ``ready`` counts ``count``."""
+    server = PrometheusProcess(tmp_path_factory.mktemp(name))
+    try:
+        server.start(server.config({SOURCE_JOB: [p.target for p in fleet.values()]}))
+        server.wait_for(ready, until=lambda r: bool(r) and int(r[0]["value"][1]) == count, timeout=90.0)
+        yield server
+    finally:
+        server.stop()

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
-from conftest import ExporterProcess, PrometheusProcess, http_get
+from conftest import SOURCE_JOB as JOB
+from conftest import ExporterProcess, PrometheusProcess, http_get, scraping, simulated_exporters
 
 from gpumon.config.controller import ControllerConfig
 from gpumon.controller.configure import build_policy
@@ -34,7 +35,6 @@ from gpumon.gpu.health import Severity
 from gpumon.gpu.model import RecoveryAction
 from gpumon.wire import v1 as wire
 
-JOB = "gpumon-exporter"
 BROKEN, HOT, KILLED = "prom-sig-broken", "prom-sig-hot", "prom-sig-killed"
 NODES = (BROKEN, HOT, KILLED)
 GPUS = 2
@@ -46,21 +46,8 @@ ROUND_PAUSE_SECONDS = 0.2  # between the source's rounds while waiting for a scr
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ExporterProcess]]:
-    out: dict[str, ExporterProcess] = {}
-    try:
-        for seed, node in enumerate(NODES):
-            out[node] = ExporterProcess(
-                tmp_path_factory.mktemp(node),
-                "--backend", "simulated", "--node-name", node, "--simulate-gpus", str(GPUS),
-                "--simulate-seed", str(seed), "--fast-interval", "0.5", "--slow-interval", "1",
-            )  # fmt: skip
-            out[node].spawn()
-        for process in out.values():
-            process.wait_ready()
+    with simulated_exporters(tmp_path_factory, NODES, GPUS) as out:
         yield out
-    finally:
-        for process in out.values():
-            process.stop()
 
 
 @pytest.fixture(scope="module")
@@ -68,17 +55,10 @@ def prom(
     tmp_path_factory: pytest.TempPathFactory, fleet: dict[str, ExporterProcess]
 ) -> Iterator[PrometheusProcess]:
     """A Prometheus of this module's own: the last test stops and restarts it."""
-    server = PrometheusProcess(tmp_path_factory.mktemp("prometheus-signals"))
-    try:
-        server.start(server.config({JOB: [p.target for p in fleet.values()]}))
-        server.wait_for(
-            "count(gpumon_gpu_info)",
-            until=lambda r: bool(r) and int(r[0]["value"][1]) == GPUS * len(NODES),
-            timeout=DEADLINE_SECONDS,
-        )
+    with scraping(
+        tmp_path_factory, "prometheus-signals", fleet, "count(gpumon_gpu_info)", GPUS * len(NODES)
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

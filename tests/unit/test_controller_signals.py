@@ -7,7 +7,9 @@ import asyncio
 import collections
 import contextlib
 import json
+import operator
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -20,7 +22,17 @@ from direct_harness import base_url, running_source, wait_for
 
 from gpumon.config import ExporterConfig, SamplingConfig
 from gpumon.controller.core.backoff import Backoff
-from gpumon.controller.core.policy import Rule
+from gpumon.controller.core.policy import EMPTY_NODE_STATE, Policy, Rule, evaluate_node
+from gpumon.controller.core.promql import (
+    FRESHNESS,
+    MISSING,
+    PODS,
+    SERIES,
+    bad_query,
+    conditions,
+    left_out,
+    queries_for,
+)
 from gpumon.controller.core.signals import XidSeen
 from gpumon.controller.shell.signal_sources.direct import (
     DirectSettings,
@@ -34,13 +46,10 @@ from gpumon.controller.shell.signal_sources.direct import (
 )
 from gpumon.controller.shell.signal_sources.endpoints import StaticEndpoints
 from gpumon.controller.shell.signal_sources.prometheus import (
-    FRESHNESS,
-    PODS,
     PrometheusSettings,
     PrometheusSource,
     Sample,
     parse_vector,
-    queries_for,
     readings_from_results,
 )
 from gpumon.devices.simulated import SimulatedBackend, parse_fault
@@ -178,24 +187,61 @@ def s(value: float, **labels: str) -> Sample:
     return Sample(labels, value)
 
 
+TEMP = 'gpumon_gpu_temperature_celsius{sensor="gpu"}'
+
+
 def test_queries_cover_the_signals_rules_use_plus_freshness_and_pods():
     q = queries_for(load_rules(), 600)
-    assert set(q) == {
-        FRESHNESS,
-        PODS,
-        "xid",
-        "gpu_lost",
-        "ecc_uncorrectable",
-        "row_remap_failure",
-        "recovery_action",
-        "temperature",
-    }
-    assert q["recovery_action"] == "gpumon_gpu_recovery_action == 1"
+    signals = ("gpu_lost", "ecc_uncorrectable", "row_remap_failure", "recovery_action", "temperature")
+    assert set(q) == {FRESHNESS, PODS, "xid", *signals, *(MISSING + name for name in signals)}
+    assert q[FRESHNESS] == "max by (node, gpu, uuid) (timestamp(gpumon_gpu_info))"
+    # Only the GPUs some rule could hold for: the loosest of the two thermal rules (87 and 95),
+    # any action but NONE, a lost or failed-remap flag that is set, any uncorrectable error.
+    assert q["temperature"] == f"({TEMP} >= 87.0)"
+    assert q["recovery_action"] == 'gpumon_gpu_recovery_action{action!="none"} == 1'
+    assert q["gpu_lost"] == 'gpumon_gpu_health{state="lost"} != 0.0'
+    assert q["ecc_uncorrectable"] == '(gpumon_gpu_ecc_errors_total{type="uncorrected"} >= 1.0)'
+    assert (
+        q[MISSING + "temperature"] == f"group by (node, uuid) (gpumon_gpu_info) unless on (node, uuid) {TEMP}"
+    )
+    assert q[MISSING + "recovery_action"].endswith(
+        'unless on (node, uuid) gpumon_gpu_recovery_action{action="none"}'
+    )
     assert "offset 600s" in q["xid"] and "increase(gpumon_gpu_xid_errors_total[600s])" in q["xid"]
     custom = Rule("nv", Signal.PROMQL, Severity.UNHEALTHY, query="sum by (node) (x)", scope=Scope.NODE)
-    health = Rule("h", Signal.EXPORTER_HEALTH, Severity.UNHEALTHY)
-    q = queries_for((custom, health), 600)
-    assert q["rule:nv"] == "sum by (node) (x)" and "__health_info" in q and "exporter_health" in q
+    health = Rule("h", Signal.EXPORTER_HEALTH, Severity.UNHEALTHY, threshold=1)
+    q = queries_for((custom, health), 600, node_label="host")
+    assert q["rule:nv"] == "sum by (node) (x)", "a PromQL rule's answer is what its author wrote"
+    assert q["exporter_health"] == 'gpumon_gpu_health{state!="healthy"} == 1' and "__health_info" in q
+    assert "on (host, uuid)" in q[MISSING + "exporter_health"] and "(host, gpu, uuid)" in q[FRESHNESS]
+
+
+def r(signal: Signal, op: Op, threshold: float, name: str = "r") -> Rule:
+    return Rule(name, signal, Severity.UNHEALTHY, op, threshold)
+
+
+def test_each_signal_is_asked_for_the_values_some_rule_holds_for():
+    t = Signal.TEMPERATURE
+    above = (r(t, Op.GE, 95, "a"), r(t, Op.GT, 87, "b"), r(t, Op.GE, 87, "c"))
+    assert conditions(above) == [">= 87.0"], "the loosest: >= 87 takes in > 87 and >= 95"
+    below = (r(t, Op.LT, 20, "a"), r(t, Op.LE, 10, "b"), r(t, Op.LT, 10, "c"))
+    assert conditions(below) == ["< 20.0"], "a rule that fires below its threshold filters the other way"
+    assert conditions((r(t, Op.LE, 20, "a"), r(t, Op.LT, 20, "b"))) == ["<= 20.0"]
+    both = (*above, *below, r(t, Op.EQ, 50, "e"), r(t, Op.NE, 60, "f"))
+    assert (
+        bad_query(t, both) == f"({TEMP} >= 87.0) or ({TEMP} < 20.0) or ({TEMP} == 50.0) or ({TEMP} != 60.0)"
+    )
+    # Booleans and one-hots leave out the first value no rule holds for, which a GPU absent from
+    # the answer then reads exactly; where every value makes a rule hold, nothing is left out.
+    lost = Signal.GPU_LOST
+    assert bad_query(lost, (r(lost, Op.EQ, 0),)) == 'gpumon_gpu_health{state="lost"} != 1.0'
+    assert left_out(lost, (r(lost, Op.GE, 0),)) is None
+    assert bad_query(lost, (r(lost, Op.GE, 0),)) == 'gpumon_gpu_health{state="lost"}'
+    ra = Signal.RECOVERY_ACTION
+    assert bad_query(ra, (r(ra, Op.LE, 0),)) == 'gpumon_gpu_recovery_action{action!="gpu_reset"} == 1'
+    assert bad_query(ra, (r(ra, Op.GE, 0),)) == "gpumon_gpu_recovery_action == 1"
+    h = Signal.EXPORTER_HEALTH
+    assert bad_query(h, (r(h, Op.GE, 2),)) == 'gpumon_gpu_health{state!="healthy"} == 1'
 
 
 def test_results_fold_into_readings_per_node():
@@ -221,6 +267,9 @@ def test_results_fold_into_readings_per_node():
             s(1, node="b", gpu="0", uuid="B0", action="reboot_the_moon"),  # a newer exporter's: skipped
         ],
         "__health_info": [s(1, node="a", gpu="1", uuid="A1", reason="GpuLost", detail="gone")],
+        # A1 is lost: the exporter drops its readings. b's driver reports no recovery action.
+        MISSING + "temperature": [s(1, node="a", uuid="A1")],
+        MISSING + "recovery_action": [s(1, node="a", uuid="A1"), s(1, node="b", uuid="B0")],
         PODS: [s(1, node="a", gpu="1", uuid="A1", namespace="ml", pod="p", container="c")],
         "rule:nv": [s(3, node="b")],
         "rule:g": [s(1, node="a", gpu="0")],  # no uuid label: matched by index
@@ -231,9 +280,13 @@ def test_results_fold_into_readings_per_node():
     assert a.observed_at == 96.0 and a.pods_attributed
     g0, g1 = a.gpus
     assert (g0.temperature_celsius, g0.lost, g0.ecc_uncorrectable, g0.xids) == (70.0, False, None, ())
+    # Absent from the ECC answer, which holds only errors some rule fires on: no rule holds.
+    assert g0.quiet == {Signal.ECC_UNCORRECTABLE}
+    assert g1.quiet == frozenset(), "A1 has an ECC value, and lacks a temperature series: unknown"
     assert g0.custom == {"g": 1.0}
     assert (g0.recovery_action, g1.recovery_action) == (RecoveryAction.DRAIN_AND_RESET, None)
-    assert nodes["b"].gpus[0].recovery_action is None
+    assert nodes["b"].gpus[0].recovery_action is None, "the driver's node reports none"
+    assert nodes["b"].gpus[0].quiet == {Signal.TEMPERATURE, Signal.ECC_UNCORRECTABLE}
     assert (g1.lost, g1.ecc_uncorrectable, g1.temperature_celsius) == (True, 2, None)
     # The query counted the code within the controller's window: seen as of the GPU's scrape.
     assert g1.xids == (XidSeen(79, 96.0),)
@@ -620,3 +673,95 @@ async def test_a_fleet_of_watches_is_set_up_a_bounded_number_at_a_time():
             assert src.errors == {}
     finally:
         await server.close()
+
+
+# The same fleet, answered the way the queries did before (every GPU's value) and the way they do
+# now (only values some rule could hold for, read back through the query's own filter), judged
+# step by step by the policy: the same verdicts, states and wake-ups, hysteresis and all.
+
+_COMPARE_TEXT = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+_COMPARE_TEXT |= {"==": operator.eq, "!=": operator.ne}
+
+
+def _asked(sig: Signal, rules: tuple[Rule, ...], key: float | str, number: float) -> bool:
+    """Whether the source's query for ``sig`` returns a GPU whose value is ``key`` (a one-hot's
+    label) or ``number``: the filter bad_query writes, read back."""
+    skip = left_out(sig, rules)
+    if SERIES[sig].one_hot is not None or SERIES[sig].boolean:
+        return skip is None or key != skip
+    on = [r for r in rules if r.signal is sig]
+    return any(_COMPARE_TEXT[op](number, float(t)) for op, t in (c.split() for c in conditions(on)))
+
+
+# Per step: temperature, ECC count, recovery action per GPU; None: the series is missing.
+_Step = tuple[tuple[float | None, int | None, RecoveryAction | None], ...]
+_TIMELINE: list[_Step] = [
+    ((60.0, 0, RecoveryAction.NONE), (60.0, 0, RecoveryAction.NONE)),
+    ((96.0, 0, RecoveryAction.NONE), (88.0, 0, RecoveryAction.NONE)),  # unhealthy, degraded pending
+    ((96.0, 2, RecoveryAction.GPU_RESET), (88.0, 0, RecoveryAction.NONE)),
+    ((80.0, 0, RecoveryAction.NONE), (88.0, 0, RecoveryAction.NONE)),  # GPU 0 clears
+    ((None, None, None), (88.0, 0, RecoveryAction.NONE)),  # lost: unknown holds, recovery restarts
+    ((80.0, 0, RecoveryAction.NONE), (60.0, 0, None)),  # GPU 1's driver stops reporting
+    *[((80.0, 0, RecoveryAction.NONE), (60.0, 0, RecoveryAction.NONE))] * 4,  # recovery runs out
+    ((96.0, 0, RecoveryAction.NONE), (60.0, 0, RecoveryAction.NONE)),  # and fires again
+]
+
+
+def _answers(step: _Step, rules: tuple[Rule, ...], *, filtered: bool) -> dict[str, list[Sample]]:
+    out: dict[str, list[Sample]] = {FRESHNESS: []}
+    for sig in (Signal.TEMPERATURE, Signal.ECC_UNCORRECTABLE, Signal.RECOVERY_ACTION):
+        out[sig.value], out[MISSING + sig.value] = [], []
+    for i, (temp, ecc, action) in enumerate(step):
+        ids = {"node": "a", "gpu": str(i), "uuid": f"A{i}"}
+        out[FRESHNESS].append(Sample(ids, 0.0))
+        values: list[tuple[Signal, float | None, dict[str, str]]] = [
+            (Signal.TEMPERATURE, temp, {}),
+            (Signal.ECC_UNCORRECTABLE, None if ecc is None else float(ecc), {}),
+            (
+                Signal.RECOVERY_ACTION,
+                None if action is None else 1.0,
+                {} if action is None else {"action": action.label},
+            ),
+        ]
+        for sig, number, labels in values:
+            if number is None:
+                out[MISSING + sig.value].append(Sample({"node": "a", "uuid": f"A{i}"}, 1.0))
+                continue
+            key = labels.get("action", number)
+            value = float(action) if sig is Signal.RECOVERY_ACTION and action is not None else number
+            if not filtered or _asked(sig, rules, key, value):
+                out[sig.value].append(Sample({**ids, **labels}, number))
+    return out
+
+
+def test_the_filtered_answers_are_judged_exactly_as_every_gpus_values_were():
+    rules = tuple(
+        replace(
+            rule, for_seconds=10.0 if rule.severity is Severity.DEGRADED else 0.0, recover_after_seconds=30.0
+        )
+        for rule in load_rules(builtin=True)
+        if rule.signal in (Signal.TEMPERATURE, Signal.ECC_UNCORRECTABLE, Signal.RECOVERY_ACTION)
+    )
+    policy = Policy(rules=rules)
+    states = {True: EMPTY_NODE_STATE, False: EMPTY_NODE_STATE}
+    seen = []
+    for n, step in enumerate(_TIMELINE):
+        now = 10.0 * n
+        evaluations = {}
+        for filtered in (False, True):
+            results = {
+                k: [replace(x, value=now) if k == FRESHNESS else x for x in v]
+                for k, v in _answers(step, rules, filtered=filtered).items()
+            }
+            reading = readings_from_results(results, rules, now=now)["a"]
+            ev = evaluate_node("a", {}, reading, states[filtered], now, policy)
+            states[filtered] = ev.state
+            evaluations[filtered] = ev
+        assert evaluations[True] == evaluations[False], f"step {n}"
+        seen.append(
+            (evaluations[True].verdict.severity, [g.recovering for g in evaluations[True].verdict.gpus])
+        )
+    # The timeline went through what it is there for: firing, recovering, held, recovered, again.
+    assert seen[1][0] is Severity.UNHEALTHY and seen[3][1][0] is True
+    assert seen[4][1][0] is False, "a lost GPU's missing temperature holds its rule, recovery restarts"
+    assert seen[-2][0] is not Severity.UNHEALTHY and seen[-1][0] is Severity.UNHEALTHY

@@ -75,6 +75,10 @@ class Rule:
     node_selector: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     pools: frozenset[str] | None = None
 
+    def holds(self, value: float) -> bool:
+        """The rule's condition, on a value of its signal."""
+        return _COMPARE[self.op](value, self.threshold)
+
     def applies_to(self, labels: Mapping[str, str], pool: str) -> bool:
         if self.pools is not None and pool not in self.pools:
             return False
@@ -199,7 +203,7 @@ def _xid_reason(codes: list[int], classes: HealthPolicy) -> str:
 def _numeric(rule: Rule, value: float | None, label: str, unit: str, at: float) -> _Obs:
     if value is None:
         return _UNKNOWN
-    if not _COMPARE[rule.op](value, rule.threshold):
+    if not rule.holds(value):
         return _Obs(False, "", "", at)  # evidence is read only when a condition holds
     return _Obs(True, f"{label} {value:g}{unit} {rule.op} {rule.threshold:g}{unit}", "", at)
 
@@ -208,6 +212,8 @@ def _observe_gpu(rule: Rule, g: GpuReading | None, policy: Policy, now: float) -
     if g is None:
         return _UNKNOWN
     at = g.observed_at
+    if rule.signal in g.quiet:
+        return _Obs(False, "", "", at)
     match rule.signal:
         case Signal.TEMPERATURE:
             return _numeric(rule, g.temperature_celsius, "temperature", " C", at)
@@ -219,27 +225,27 @@ def _observe_gpu(rule: Rule, g: GpuReading | None, policy: Policy, now: float) -
         case Signal.ROW_REMAP_FAILURE:
             if g.row_remap_failure is None:
                 return _UNKNOWN
-            if not _COMPARE[rule.op](float(g.row_remap_failure), rule.threshold):
+            if not rule.holds(float(g.row_remap_failure)):
                 return _Obs(False, "", "", at)
             return _Obs(True, "row remapping failed" if g.row_remap_failure else "row remapping ok", "", at)
         case Signal.GPU_LOST:
             if g.lost is None:
                 return _UNKNOWN
-            if not _COMPARE[rule.op](float(g.lost), rule.threshold):
+            if not rule.holds(float(g.lost)):
                 return _Obs(False, "", "", at)
             return _Obs(True, "GPU is lost" if g.lost else "GPU present", "", at)
         case Signal.RECOVERY_ACTION:
             action = g.recovery_action
             if action is None:
                 return _UNKNOWN
-            if not _COMPARE[rule.op](float(action), rule.threshold):
+            if not rule.holds(float(action)):
                 return _Obs(False, "", "", at)
             reason = RECOVERY_REASONS.get(action, default_reason(Signal.RECOVERY_ACTION))
             return _Obs(True, f"driver recovery action {action.name}", reason, at)
         case Signal.EXPORTER_HEALTH:
             if g.health is None:
                 return _UNKNOWN
-            if not _COMPARE[rule.op](float(g.health.state.rank), rule.threshold):
+            if not rule.holds(float(g.health.state.rank)):
                 return _Obs(False, "", "", at)
             detail = f": {g.health.detail}" if g.health.detail else ""
             return _Obs(True, f"exporter verdict {g.health.state}{detail}", g.health.reason, at)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
+from gpumon.gpu.health import Signal
 from gpumon.gpu.model import HealthVerdict, PodRef, RecoveryAction
 
 _NO_VALUES: Mapping[str, float] = MappingProxyType({})
@@ -49,6 +50,10 @@ class GpuReading:
     pods: tuple[PodRef, ...] = ()
     # Values of gpu-scoped PromQL rules, by rule name.
     custom: Mapping[str, float] = field(default_factory=lambda: _NO_VALUES)
+    # Signals whose value the source did not fetch because no rule holds for it: judged "does
+    # not hold", unlike None (unknown). The Prometheus source asks only for the values some rule
+    # could hold for, so that its answers follow what is wrong, not the size of the fleet.
+    quiet: frozenset[Signal] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

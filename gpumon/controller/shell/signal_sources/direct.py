@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 # What the controller knows about one exporter (pure)
 
 
+_QUIET = "the Prometheus source's alone (it asks only for values some rule holds for): every value comes here"
+
 # The GpuReading fields each of this source's two readers leaves unknown, with why; they fill
 # every other one (tests/unit/test_gpu_reading_coverage.py holds them to it).
 NOT_ON_THE_STREAM: Final[Mapping[str, str]] = {
@@ -56,9 +58,11 @@ NOT_ON_THE_STREAM: Final[Mapping[str, str]] = {
         "memory_utilization rules need the Prometheus source (or an exporter without the watch endpoint)"
     ),
     "custom": "values of promql rules: the Prometheus source's alone",
+    "quiet": _QUIET,
 }
 NOT_IN_THE_SNAPSHOT: Final[Mapping[str, str]] = {
     "custom": "values of promql rules: the Prometheus source's alone",
+    "quiet": _QUIET,
 }
 
 

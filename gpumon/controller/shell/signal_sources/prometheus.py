@@ -1,8 +1,10 @@
 """Signals from the Prometheus HTTP API: a few fleet-wide instant queries per evaluation.
 
-Never one query per node: each round runs one query per built-in signal the rules use, one per
-PromQL rule, and two for freshness and pod placement, concurrently, each with a timeout and
-retries. A failed round keeps the previous readings, which then age into "stale" on their own.
+Never one query per node: each round runs two queries per built-in signal the rules use (the
+GPUs some rule could hold for, and the GPUs without the series: gpumon.controller.core.promql),
+one per PromQL rule, and two for freshness and pod placement, concurrently, each with a timeout
+and retries. A failed round keeps the previous readings, which then age into "stale" on their
+own. :meth:`PrometheusSource.poll_once` is one such round, usable on its own (the benches).
 
 Freshness comes from ``timestamp(gpumon_gpu_info)``: the time Prometheus last scraped each GPU's
 exporter, so a dead exporter's last values (which Prometheus keeps returning for its lookback
@@ -24,6 +26,7 @@ import aiohttp
 
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.policy import Rule
+from gpumon.controller.core.promql import FRESHNESS, HEALTH_INFO, MISSING, PODS, SERIES, left_out, queries_for
 from gpumon.controller.core.signals import (
     EMPTY_FLEET,
     ChangeCallback,
@@ -36,51 +39,6 @@ from gpumon.gpu.health import Scope, Signal
 from gpumon.gpu.model import HealthReason, HealthState, HealthVerdict, PodRef, RecoveryAction
 
 log = logging.getLogger(__name__)
-
-FRESHNESS = "__freshness"
-PODS = "__pods"
-HEALTH_INFO = "__health_info"
-_POD_SERIES = (
-    "gpumon_pod_gpu_(allocated|memory_used_bytes|utilization_ratio|"
-    "memory_allocated_bytes|core_allocated_ratio)"
-)
-
-
-def builtin_queries(xid_window_seconds: float) -> dict[Signal, str]:
-    window = f"{int(xid_window_seconds)}s"
-    return {
-        Signal.TEMPERATURE: 'gpumon_gpu_temperature_celsius{sensor="gpu"}',
-        Signal.MEMORY_UTILIZATION: "gpumon_gpu_memory_utilization_ratio",
-        Signal.ECC_UNCORRECTABLE: 'gpumon_gpu_ecc_errors_total{type="uncorrected"}',
-        Signal.ROW_REMAP_FAILURE: "gpumon_gpu_row_remap_failure",
-        Signal.EXPORTER_HEALTH: "gpumon_gpu_health == 1",
-        Signal.GPU_LOST: 'gpumon_gpu_health{state="lost"}',
-        Signal.RECOVERY_ACTION: "gpumon_gpu_recovery_action == 1",
-        # increase() misses a counter's first sample, and the exporter creates an Xid series only
-        # when the code is first seen: count series that did not exist a window ago as well.
-        Signal.XID: (
-            f"(increase(gpumon_gpu_xid_errors_total[{window}]) > 0) or "
-            f"(gpumon_gpu_xid_errors_total unless gpumon_gpu_xid_errors_total offset {window})"
-        ),
-    }
-
-
-def queries_for(rules: Sequence[Rule], xid_window_seconds: float) -> dict[str, str]:
-    """Query name -> PromQL for one evaluation round."""
-    builtin = builtin_queries(xid_window_seconds)
-    out: dict[str, str] = {
-        FRESHNESS: "timestamp(gpumon_gpu_info)",
-        PODS: f'group by (node, namespace, pod, container, gpu, uuid) ({{__name__=~"{_POD_SERIES}"}})',
-    }
-    signals = {r.signal for r in rules}
-    for sig in signals - {Signal.PROMQL}:
-        out[sig.value] = builtin[sig]
-    if Signal.EXPORTER_HEALTH in signals:
-        out[HEALTH_INFO] = 'gpumon_gpu_health_info{reason!=""}'
-    for r in rules:
-        if r.signal is Signal.PROMQL and r.query is not None:
-            out[f"rule:{r.name}"] = r.query
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,40 +114,42 @@ def readings_from_results(
     # Only GPUs Prometheus scrapes (they have a freshness sample) get readings. A series a GPU
     # lacks stays None (unknown), except Xids and pods, whose absence means "none".
     for each in gpus.values():
-        each.fields.update(xids=set(), pods=[], custom={})
-    simple: dict[str, tuple[str, Callable[[float], Any]]] = {
-        Signal.TEMPERATURE.value: ("temperature_celsius", float),
-        Signal.MEMORY_UTILIZATION.value: ("memory_utilization_ratio", float),
-        Signal.ECC_UNCORRECTABLE.value: ("ecc_uncorrectable", int),
-        Signal.ROW_REMAP_FAILURE.value: ("row_remap_failure", bool),
-        Signal.GPU_LOST.value: ("lost", bool),
-    }
-    for name, (field, conv) in simple.items():
-        for s in results.get(name, ()):
+        each.fields.update(xids=set(), pods=[], custom={}, quiet=set())
+    for sig, series in SERIES.items():
+        if sig.value not in results:
+            continue
+        field = _FIELDS[sig]
+        lacking = _lacking(results.get(MISSING + sig.value, ()), node_label)
+        # A GPU absent from the answer (which holds only values some rule could hold for) but not
+        # lacking the series has the value the answer leaves out, or for a number: quiet.
+        skip = left_out(sig, rules)
+        numeric = series.one_hot is None and not series.boolean
+        for (node, uuid), each in gpus.items():
+            if (node, uuid) in lacking:
+                continue
+            if numeric:
+                each.fields["quiet"].add(sig)
+            elif skip is not None:
+                each.fields[field] = _convert(sig, skip)
+        for s in results.get(sig.value, ()):
             g = target(s.labels)
-            if g is not None:
-                g.fields[field] = conv(s.value)
+            if g is None:
+                continue
+            g.fields["quiet"].discard(sig)
+            raw = s.labels.get(series.one_hot.label, "") if series.one_hot is not None else s.value
+            try:
+                g.fields[field] = _convert(sig, raw)
+            except (ValueError, OverflowError):
+                g.fields[field] = None  # a newer exporter's action or state: unknown, never a guess
     reasons: dict[tuple[str, str], list[tuple[str, str]]] = {}
     for s in results.get(HEALTH_INFO, ()):
         key = (s.labels.get(node_label, ""), s.labels.get("uuid", ""))
         reasons.setdefault(key, []).append((s.labels.get("reason", ""), s.labels.get("detail", "")))
-    for s in results.get(Signal.EXPORTER_HEALTH.value, ()):
-        g = target(s.labels)
-        try:
-            state = HealthState(s.labels.get("state", ""))
-        except ValueError:
-            continue
-        if g is not None:
-            why = reasons.get((s.labels.get(node_label, ""), g.uuid), [])
-            g.fields["health"] = HealthVerdict(state, tuple(HealthReason(code, d, state) for code, d in why))
-    for s in results.get(Signal.RECOVERY_ACTION.value, ()):
-        g = target(s.labels)
-        try:
-            action = RecoveryAction.from_label(s.labels.get("action", ""))
-        except ValueError:
-            continue
-        if g is not None:
-            g.fields["recovery_action"] = action
+    for (node, uuid), each in gpus.items():
+        state = each.fields.get("health")
+        if state is not None:
+            why = tuple(HealthReason(code, d, state) for code, d in reasons.get((node, uuid), []))
+            each.fields["health"] = HealthVerdict(state, why)
     for s in results.get(Signal.XID.value, ()):
         g = target(s.labels)
         # xid="other" (undocumented codes, gpumon.gpu.model.XID_OTHER) names no code to judge.
@@ -233,6 +193,7 @@ def readings_from_results(
                 xids=_seen(f["xids"], g.at) if Signal.XID.value in results else None,
                 pods=tuple(f["pods"]),
                 custom=MappingProxyType(dict(f["custom"])),
+                quiet=frozenset(f["quiet"]),
             )
         )
     return {
@@ -245,6 +206,40 @@ def readings_from_results(
         )
         for node, gs in nodes.items()
     }
+
+
+_FIELDS: Mapping[Signal, str] = MappingProxyType(
+    {
+        Signal.TEMPERATURE: "temperature_celsius",
+        Signal.MEMORY_UTILIZATION: "memory_utilization_ratio",
+        Signal.ECC_UNCORRECTABLE: "ecc_uncorrectable",
+        Signal.ROW_REMAP_FAILURE: "row_remap_failure",
+        Signal.GPU_LOST: "lost",
+        Signal.RECOVERY_ACTION: "recovery_action",
+        Signal.EXPORTER_HEALTH: "health",
+    }
+)
+
+
+def _convert(sig: Signal, key: float | str) -> Any:
+    """A signal's value from its sample's number, or for a one-hot signal its label; raises
+    ValueError (or OverflowError) for one it cannot hold."""
+    match sig:
+        case Signal.ECC_UNCORRECTABLE:
+            return int(float(key))
+        case Signal.ROW_REMAP_FAILURE | Signal.GPU_LOST:
+            return bool(float(key))
+        case Signal.RECOVERY_ACTION:
+            return RecoveryAction.from_label(str(key))
+        case Signal.EXPORTER_HEALTH:
+            return HealthState(str(key))
+        case _:
+            return float(key)
+
+
+def _lacking(samples: Iterable[Sample], node_label: str) -> set[tuple[str, str]]:
+    """(node, uuid) of the GPUs a signal's missing-query names."""
+    return {(s.labels.get(node_label, ""), s.labels.get("uuid", "")) for s in samples}
 
 
 def _seen(codes: Iterable[int], at: float) -> tuple[XidSeen, ...]:
@@ -318,7 +313,7 @@ class PrometheusSource:
     async def poll_once(self) -> Iterable[str]:
         """One round; returns the nodes whose reading changed."""
         now = self._clock()
-        queries = queries_for(self._rules, self._s.xid_window_seconds)
+        queries = queries_for(self._rules, self._s.xid_window_seconds, self._s.node_label)
         started = time.monotonic()
         try:
             answers = await asyncio.gather(*(self._query(q, now) for q in queries.values()))
