@@ -95,7 +95,7 @@ def _as_claims(pods: list[PodDemand], rng: random.Random) -> list[PodDemand]:
     return out
 
 
-def _pools(dra: bool = False) -> list[Pool]:
+def _pools(dra: bool = False, nodes: int = NODES) -> list[Pool]:
     return [
         pool_from_config(
             PoolConfig.model_validate(
@@ -106,7 +106,7 @@ def _pools(dra: bool = False) -> list[Pool]:
                     "template": _dra_template()
                     if dra
                     else {"resources": {GPU: 8, "cpu": "96", "memory": "1Ti"}},
-                    "max_replicas": 1_000,
+                    "max_replicas": max(1_000, 2 * nodes // POOLS),
                     "max_step": 200,
                     "headroom_nodes": 2,
                     "min_replicas": 10,
@@ -138,7 +138,7 @@ def _pending(rng: random.Random) -> list[PodDemand]:
 
 
 def _autoscaler(
-    pools: list[Pool], rng: random.Random, dra: bool = False
+    pools: list[Pool], rng: random.Random, dra: bool = False, nodes: int = NODES, scheduled: int = PODS
 ) -> tuple[Autoscaler, dict[str, ScaleState]]:
     api: Any = _NoApi()
     informers = Informers()
@@ -162,7 +162,7 @@ def _autoscaler(
         resources=gpu_resources(GpuResources(), pools),
         wall_clock=lambda: NOW,
     )
-    per_pool = NODES // POOLS
+    per_pool = nodes // POOLS
     names = []
     for pool in pools:
         for i in range(per_pool):
@@ -178,7 +178,7 @@ def _autoscaler(
             )
             a.nodes[pool.name].update_local(name, view, "1")
     busy = names[: int(len(names) * 0.95)]  # 5 % idle
-    for i in range(PODS):
+    for i in range(scheduled):
         node = busy[i % len(busy)]
         pod = PodView("ml", f"job-{i}", f"uid-{i}", node, "Running", uses_gpu=True)
         pods.update_local(f"ml/job-{i}", pod, "1")
