@@ -76,6 +76,7 @@ def main(argv: list[str]) -> int:
             doc["signal"] = _merge(doc["signal"], entry, "signal")
             _save(doc, args.quick)
         doc["runs"] = [*doc["runs"], _machine()][-10:]
+        _save(doc, args.quick)
     text = section(doc)
     if args.quick:
         print(text)

@@ -111,8 +111,9 @@ class Figure:
 
 
 def _round(s: Mapping[str, Any], key: str) -> float:
+    """A figure of the patient round; none (NaN, which no fit takes) where even it failed."""
     last = s["patient_round"]["rounds"][-1]
-    return float(last[key])
+    return float(last[key]) if last["ok"] else math.nan
 
 
 def _answers(queries: Sequence[Mapping[str, Any]], key: str) -> float:
@@ -151,6 +152,11 @@ def _crossing(intercept: float, slope: float, limit: float) -> str:
     return f"{(limit - intercept) / slope:,.0f} nodes"
 
 
+def _outcome(r: Mapping[str, Any]) -> str:
+    """A round's wall time, or that it failed (every query retried to its timeout, or one did)."""
+    return _s(r["wall"]) if r["ok"] else f"**failed** after {_s(r['wall'])}"
+
+
 def _query_cells(q: Mapping[str, Any] | None) -> tuple[str, str, str]:
     return ("—", "—", "—") if q is None else (_s(q["seconds"]), _n(q["samples"]), _mb(q["answer_bytes"]))
 
@@ -166,11 +172,11 @@ def signal_grids(signal: Sequence[Mapping[str, Any]]) -> tuple[Grid, Grid, Grid,
         round_rows.append(
             (
                 f"{_n(s['nodes'])} (measured)", _n(s["fleet"]["nodes"] * 8), _n(s["build"]["series"]),
-                f"{'ok' if default['ok'] else '**failed**'} in {_s(default['wall'])}",
-                _s(last["wall"]), _s(last["cpu"]), _mib(s["patient_round"]["rss_start"]), _mib(last["rss"]),
+                _outcome(default), _outcome(last), _s(last["cpu"]), _mib(s["patient_round"]["rss_start"]),
+                _mib(last["rss"]),
                 _mib(last["hwm"]), f"{_n(last['changed'])} of {_n(last['nodes'])}",
                 _mb(_answers(s["checkout"], "answer_bytes")), _mb(_answers(s["naive"], "answer_bytes")),
-                f"{_s(first['wall'])}, {_s(first['cpu'])} CPU",
+                f"{_outcome(first)}, {_s(first['cpu'])} CPU",
             )
         )  # fmt: skip
     fits = {f.name: least_squares(sizes, [f.value(s) for s in entries]) for f in SIGNAL_FIGURES}
@@ -205,7 +211,7 @@ def signal_grids(signal: Sequence[Mapping[str, Any]]) -> tuple[Grid, Grid, Grid,
             "GPUs",
             "series",
             "round at the default timeout",
-            "round wall",
+            "round wall (120 s timeout)",
             "round CPU",
             "RSS after start-up",
             "RSS after the round",
@@ -223,11 +229,7 @@ def signal_grids(signal: Sequence[Mapping[str, Any]]) -> tuple[Grid, Grid, Grid,
         ours = {q["name"]: q for q in s["checkout"]}
         for name in dict.fromkeys([*ours, *naive]):
             o, b = ours.get(name), naive.get(name)
-            ratio = (
-                f"{b['answer_bytes'] / o['answer_bytes']:.1f}× smaller"
-                if o and b and o["answer_bytes"]
-                else "—"
-            )
+            ratio = f"{b['answer_bytes'] / o['answer_bytes']:.1f}×" if o and b and o["answer_bytes"] else "—"
             query_rows.append(
                 (
                     _n(s["nodes"]), f"`{name}`",
@@ -263,7 +265,7 @@ def signal_grids(signal: Sequence[Mapping[str, Any]]) -> tuple[Grid, Grid, Grid,
         (
             _n(s["nodes"]), _n(s["build"]["series"]), _mb(s["build"]["text_bytes"]),
             _s(s["build"]["write_seconds"]),
-            f"{_s(s['build']['promtool_seconds'])} ({s['build']['parts']} parts)",
+            f"{_s(s['build']['promtool_seconds'])} (parts: {s['build']['parts']})",
             _mib(s["build"]["promtool_peak_rss"]), _mib(s["tsdb_bytes"]), _s(s["start_seconds"]),
             _s(s["compaction_seconds"]), _mib(s["prometheus_rss_idle"]), _mib(s["prometheus_rss_peak"]),
         )
@@ -366,10 +368,14 @@ def section(doc: Mapping[str, Any]) -> str:
 
 
 NOTES = (
+    "The nodes the source reports changed are all of them, every round: each reading carries its "
+    "scrape's time (`timestamp(gpumon_gpu_info)`), which moves at every scrape, so with the "
+    "Prometheus source the reconciler's steady round is a whole policy round (the resync column "
+    "above) each interval, not the nodes with findings alone.",
     "The TSDB holds the families the controller's queries read, with the exporter's labels "
     "(node, gpu, uuid; the pod series' namespace, pod, container) and the two a static scrape adds "
     "(instance, job); a real fleet's Prometheus holds the exporter's other families too (clocks, "
-    "power, NVLink: about five times as many series), which no selector here touches, and a "
+    "power, NVLink and more), which no selector here touches, and a "
     "Prometheus Operator scrape adds namespace, pod, service, endpoint and container labels to "
     "every series, which makes every answer larger than here.",
     "Four samples per series, 280 s apart, at -850, -570, -290 and -10 s of the query time: the "

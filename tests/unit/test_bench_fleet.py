@@ -88,12 +88,13 @@ def _doc(sizes: list[int]) -> dict[str, object]:
             "samples": 8 * n,
             "answer_bytes": 300 * n,
         }
-        one = {"wall": n / 5_000, "cpu": n / 6_000, "rss": 9e3 * n, "hwm": 1e4 * n, "ok": n < 5_000,
+        one = {"wall": n / 5_000, "cpu": n / 6_000, "rss": 9e3 * n, "hwm": 1e4 * n, "ok": True,
                "nodes": n, "changed": n}  # fmt: skip
         return {
             "signal": {
                 "nodes": n, "fleet": {"nodes": n}, "checkout": [query], "naive": [query],
-                "default_round": {"rounds": [one]}, "patient_round": {"rss_start": 6e7, "rounds": [one, one]},
+                "default_round": {"rounds": [{**one, "ok": n < 5_000}]},
+                "patient_round": {"rss_start": 6e7, "rounds": [one, one]},
                 "build": {"series": 180 * n, "text_bytes": 1.4e5 * n, "write_seconds": 1.0,
                           "promtool_seconds": 2.0, "promtool_peak_rss": 3e9, "parts": 1},
                 "tsdb_bytes": 2.4e4 * n, "start_seconds": 1.0, "compaction_seconds": 0.0,
