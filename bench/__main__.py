@@ -4,6 +4,8 @@
 ten minutes; see bench/controller_scale.py) and writes its own section of the same file.
 ``python -m bench autoscalers``: gpumon + Cluster API beside Karpenter on the same pending GPU
 pods (bench/autoscalers.py), its own section too.
+``python -m bench fleet-65k``: the pure parts and the Prometheus query round at 65,000 nodes
+(bench/fleet_65k.py), its own section.
 ``python -m bench device-check`` and ``device-bundle``: gpumon on a real GPU (docs/nvml.md)."""
 
 from __future__ import annotations
@@ -84,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import autoscalers
 
         return autoscalers.main(argv[1:])
+    if argv[:1] == ["fleet-65k"]:
+        from bench import fleet_65k
+
+        return fleet_65k.main(argv[1:])
     if argv[:1] == ["footprint"]:
         from bench import footprint
 

@@ -108,7 +108,7 @@ def _as_claims(pods: list[PodDemand], rng: random.Random) -> list[PodDemand]:
     return out
 
 
-def _pools(dra: bool = False) -> list[Pool]:
+def _pools(dra: bool = False, nodes: int = NODES) -> list[Pool]:
     return [
         pool_from_config(
             PoolConfig.model_validate(
@@ -119,7 +119,7 @@ def _pools(dra: bool = False) -> list[Pool]:
                     "template": _dra_template()
                     if dra
                     else {"resources": {GPU: 8, "cpu": "96", "memory": "1Ti"}},
-                    "max_replicas": 1_000,
+                    "max_replicas": max(1_000, 2 * nodes // POOLS),
                     "max_step": 200,
                     "headroom_nodes": 2,
                     "min_replicas": 10,
@@ -151,7 +151,7 @@ def _pending(rng: random.Random) -> list[PodDemand]:
 
 
 def _autoscaler(
-    pools: list[Pool], rng: random.Random, dra: bool = False
+    pools: list[Pool], rng: random.Random, dra: bool = False, nodes: int = NODES
 ) -> tuple[Autoscaler, dict[str, ScaleState], frozenset[str]]:
     """The autoscaler with its caches seeded, each pool's scale, and the nodes running GPU pods
     (what :meth:`Autoscaler.busy_nodes` finds from the exporters' signals and node lists)."""
@@ -176,7 +176,7 @@ def _autoscaler(
         resources=gpu_resources(GpuResources(), pools),
         wall_clock=lambda: NOW,
     )
-    per_pool = NODES // POOLS
+    per_pool = nodes // POOLS
     names = []
     for pool in pools:
         for i in range(per_pool):
