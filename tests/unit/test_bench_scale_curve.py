@@ -13,7 +13,7 @@ from bench.cache_bytes import cache_size, deep_size
 from bench.controller_scale import FULL, control_plane_options, leader_change_fits, lease_seconds
 from bench.report import table_markdown
 from bench.scale_curve import (
-    GIB,
+    MIB,
     Point,
     cache_grid,
     curve_grid,
@@ -76,12 +76,12 @@ def test_where_a_line_reaches_a_goal() -> None:
 
 
 def test_the_first_resource_to_run_out() -> None:
-    # CPU reaches 0.25 at 12,000 nodes; RSS 1 GiB at ~19,500; restart 30 s at 14,000.
+    # CPU reaches 0.1 core at 4,500 nodes; RSS 400 MiB at ~6,400; restart 15 s at 6,500.
     points = [point(n, rss_bytes=100e6 + n * 50e3) for n in (1000, 2000, 5000)]
     points = [replace(p, restart_decision=2.0 + p.nodes * 2e-3) for p in points]
-    assert fits(points)["RSS"].crossing(GIB) == pytest.approx((GIB - 100e6) / 50e3)  # type: ignore[union-attr]
+    assert fits(points)["RSS"].crossing(400 * MIB) == pytest.approx((400 * MIB - 100e6) / 50e3)  # type: ignore[union-attr]
     label, nodes = first_to_run_out(points) or ("", 0.0)
-    assert label == "steady CPU (cores)" and nodes == pytest.approx(12_000)
+    assert label == "steady CPU (cores)" and nodes == pytest.approx(4_500)
     assert first_to_run_out([point(1000)]) is None
 
 
@@ -92,9 +92,9 @@ def test_curve_table_one_row_per_size_with_the_goals_at_10000() -> None:
     assert lines[0].startswith("| nodes | GPUs | pods | steady CPU (cores) | RSS |")
     assert [x.split(" | ")[0] for x in lines[2:5]] == ["| 1,000", "| 2,000", "| 10,000"]
     assert lines[4].startswith("| 10,000 | 80,000 | 100,000 | 0.300 | 572 MiB |")
-    assert "≤ 0.25 core | ≤ 1 GiB" in lines[5] and "≤ 2 s" in lines[5] and "≤ 30 s" in lines[5]
+    assert "≤ 0.1 core | ≤ 400 MiB" in lines[5] and "≤ 2 s" in lines[5] and "≤ 15 s" in lines[5]
     met = lines[6].split(" | ")
-    assert met[0] == "| met at 10,000" and met[3:5] == ["**no**", "yes"]
+    assert met[0] == "| met at 10,000" and met[3:5] == ["**no**", "**no**"]
     # Without a 10,000-node row nothing is claimed met.
     assert "met at" not in table_markdown(curve_grid([point(1000), point(2000)], {}))
 
