@@ -368,10 +368,12 @@ def section(doc: Mapping[str, Any]) -> str:
 
 
 NOTES = (
-    "The nodes the source reports changed are all of them, every round: each reading carries its "
-    "scrape's time (`timestamp(gpumon_gpu_info)`), which moves at every scrape, so with the "
-    "Prometheus source the reconciler's steady round is a whole policy round (the resync column "
-    "above) each interval, not the nodes with findings alone.",
+    "The nodes reported changed are those of the second of two rounds a scrape apart that the "
+    "source tells the reconciler to evaluate. Until 2026-12-06 that was every node, every round: "
+    "each reading carries its scrape's time, which moves at every scrape, so the reconciler's "
+    "steady round was a whole policy round (the resync column above) each interval. A reading "
+    "that differs only in its time is no change since (`says_the_same`, "
+    "gpumon/controller/core/signals.py): the reconciler's staleness checks follow its time.",
     "The TSDB holds the families the controller's queries read, with the exporter's labels "
     "(node, gpu, uuid; the pod series' namespace, pod, container) and the two a static scrape adds "
     "(instance, job); a real fleet's Prometheus holds the exporter's other families too (clocks, "

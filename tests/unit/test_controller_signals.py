@@ -33,7 +33,7 @@ from gpumon.controller.core.promql import (
     left_out,
     queries_for,
 )
-from gpumon.controller.core.signals import XidSeen
+from gpumon.controller.core.signals import GpuReading, NodeReading, XidSeen, says_the_same
 from gpumon.controller.shell.signal_sources.direct import (
     DirectSettings,
     DirectSource,
@@ -312,6 +312,23 @@ def test_parse_vector_accepts_vectors_only():
         parse_vector({"status": "success", "data": {"resultType": "matrix", "result": []}})
 
 
+def test_a_reading_that_differs_only_in_its_time_says_the_same() -> None:
+    gpu = GpuReading("A0", 0, observed_at=10.0, lost=False, xids=(XidSeen(79, 10.0),))
+    first = NodeReading("a", 10.0, (gpu, replace(gpu, uuid="A1", index=1)))
+
+    def scraped(at: float, **changes: Any) -> NodeReading:
+        gpus = tuple(replace(g, observed_at=at, xids=(XidSeen(79, at),)) for g in first.gpus)
+        return replace(first, observed_at=at, gpus=(replace(gpus[0], **changes), gpus[1]))
+
+    assert says_the_same(first, scraped(20.0))
+    assert not says_the_same(first, scraped(20.0, lost=True))
+    assert not says_the_same(first, scraped(20.0, xids=(XidSeen(48, 20.0),)))
+    assert not says_the_same(first, scraped(20.0, xids=None))  # cannot tell is not "none"
+    assert not says_the_same(first, scraped(20.0, observed_at=10.0))  # GPU 0 fell behind
+    assert not says_the_same(first, replace(first, gpus=first.gpus[:1]))
+    assert not says_the_same(first, replace(first, pods_attributed=True))
+
+
 async def test_prometheus_source_rounds_retries_and_outages():
     """Against an HTTP server answering like Prometheus' query API (parsing is covered above;
     here: retries, the all-or-nothing round, and readings kept through an outage)."""
@@ -334,20 +351,30 @@ async def test_prometheus_source_rounds_retries_and_outages():
         builtin=False, inline=[{"name": "lost", "signal": "gpu_lost", "severity": "unhealthy"}]
     )
     q = queries_for(rules, 600)
-    answers[q[FRESHNESS]] = [{"metric": {"node": "a", "gpu": "0", "uuid": "A0"}, "value": [100, "99"]}]
+    scraped = {"at": 99.0}
+
+    def freshness() -> list[dict[str, Any]]:
+        return [{"metric": {"node": "a", "gpu": "0", "uuid": "A0"}, "value": [100, str(scraped["at"])]}]
+
     answers[q["gpu_lost"]] = [{"metric": {"node": "a", "gpu": "0", "uuid": "A0"}, "value": [100, "1"]}]
     async with aiohttp.ClientSession() as session:
         src = PrometheusSource(
             PrometheusSettings(str(server.make_url("/")), retries=2, timeout_seconds=5),
             rules,
             session,
-            wall_clock=lambda: 100.0,
+            wall_clock=lambda: 200.0,
         )
+        answers[q[FRESHNESS]] = freshness()
         failures["left"] = 2  # two failed attempts, then the retry succeeds
         assert set(await src.poll_once()) == {"a"}
         fleet = src.current()
         assert fleet.source_up and fleet.nodes["a"].gpus[0].lost
-        assert list(await src.poll_once()) == []  # nothing changed
+        scraped["at"] = 109.0
+        answers[q[FRESHNESS]] = freshness()
+        assert list(await src.poll_once()) == []  # scraped again, nothing changed
+        assert src.current().nodes["a"].observed_at == 109.0  # fresher all the same
+        answers[q["gpu_lost"]] = []
+        assert set(await src.poll_once()) == {"a"}  # no longer lost
         failures["left"] = 100
         assert list(await src.poll_once()) == []
         assert not src.current().source_up and "a" in src.current().nodes  # kept, will age

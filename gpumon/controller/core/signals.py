@@ -9,7 +9,8 @@ time it was observed, so its age is always known: a reading older than the polic
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Protocol
 
@@ -84,6 +85,31 @@ class FleetSignals:
 
 
 EMPTY_FLEET = FleetSignals(MappingProxyType({}), source_up=False)
+
+# What a reading says, apart from when it was taken.
+_NODE_SAYS = attrgetter(*(f.name for f in fields(NodeReading) if f.name not in ("observed_at", "gpus")))
+_GPU_SAYS = attrgetter(*(f.name for f in fields(GpuReading) if f.name not in ("observed_at", "xids")))
+
+
+def _xid_codes(g: GpuReading) -> tuple[int, ...] | None:
+    return None if g.xids is None else tuple(x.code for x in g.xids)
+
+
+def says_the_same(a: NodeReading, b: NodeReading) -> bool:
+    """Whether two readings of a node differ only in when they were taken (the Xids' times
+    included: a polled source stamps each with its scrape). A newer scrape of the same values
+    keeps the node fresh, which the reconciler follows through its staleness checks, and is not
+    news: told as a change, every node of a polled fleet was evaluated every round. A GPU
+    falling behind its node's reading is news (it goes stale on its own)."""
+    if _NODE_SAYS(a) != _NODE_SAYS(b) or len(a.gpus) != len(b.gpus):
+        return False
+    return all(
+        _GPU_SAYS(x) == _GPU_SAYS(y)
+        and _xid_codes(x) == _xid_codes(y)
+        and a.observed_at - x.observed_at == b.observed_at - y.observed_at
+        for x, y in zip(a.gpus, b.gpus, strict=True)
+    )
+
 
 ChangeCallback = Callable[[Iterable[str]], None]
 """Told the names of nodes whose readings changed, so the reconciler looks at them soon."""

@@ -34,6 +34,7 @@ from gpumon.controller.core.signals import (
     GpuReading,
     NodeReading,
     XidSeen,
+    says_the_same,
 )
 from gpumon.gpu.health import Scope, Signal
 from gpumon.gpu.model import HealthReason, HealthState, HealthVerdict, PodRef, RecoveryAction
@@ -326,7 +327,9 @@ class PrometheusSource:
         results = dict(zip(queries, answers, strict=True))
         nodes = readings_from_results(results, self._rules, node_label=self._s.node_label, now=now)
         old = self._fleet.nodes
-        changed = set(nodes) ^ set(old) | {n for n in nodes if n in old and old[n] != nodes[n]}
+        changed = set(nodes) ^ set(old) | {
+            n for n in nodes if n in old and not says_the_same(old[n], nodes[n])
+        }
         self._fleet = FleetSignals(MappingProxyType(nodes), source_up=True)
         if self._on_round:
             self._on_round(True, time.monotonic() - started)
