@@ -372,7 +372,7 @@ NOTES = (
     "source tells the reconciler to evaluate. Until 2026-12-06 that was every node, every round: "
     "each reading carries its scrape's time, which moves at every scrape, so the reconciler's "
     "steady round was a whole policy round (the resync column above) each interval. A reading "
-    "that differs only in its time is no change since (`says_the_same`, "
+    "that differs only in its time is no change since, while the last is fresh (`is_news`, "
     "gpumon/controller/core/signals.py): the reconciler's staleness checks follow its time.",
     "The TSDB holds the families the controller's queries read, with the exporter's labels "
     "(node, gpu, uuid; the pod series' namespace, pod, container) and the two a static scrape adds "

@@ -533,6 +533,7 @@ def _build_source(
                 timeout_seconds=p.timeout_seconds,
                 retries=p.retries,
                 xid_window_seconds=window,
+                stale_after_seconds=policy.stale_after_seconds,
                 node_label=p.node_label,
                 bearer_token=bearer_token,
             ),

@@ -33,7 +33,7 @@ from gpumon.controller.core.promql import (
     left_out,
     queries_for,
 )
-from gpumon.controller.core.signals import GpuReading, NodeReading, XidSeen, says_the_same
+from gpumon.controller.core.signals import GpuReading, NodeReading, XidSeen, is_news, says_the_same
 from gpumon.controller.shell.signal_sources.direct import (
     DirectSettings,
     DirectSource,
@@ -327,6 +327,10 @@ def test_a_reading_that_differs_only_in_its_time_says_the_same() -> None:
     assert not says_the_same(first, scraped(20.0, observed_at=10.0))  # GPU 0 fell behind
     assert not says_the_same(first, replace(first, gpus=first.gpus[:1]))
     assert not says_the_same(first, replace(first, pods_attributed=True))
+    # Until the first reading may have gone stale (stale_after 60: stale after 70).
+    assert not is_news(first, scraped(20.0), at=69.9, stale_after_seconds=60)
+    assert is_news(first, scraped(20.0), at=70.0, stale_after_seconds=60)
+    assert is_news(first, scraped(20.0, lost=True), at=21.0, stale_after_seconds=60)
 
 
 async def test_prometheus_source_rounds_retries_and_outages():
@@ -352,6 +356,7 @@ async def test_prometheus_source_rounds_retries_and_outages():
     )
     q = queries_for(rules, 600)
     scraped = {"at": 99.0}
+    clock = {"now": 100.0}
 
     def freshness() -> list[dict[str, Any]]:
         return [{"metric": {"node": "a", "gpu": "0", "uuid": "A0"}, "value": [100, str(scraped["at"])]}]
@@ -359,25 +364,36 @@ async def test_prometheus_source_rounds_retries_and_outages():
     answers[q["gpu_lost"]] = [{"metric": {"node": "a", "gpu": "0", "uuid": "A0"}, "value": [100, "1"]}]
     async with aiohttp.ClientSession() as session:
         src = PrometheusSource(
-            PrometheusSettings(str(server.make_url("/")), retries=2, timeout_seconds=5),
+            PrometheusSettings(
+                str(server.make_url("/")), retries=2, timeout_seconds=5, stale_after_seconds=60
+            ),
             rules,
             session,
-            wall_clock=lambda: 200.0,
+            wall_clock=lambda: clock["now"],
         )
         answers[q[FRESHNESS]] = freshness()
         failures["left"] = 2  # two failed attempts, then the retry succeeds
         assert set(await src.poll_once()) == {"a"}
         fleet = src.current()
         assert fleet.source_up and fleet.nodes["a"].gpus[0].lost
-        scraped["at"] = 109.0
+        scraped["at"], clock["now"] = 109.0, 110.0
         answers[q[FRESHNESS]] = freshness()
         assert list(await src.poll_once()) == []  # scraped again, nothing changed
         assert src.current().nodes["a"].observed_at == 109.0  # fresher all the same
         answers[q["gpu_lost"]] = []
         assert set(await src.poll_once()) == {"a"}  # no longer lost
         failures["left"] = 100
+        clock["now"] = 170.0
         assert list(await src.poll_once()) == []
         assert not src.current().source_up and "a" in src.current().nodes  # kept, will age
+        # Back after the reading went stale, with the values it left with: the reconciler
+        # judged the node stale meanwhile, and only news makes it fresh again.
+        failures["left"], scraped["at"], clock["now"] = 0, 179.0, 180.0
+        answers[q[FRESHNESS]] = freshness()
+        assert set(await src.poll_once()) == {"a"}
+        scraped["at"], clock["now"] = 189.0, 190.0
+        answers[q[FRESHNESS]] = freshness()
+        assert list(await src.poll_once()) == []  # fresh again: scrapes are not news
     await server.close()
 
 

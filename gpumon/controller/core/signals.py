@@ -97,10 +97,8 @@ def _xid_codes(g: GpuReading) -> tuple[int, ...] | None:
 
 def says_the_same(a: NodeReading, b: NodeReading) -> bool:
     """Whether two readings of a node differ only in when they were taken (the Xids' times
-    included: a polled source stamps each with its scrape). A newer scrape of the same values
-    keeps the node fresh, which the reconciler follows through its staleness checks, and is not
-    news: told as a change, every node of a polled fleet was evaluated every round. A GPU
-    falling behind its node's reading is news (it goes stale on its own)."""
+    included: a polled source stamps each with its scrape). A GPU falling behind its node's
+    reading is not the same (it goes stale on its own)."""
     if _NODE_SAYS(a) != _NODE_SAYS(b) or len(a.gpus) != len(b.gpus):
         return False
     return all(
@@ -109,6 +107,16 @@ def says_the_same(a: NodeReading, b: NodeReading) -> bool:
         and a.observed_at - x.observed_at == b.observed_at - y.observed_at
         for x, y in zip(a.gpus, b.gpus, strict=True)
     )
+
+
+def is_news(old: NodeReading, new: NodeReading, at: float, stale_after_seconds: float) -> bool:
+    """Whether a polled source must tell the reconciler of ``new``, replacing ``old`` at time
+    ``at``. A newer scrape of the same values is not news while ``old`` is still fresh: the
+    reconciler's staleness check reads the newest reading when ``old`` would go stale, and
+    told of every scrape, it evaluated every node of the fleet every round. Once ``old`` may
+    have gone stale, the reconciler may have judged the node so, and only news brings it back
+    (a node whose exporter or Prometheus was away returns with the values it left with)."""
+    return at >= old.observed_at + stale_after_seconds or not says_the_same(old, new)
 
 
 ChangeCallback = Callable[[Iterable[str]], None]

@@ -34,7 +34,7 @@ from gpumon.controller.core.signals import (
     GpuReading,
     NodeReading,
     XidSeen,
-    says_the_same,
+    is_news,
 )
 from gpumon.gpu.health import Scope, Signal
 from gpumon.gpu.model import HealthReason, HealthState, HealthVerdict, PodRef, RecoveryAction
@@ -261,6 +261,7 @@ class PrometheusSettings:
     timeout_seconds: float = 5.0
     retries: int = 2
     xid_window_seconds: float = 600.0
+    stale_after_seconds: float = 60.0
     node_label: str = "node"
     bearer_token: str | None = None
 
@@ -327,8 +328,11 @@ class PrometheusSource:
         results = dict(zip(queries, answers, strict=True))
         nodes = readings_from_results(results, self._rules, node_label=self._s.node_label, now=now)
         old = self._fleet.nodes
+        # Read after the answers: a staleness check that ran while they came judged `old`.
+        at = self._clock()
+        stale_after = self._s.stale_after_seconds
         changed = set(nodes) ^ set(old) | {
-            n for n in nodes if n in old and not says_the_same(old[n], nodes[n])
+            n for n in nodes if n in old and is_news(old[n], nodes[n], at, stale_after)
         }
         self._fleet = FleetSignals(MappingProxyType(nodes), source_up=True)
         if self._on_round:
