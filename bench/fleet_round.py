@@ -2,7 +2,8 @@
 are the round's: ``python -m bench.fleet_round URL AT TIMEOUT [AT ...]``.
 
 The source is built as ``gpumon controller`` builds it (:func:`gpumon.controller.app._signals`
-on a default config with ``signals.source: prometheus``), with its clock set to each AT in turn
+on a default config with ``signals.source: prometheus`` and a ``stale_after`` that fits the
+fleet's scrape interval), with its clock set to each AT in turn
 (the TSDB's data are minutes old by the time it is queried); one ``poll_once`` per AT. Prints
 one JSON line: the process's RSS after start-up, and per round its wall and CPU seconds, RSS
 after it and peak RSS so far, whether it succeeded, the nodes read and the nodes it reported
@@ -21,6 +22,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from bench.fleet_model import SCRAPE_SECONDS
 from bench.procs import memory
 from gpumon.config.controller import ControllerConfig
 from gpumon.controller.app import _signals
@@ -34,9 +36,15 @@ def _cpu() -> float:
 
 
 async def rounds(url: str, timeout_seconds: float, times: list[float]) -> dict[str, Any]:
-    config = ControllerConfig.model_validate(
-        {"signals": {"source": "prometheus", "prometheus": {"url": url, "timeout_seconds": timeout_seconds}}}
-    )
+    # The fleet is scraped every SCRAPE_SECONDS (its TSDB stays small), so its readings are
+    # allowed to age as long as such a fleet's config would allow them: with the default (60 s),
+    # every reading would go stale between two scrapes, and each round would be news for all.
+    signals = {
+        "source": "prometheus",
+        "stale_after_seconds": 2 * SCRAPE_SECONDS,
+        "prometheus": {"url": url, "timeout_seconds": timeout_seconds},
+    }
+    config = ControllerConfig.model_validate({"signals": signals})
     policy = build_policy(config)
     clock = [times[0]]
     source, session = _signals(config, policy, None, ControllerMetrics(CollectorRegistry()), lambda: clock[0])

@@ -423,7 +423,7 @@ def _elector(
     return LeaseThread(
         elector,
         _lease_client(api, min(leader.renew_deadline_seconds, LEASE_REQUEST_SECONDS)),
-        on_change=lambda leading: metrics.leader.set(1 if leading else 0),
+        on_change=metrics.leading,
         stop_seconds=LEASE_STOP_SECONDS,
     )
 

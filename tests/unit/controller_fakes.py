@@ -188,7 +188,12 @@ FAST_LEASE = LeaderSettings(lease_duration_seconds=1.5, renew_deadline_seconds=0
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/gpumon/leases"
 
 
-def lease_thread(api: FakeKube, identity: str = "a", settings: LeaderSettings = FAST_LEASE) -> LeaseThread:
+def lease_thread(
+    api: FakeKube,
+    identity: str = "a",
+    settings: LeaderSettings = FAST_LEASE,
+    on_change: Callable[[bool], None] | None = None,
+) -> LeaseThread:
     """An elector on its own thread, the way the app builds one, on ``api`` (a FakeKube is bound
     to no loop, so the thread uses it as it is)."""
     api.creatable.add(LEASES)
@@ -203,7 +208,7 @@ def lease_thread(api: FakeKube, identity: str = "a", settings: LeaderSettings = 
             on_change=on_change,
         )
 
-    return LeaseThread(elector, lambda: nullcontext(api), stop_seconds=5.0)
+    return LeaseThread(elector, lambda: nullcontext(api), on_change=on_change, stop_seconds=5.0)
 
 
 def finding(

@@ -6,10 +6,12 @@ import time
 import pytest
 from controller_fakes import FAST_LEASE, FakeKube, lease_thread
 from direct_harness import wait_for
+from prometheus_client import CollectorRegistry
 
 from gpumon.controller.app import _lease_client
 from gpumon.controller.shell.leader import LeaderElector, LeaderSettings, LeaseRecord, Step, decide
-from gpumon.kube.client import Conflict, KubeClient
+from gpumon.controller.shell.metrics import ControllerMetrics
+from gpumon.kube.client import Conflict, KubeClient, Unreachable
 from gpumon.kube.credentials import Credentials
 
 S = LeaderSettings(lease_duration_seconds=15, renew_deadline_seconds=10, retry_period_seconds=2)
@@ -167,6 +169,38 @@ async def test_a_failed_round_keeps_leadership_until_the_deadline():
     assert a.is_leader()  # still within the renew deadline of the last success
     clock.t += 6
     assert not a.is_leader()
+
+
+async def test_every_gain_and_loss_is_counted_where_the_gauge_would_miss_them():
+    """A lease lost and won back between two scrapes leaves the gauge at 1; the counter keeps
+    both. A clean stop hands the lease over, and counts as lost."""
+    metrics = ControllerMetrics(CollectorRegistry())
+    api = FakeKube()
+    lease = lease_thread(api, on_change=metrics.leading)
+
+    def changes() -> tuple[float | None, ...]:
+        sample = metrics.registry.get_sample_value
+        return tuple(
+            sample("gpumon_controller_leadership_changes_total", {"to": to}) for to in ("gained", "lost")
+        )
+
+    def down(_: object) -> None:
+        raise Unreachable("connection refused")
+
+    assert changes() == (0, 0)  # exported before the first change
+    task = asyncio.create_task(lease.run())
+    try:
+        await wait_for(lambda: changes() == (1, 0), "leadership")
+        api.hooks[("GET", LEASE)] = down
+        await wait_for(lambda: changes() == (1, 1), "leadership lost past the renew deadline")
+        del api.hooks[("GET", LEASE)]
+        await wait_for(lambda: changes() == (2, 1), "leadership won back")
+        assert metrics.registry.get_sample_value("gpumon_controller_leader") == 1
+    finally:
+        await lease.release()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert changes() == (2, 2)
 
 
 async def test_release_after_the_loop_stopped_still_hands_the_lease_over():

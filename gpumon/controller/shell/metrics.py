@@ -100,6 +100,15 @@ class ControllerMetrics:
         self.leader = Gauge(
             "gpumon_controller_leader", "1 while this replica holds the lease.", registry=registry
         )
+        # The gauge misses a lease lost and won back between two scrapes; a count does not.
+        self.leadership_changes = Counter(
+            "gpumon_controller_leadership_changes",
+            "Times this replica gained or lost the lease, by direction (gained, lost).",
+            ["to"],
+            registry=registry,
+        )
+        for to in ("gained", "lost"):
+            self.leadership_changes.labels(to)
         self.dry_run = Gauge(
             "gpumon_controller_dry_run", "1 when decisions are only reported.", registry=registry
         )
@@ -111,6 +120,11 @@ class ControllerMetrics:
             ["state"],
             registry=registry,
         )
+
+    def leading(self, leading: bool) -> None:
+        """Told by the elector when this replica gains or loses the lease."""
+        self.leader.set(1 if leading else 0)
+        self.leadership_changes.labels("gained" if leading else "lost").inc()
 
     def device_taints_state(self, state: str) -> None:
         for s in ("active", "disabled", "unserved", "unknown"):
