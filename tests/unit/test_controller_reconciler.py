@@ -27,7 +27,7 @@ from gpumon.controller.core.signals import GpuReading, NodeReading, XidSeen
 from gpumon.controller.shell.metrics import ClusterGauges, ControllerMetrics
 from gpumon.controller.shell.node_pods import NodePods
 from gpumon.controller.shell.remediation_loop import Reconciler, ReconcilerSettings
-from gpumon.gpu.model import PodRef
+from gpumon.gpu.model import HealthState, HealthVerdict, PodRef
 from gpumon.k8s.dra import NVIDIA_GPU_DRIVER, ClaimRef, DeviceRef
 from gpumon.kube.client import TooManyRequests, Unreachable
 from gpumon.kube.informer import Selection, View
@@ -136,6 +136,7 @@ class World:
         pods: dict[int, str] | None = None,
         at: float | None = None,
     ):
+        """A node's reading; with ``xid``, GPU 1 saw it, and the exporter judged it unhealthy."""
         at = self.t if at is None else at
         gpus = tuple(
             GpuReading(
@@ -147,6 +148,7 @@ class World:
                 row_remap_failure=False,
                 lost=False,
                 xids=(XidSeen(xid, at),) if xid is not None and i == 1 else (),
+                health=HealthVerdict(HealthState.UNHEALTHY) if xid is not None and i == 1 else None,
                 pods=(PodRef("ml", pods[i], "c"),) if pods and i in pods else (),
             )
             for i in range(2)
@@ -626,6 +628,28 @@ async def test_a_round_over_a_fleet_lets_the_lease_and_the_streams_run_meanwhile
     await asyncio.gather(task, return_exceptions=True)
     assert during >= 300 // 64  # a turn every 64 nodes at least, not one after the round
     assert w.tainted() == ["n299"]  # and the round still decided over all of them
+
+
+async def test_a_round_takes_its_share_of_a_fleet_the_nodes_with_something_wrong_first() -> None:
+    """A restart marks every node: the node that broke meanwhile is tainted in the first round,
+    not after the whole fleet's; one that breaks while the rest wait moves ahead of them."""
+    w = World()
+    names = [f"n{i:04d}" for i in range(1200)]
+    for name in names:
+        w.node(name)
+        w.signals(name, xid=79 if name == "n1199" else None)
+    w.reconciler.mark(names)
+    first = await w.reconciler.next_round(w.t)
+    assert len(first) == 512 and first[0] == "n1199"
+    await w.reconciler.round(first)
+    assert w.tainted() == ["n1199"]
+    w.signals("n1100", xid=79)
+    w.reconciler.mark(["n1100"])
+    second = await w.reconciler.next_round(w.t)
+    assert second[0] == "n1100"
+    third = await w.reconciler.next_round(w.t)
+    assert sorted([*first, *second, *third]) == names  # each once, n1100 not again in its place
+    assert await w.reconciler.next_round(w.t) == []
 
 
 async def test_a_new_leader_looks_again_at_the_nodes_it_may_have_to_act_on_not_the_fleet() -> None:

@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from gpumon.gpu.health import Signal
-from gpumon.gpu.model import HealthVerdict, PodRef, RecoveryAction
+from gpumon.gpu.model import HealthState, HealthVerdict, PodRef, RecoveryAction
 
 _NO_VALUES: Mapping[str, float] = MappingProxyType({})
 
@@ -117,6 +117,14 @@ def is_news(old: NodeReading, new: NodeReading, at: float, stale_after_seconds: 
     have gone stale, the reconciler may have judged the node so, and only news brings it back
     (a node whose exporter or Prometheus was away returns with the values it left with)."""
     return at >= old.observed_at + stale_after_seconds or not says_the_same(old, new)
+
+
+def exporter_says_wrong(reading: NodeReading | None) -> bool:
+    """Whether the exporter judged any GPU of ``reading`` worse than healthy. Only the order in
+    which the reconciler looks at nodes follows it (those first); the policy decides."""
+    return reading is not None and any(
+        g.health is not None and g.health.state is not HealthState.HEALTHY for g in reading.gpus
+    )
 
 
 ChangeCallback = Callable[[Iterable[str]], None]
