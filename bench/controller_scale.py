@@ -1152,8 +1152,11 @@ async def gpumon_phases(
             out.pending_to_request_metric = histogram_mean(
                 text, "gpumon_autoscaler_pending_to_request_seconds"
             )
-            if plan.restart:  # another fresh node: the first, which no trial above took
-                node = next(n for n in names if n not in trial_nodes)
+            if plan.restart:
+                # Another fresh node, the last by name: a restart's first rounds take the fleet
+                # in name order but for the nodes that say something is wrong (until 2026-12-06
+                # it was the first, which that order favours).
+                node = next(n for n in reversed(names) if n not in trial_nodes)
                 out.restart = await restart_trial(cluster, farm, ctl, session, node, len(names))
                 log(f"restart: {out.restart}")
                 if leader_change_fits(len(names), resource.getrlimit(resource.RLIMIT_NOFILE)[0]):
