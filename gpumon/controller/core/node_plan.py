@@ -59,6 +59,16 @@ def node_ref(view: NodeView) -> ObjectRef:
     return ObjectRef("Node", view.name)
 
 
+def signals_lost_event(view: NodeView, verdict: NodeVerdict) -> Event:
+    """Told once when a node's signals stop being fresh: gpumon holds every action there."""
+    if verdict.signals is SignalStatus.MISSING:
+        why = "no exporter data"
+    else:
+        why = f"last data {verdict.age_seconds:.0f}s old"
+    msg = f"GPU signals lost ({why}): gpumon takes no action on this node until they are back"
+    return Event(node_ref(view), "GpuSignalsLost", msg, warning=True, key=f"dark:{verdict.signals}")
+
+
 def drain_started_at(view: NodeView, now: float) -> float:
     """When the current drain began: kept while the node stays ``draining``, else now."""
     if view.labels.get(c.LABEL_STATE) == c.NodePhase.DRAINING:

@@ -21,7 +21,6 @@ A list that fails leaves the node tainted and its drain for the retry.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import heapq
 import logging
@@ -50,7 +49,13 @@ from gpumon.controller.core.contract.node import is_excluded, is_quarantined, no
 from gpumon.controller.core.contract.repair import record_from_json
 from gpumon.controller.core.device_taints import RuleView, plan_rules, rules_event, wanted_rules
 from gpumon.controller.core.drain_plan import DrainPolicy, Escalation, needs_drain, plan_drain
-from gpumon.controller.core.node_plan import QuarantinePolicy, drain_started_at, node_ref, plan_node
+from gpumon.controller.core.node_plan import (
+    QuarantinePolicy,
+    drain_started_at,
+    node_ref,
+    plan_node,
+    signals_lost_event,
+)
 from gpumon.controller.core.objects import NodeView, PdbView
 from gpumon.controller.core.plans import DrainPlan, Event, NodePlan, NodeWrite, ObjectRef, PlanKind
 from gpumon.controller.core.policy import (
@@ -65,6 +70,7 @@ from gpumon.controller.core.pools import pool_of
 from gpumon.controller.core.repair import holds_quarantine, repair_phase
 from gpumon.controller.core.signals import NodeReading, SignalSource, exporter_says_wrong
 from gpumon.controller.core.verdicts import NodeVerdict, SignalStatus
+from gpumon.controller.shell.due_queue import NODES_BETWEEN_YIELDS, DueQueue
 from gpumon.controller.shell.metrics import ControllerMetrics
 from gpumon.controller.shell.node_pods import NodePods
 from gpumon.kube.client import KubeApi, KubeError, NotFound
@@ -72,19 +78,6 @@ from gpumon.kube.informer import View
 from gpumon.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
-
-# Nodes evaluated before the rest of the loop runs, within one round. A round over a whole
-# fleet (a restart, a new leader, the periodic resync) is 10,000 evaluations at 0.35 ms each:
-# held for the whole round, the loop starved the lease renewal (measured: 15-28 s rounds
-# against the 10 s renew deadline, so a 10,000-node controller lost and regained the lease
-# over and over, each regain marking every node again) and every exporter stream.
-_NODES_BETWEEN_YIELDS = 64
-# Nodes one round looks at; the rest wait for the next round, those whose exporter says a GPU
-# is wrong, or that gpumon holds findings or a quarantine for, first. A round acts only once it
-# has looked at all its nodes: a restart's whole-fleet round at 10,000 nodes took 26 s beside
-# the exporter streams' setup, and the node that broke meanwhile was tainted only at its end
-# (50 s from the restart; docs/benchmarks.md).
-_ROUND_NODES = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +137,7 @@ class Reconciler:
         self._states: dict[str, NodeRuleState] = {}
         self._status: dict[str, SignalStatus] = {}
         self._dirty: set[str] = set()
-        # Nodes due, in the order the next rounds take them (_ROUND_NODES at a time).
-        self._queue: collections.deque[str] = collections.deque()
-        self._queued: set[str] = set()
+        self._due = DueQueue()
         # The nodes gpumon quarantined, as each was last evaluated or written, so that a
         # claim's change finds them without a pass over every node.
         self._quarantined: set[str] = set()
@@ -262,33 +253,16 @@ class Reconciler:
         return due
 
     async def next_round(self, now: float) -> list[str]:
-        """The nodes of the next round: at most _ROUND_NODES of those due, the nodes with
-        something wrong ahead of the rest, a node waiting its turn included (each group in the
-        order it became due, then by name)."""
-        fleet = self._source.current()
-        due = sorted(self.take_due(now))
-        wrong: list[str] = []
-        for i, node in enumerate(due):
-            if i and i % _NODES_BETWEEN_YIELDS == 0:
-                await asyncio.sleep(0)  # a reading is built on first access: 10,000 take a second
-            if (
-                node in self._states
-                or node in self._quarantined
-                or exporter_says_wrong(fleet.nodes.get(node))
-            ):
-                wrong.append(node)
-        # A node moved ahead also keeps its place further back, skipped there once taken.
-        self._queue.extendleft(reversed(wrong))
-        first = set(wrong)
-        self._queue.extend(n for n in due if n not in first and n not in self._queued)
-        self._queued.update(due)
-        names: list[str] = []
-        while self._queue and len(names) < _ROUND_NODES:
-            node = self._queue.popleft()
-            if node in self._queued:
-                self._queued.discard(node)
-                names.append(node)
-        return names
+        """The nodes of the next round (see DueQueue): those with findings or a quarantine, or
+        whose exporter judged a GPU worse than healthy, first."""
+        readings = self._source.current().nodes
+
+        def wrong(node: str) -> bool:
+            held = node in self._states or node in self._quarantined
+            return held or exporter_says_wrong(readings.get(node))
+
+        await self._due.add(self.take_due(now), wrong)
+        return self._due.take()
 
     def _next_wake(self) -> float:
         return min([math.inf, *(heap[0][0] for heap in (self._timers, self._stale_checks) if heap)])
@@ -398,7 +372,7 @@ class Reconciler:
                 continue
             wake_at = min(next_resync, self._next_wake())
             self._wake.clear()
-            if self._dirty or self._queued:
+            if self._dirty or self._due:
                 continue
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.01, wake_at - self._wall())):
@@ -412,7 +386,7 @@ class Reconciler:
         evaluated: list[tuple[NodeView, NodeVerdict, NodeReading | None, SignalStatus]] = []
         gone: list[str] = []
         for i, name in enumerate(sorted(names)):
-            if i and i % _NODES_BETWEEN_YIELDS == 0:
+            if i and i % NODES_BETWEEN_YIELDS == 0:
                 await asyncio.sleep(0)
             # This look derives every wake-up the node needs again.
             self._due_at.pop(name, None)
@@ -447,7 +421,7 @@ class Reconciler:
         await self._recorder.retry()
         for view, verdict, _, before in evaluated:
             if before is SignalStatus.FRESH and verdict.signals is not SignalStatus.FRESH:
-                await self._signals_lost(view, verdict)
+                await self._recorder.record(signals_lost_event(view, verdict))
         admission = await self._admit(evaluated, now)
         order = sorted(evaluated, key=lambda e: (e[1].first_bad_at or float("inf"), e[0].name))
         for view, verdict, reading, _ in order:
@@ -499,16 +473,6 @@ class Reconciler:
         except KubeError as e:
             self._metrics.api_errors.labels("breaker", type(e).__name__).inc()
             log.error("could not record the open breaker", extra={"pool": trip.pool, "error": str(e)})
-
-    async def _signals_lost(self, view: NodeView, verdict: NodeVerdict) -> None:
-        if verdict.signals is SignalStatus.MISSING:
-            why = "no exporter data"
-        else:
-            why = f"last data {verdict.age_seconds:.0f}s old"
-        msg = f"GPU signals lost ({why}): gpumon takes no action on this node until they are back"
-        await self._recorder.record(
-            Event(node_ref(view), "GpuSignalsLost", msg, warning=True, key=f"dark:{verdict.signals}")
-        )
 
     # -- acting -------------------------------------------------------------------------------
 
