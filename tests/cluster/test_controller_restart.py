@@ -96,6 +96,12 @@ async def _leading(ctl: Running, leading: bool = True) -> bool | None:
     return True if ctl.controller.is_leader() == leading else None
 
 
+def _lease_changes(ctl: Running) -> tuple[float, float]:
+    """gpumon_controller_leadership_changes_total, gained and lost."""
+    changes = ctl.controller.metrics.leadership_changes
+    return changes.labels("gained")._value.get(), changes.labels("lost")._value.get()
+
+
 async def _in_state(core: client.CoreV1Api, node: str, state: c.NodePhase) -> dict[str, Any] | None:
     n = await node_obj(core, node)
     return n if n["metadata"].get("labels", {}).get(c.LABEL_STATE) == state else None
@@ -282,6 +288,10 @@ async def test_api_server_restart_mid_quarantine_loses_and_repeats_nothing(
                 e.message for e in await events(core, "default", bad) if e.reason.startswith("GpuEviction")
             ]
             assert all(bystander.metadata.name not in m for m in tried), tried
+            # The counter tells what the gauge, back at 1 by now, cannot: the outage cost the
+            # lease where the renew deadline was shorter than it, and only there.
+            gained, lost = _lease_changes(ctl)
+            assert gained == lost + 1 and (lost >= 1 if leadership == "lapsed" else lost == 0), (gained, lost)
             print(
                 f"\nAPI server down {outage.healthy_at - outage.stopped_at:.1f}s (stop -> healthy;"
                 f" start -> healthy {outage.healthy_at - outage.started_at:.1f}s, its clients"
