@@ -1,5 +1,6 @@
 """Bytes an informer's cache holds per object (pure): the controller's slim views beside the
-decoded full objects an informer keeping whole objects would hold.
+decoded full objects an informer keeping whole objects would hold; and the same for what the
+direct signal source keeps of each exporter's stream, beside the parsed wire models.
 
 Sizes are ``sys.getsizeof`` summed over everything reachable from the held values
 (``gc.get_referents``), each object counted once across the whole cache, as memory is: a string
@@ -16,6 +17,9 @@ import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from gpumon.controller.shell.signal_sources.direct import ExporterView, on_line
+from gpumon.wire import v1 as wire
 
 _PROGRAM = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
 
@@ -66,3 +70,20 @@ def cache_size(
     """``objects`` (decoded JSON, as listed) against what ``convert`` keeps of them."""
     views = [v for v in map(convert, objects) if v is not None]
     return CacheSize(kind, len(objects), len(views), deep_size(views), deep_size(objects))
+
+
+def stream_size(lines: Sequence[bytes], now: float) -> CacheSize:
+    """Exporter watch state lines (as served) per GPU: what the direct source keeps of each
+    (:class:`~gpumon.controller.shell.signal_sources.direct.ExporterView`) against the parsed
+    wire models a source keeping the lines' models would hold."""
+    parsed = [wire.parse_watch_line(line) for line in lines]
+    states = [p for p in parsed if isinstance(p, wire.StateLine)]
+    views = [on_line(ExporterView(s.node), s, now)[0].gpus for s in states]
+    gpus = sum(len(s.gpus) for s in states)
+    return CacheSize(
+        "exporter streams (a GPU each)",
+        gpus,
+        sum(len(v) for v in views),
+        deep_size(views),
+        deep_size([s.gpus for s in states]),
+    )

@@ -44,7 +44,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import autoscale_plan, fleet_churn, scale_curve
-from bench.cache_bytes import CacheSize, cache_size
+from bench.cache_bytes import CacheSize, cache_size, stream_size
 from bench.procs import cpu_seconds, free_port, memory
 from bench.report import Grid, Row, Table, section_markdown, splice
 from bench.run import alone, compare, cpu_model, log, mib
@@ -64,6 +64,7 @@ from bench.scale_fleet import (
     pending_pod,
     pool_target,
 )
+from bench.signal_farm import node_snapshot
 from gpumon.controller.core.contract import TAINT_KEY
 from gpumon.controller.core.objects import node_from_json
 from gpumon.devcluster import capi, kubeconfig, processes
@@ -72,6 +73,7 @@ from gpumon.devcluster.cluster import DevCluster
 from gpumon.devcluster.components import Options
 from gpumon.devcluster.localservers import ControllerProcess
 from gpumon.kube.client import Conflict, KubeApi, KubeClient, KubeError, NotFound, Unreachable, connect
+from gpumon.wire import v1 as wire
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "RESULTS.md"
@@ -1053,10 +1055,16 @@ CACHE_SAMPLE_NODES = 500
 
 async def cache_sample(api: KubeApi) -> tuple[CacheSize, ...]:
     """Nodes as the API server lists them (in pages, as the informers list them), measured as
-    the controller's views and as whole objects. Pods are not sampled: the controller keeps no
-    cache of them (gpumon/controller/shell/node_pods.py)."""
+    the controller's views and as whole objects; and the same nodes' exporter state lines as the
+    farm serves them, as the direct source keeps them and as parsed wire models. Pods are not
+    sampled: the controller keeps no cache of them (gpumon/controller/shell/node_pods.py)."""
     nodes = await list_all(api, "/api/v1/nodes", at_most=CACHE_SAMPLE_NODES)
-    return (cache_size("nodes", nodes, node_from_json),)
+    now = time.time()
+    lines = [
+        wire.encode(wire.state_line(node_snapshot(name, seed, GPUS_PER_NODE, now), node=name, now=now))
+        for seed, name in enumerate(node_names(CACHE_SAMPLE_NODES))
+    ]
+    return cache_size("nodes", nodes, node_from_json), stream_size(lines, now)
 
 
 def memory_available() -> int:

@@ -286,7 +286,10 @@ def cache_grid(samples: Sequence[CacheSize], nodes: int) -> Grid:
         "included); deep size (`sys.getsizeof` over everything reachable, each object once) of the "
         "controller's views (gpumon/controller/core/objects.py) beside the decoded full objects an "
         "informer keeping whole objects would hold. Pods are not cached since the fleet-wide Pod cache "
-        "was removed (issue #29): a node's pods are listed when a decision needs them.",
+        "was removed (issue #29): a node's pods are listed when a decision needs them. Exporter streams: "
+        "the same nodes' watch state lines as the signal farm serves them, a GPU each as the direct "
+        "source keeps it (gpumon/controller/shell/signal_sources/direct.py) beside the parsed wire "
+        "model it kept before issue #29.",
         header,
         rows,
     )

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from bench.cache_bytes import cache_size, deep_size
+from bench.cache_bytes import cache_size, deep_size, stream_size
 from bench.controller_scale import FULL, control_plane_options, leader_change_fits, lease_seconds
 from bench.report import table_markdown
 from bench.scale_curve import (
@@ -23,7 +23,9 @@ from bench.scale_curve import (
     least_squares,
 )
 from bench.scale_fleet import node_manifest
+from bench.signal_farm import node_snapshot
 from gpumon.controller.core.objects import node_from_json
+from gpumon.wire import v1 as wire
 
 pytestmark = pytest.mark.unit
 
@@ -152,6 +154,20 @@ def test_cache_bytes_of_views_beside_whole_objects() -> None:
     assert node_size.ratio == pytest.approx(node_size.full_bytes / node_size.view_bytes)
     text = table_markdown(cache_grid([node_size], 20))
     assert "| nodes | 20 | 20 |" in text
+
+
+def test_stream_bytes_of_kept_readings_beside_the_wire_models() -> None:
+    now = 1_700_000_000.0
+    names = [f"gpu-node-{i:04d}" for i in range(5)]
+    lines = [
+        wire.encode(wire.state_line(node_snapshot(n, i, 8, now), node=n, now=now))
+        for i, n in enumerate(names)
+    ]
+    beat = wire.encode(wire.heartbeat_line(node=names[0], at=now))
+    size = stream_size([*lines, beat], now)
+    assert (size.listed, size.kept) == (40, 40), "a GPU each; the heartbeat holds none"
+    # Keeping the parsed models would hold several times more: the regression this row shows.
+    assert size.ratio > 3
 
 
 def test_the_curve_holds_lease_renewals_to_100_a_second() -> None:
