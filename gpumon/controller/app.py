@@ -536,6 +536,7 @@ def _build_source(
                 stale_after_seconds=policy.stale_after_seconds,
                 node_label=p.node_label,
                 bearer_token=bearer_token,
+                verdicts=any(pool.repair is not None for pool in config.pools),
             ),
             policy.rules,
             session,

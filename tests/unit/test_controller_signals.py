@@ -216,6 +216,28 @@ def test_queries_cover_the_signals_rules_use_plus_freshness_and_pods():
     assert "on (host, uuid)" in q[MISSING + "exporter_health"] and "(host, gpu, uuid)" in q[FRESHNESS]
 
 
+def test_the_exporters_verdicts_are_asked_for_the_repair_ladder_with_no_rule_on_them():
+    """Repair confirms a repaired GPU by the exporter's verdict (core/repair.py); no built-in
+    rule reads it, so without ``verdicts`` no GPU had one and no repair was ever confirmed."""
+    rules = load_rules()
+    assert "exporter_health" not in queries_for(rules, 600)
+    q = queries_for(rules, 600, verdicts=True)
+    assert q["exporter_health"] == 'gpumon_gpu_health{state!="healthy"} == 1', "the bad GPUs only"
+    assert (
+        q[MISSING + "exporter_health"].endswith('gpumon_gpu_health{state="healthy"}') and "__health_info" in q
+    )
+    results = {
+        FRESHNESS: [s(90.0, node="a", gpu="0", uuid="A0"), s(90.0, node="a", gpu="1", uuid="A1")],
+        "exporter_health": [s(1, node="a", gpu="1", uuid="A1", state="unhealthy")],
+        MISSING + "exporter_health": [s(1, node="a", uuid="A1")],
+        "__health_info": [s(1, node="a", gpu="1", uuid="A1", reason="XidCritical", detail="79")],
+    }
+    g0, g1 = readings_from_results(results, rules, now=100.0)["a"].gpus
+    assert g0.health == HealthVerdict(HealthState.HEALTHY, ()), "absent from the answer: healthy"
+    assert g1.health is not None and g1.health.state is HealthState.UNHEALTHY
+    assert g1.health.reasons[0].code == "XidCritical"
+
+
 def r(signal: Signal, op: Op, threshold: float, name: str = "r") -> Rule:
     return Rule(name, signal, Severity.UNHEALTHY, op, threshold)
 

@@ -4,17 +4,21 @@ tests/cluster/test_repair_ladder.py."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
+import aiohttp
 from controller_fakes import FakeKube, StaticSource, load_rules
 from prometheus_client import CollectorRegistry
 
+from gpumon.config.controller import ControllerConfig
 from gpumon.config.pools import PoolConfig
 from gpumon.controller.act.events import EventRecorder
 from gpumon.controller.act.evict import Evictor
 from gpumon.controller.act.retry import DEFAULT_RETRY
-from gpumon.controller.configure import pool_from_config
+from gpumon.controller.app import _build_source
+from gpumon.controller.configure import build_policy, pool_from_config
 from gpumon.controller.core import contract as c
 from gpumon.controller.core.breaker import SafetyPolicy
 from gpumon.controller.core.contract.breakers import BreakerTrip
@@ -30,9 +34,11 @@ from gpumon.controller.core.contract.repair import (
 from gpumon.controller.core.objects import GpuResources, node_from_json, to_rfc3339
 from gpumon.controller.core.policy import Policy
 from gpumon.controller.core.signals import GpuReading, NodeReading
+from gpumon.controller.shell.metrics import ControllerMetrics
 from gpumon.controller.shell.node_pods import NodePods
 from gpumon.controller.shell.repair_loop import RepairLoop, RepairSettings
 from gpumon.controller.shell.repair_metrics import RepairMetrics
+from gpumon.controller.shell.signal_sources.prometheus import PrometheusSource
 from gpumon.gpu.health import Severity
 from gpumon.gpu.model import HealthReason, HealthState, HealthVerdict, RecoveryAction
 from gpumon.kube.client import KubeError
@@ -43,18 +49,15 @@ T = 1_800_000_000.0
 NS = "gpumon-system"
 POLICY = Policy(rules=load_rules(), stale_after_seconds=30)
 JOB = {"template": {"spec": {"containers": [{"name": "step", "image": "cuda:12"}]}}}
-POOL = pool_from_config(
-    PoolConfig.model_validate(
-        {
-            "name": "h100",
-            "target": {"namespace": "capi", "name": "h100"},
-            "node_selector": "pool=h100",
-            "template": {"resources": {"nvidia.com/gpu": 8}},
-            "max_replicas": 2,
-            "repair": {"reset_job": JOB, "reboot_job": JOB},
-        }
-    )
-)
+POOL_CONFIG = {
+    "name": "h100",
+    "target": {"namespace": "capi", "name": "h100"},
+    "node_selector": "pool=h100",
+    "template": {"resources": {"nvidia.com/gpu": 8}},
+    "max_replicas": 2,
+    "repair": {"reset_job": JOB, "reboot_job": JOB},
+}
+POOL = pool_from_config(PoolConfig.model_validate(POOL_CONFIG))
 
 
 def world(
@@ -265,3 +268,17 @@ async def test_a_failed_listing_keeps_the_step_waiting_and_evicts_nothing() -> N
         assert jobs_posted(api) == [], "not known to be free: no step"
         assert evictions(api) == []
         assert loop._metrics.errors.labels("list_pods", "KubeError")._value.get() == 1
+
+
+async def test_a_pool_that_repairs_has_the_prometheus_source_read_the_exporters_verdicts() -> None:
+    """The ladder confirms a repair by the exporter's verdict, which no built-in rule reads: the
+    Prometheus source asks for it (the GPUs judged worse than healthy) only where a pool repairs."""
+    async with aiohttp.ClientSession() as session:
+        for pools, asked in (([], False), ([POOL_CONFIG], True)):
+            config = ControllerConfig.model_validate(
+                {"signals": {"prometheus": {"url": "http://prometheus:9090"}}, "pools": pools}
+            )
+            metrics = ControllerMetrics(CollectorRegistry())
+            src = _build_source(config, build_policy(config), None, session, metrics, time.time, None)
+            assert isinstance(src, PrometheusSource)
+            assert ("exporter_health" in src.queries()) is asked

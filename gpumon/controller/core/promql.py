@@ -158,14 +158,18 @@ def xid_query(xid_window_seconds: float) -> str:
     )
 
 
-def queries_for(rules: Sequence[Rule], xid_window_seconds: float, node_label: str = "node") -> dict[str, str]:
-    """Query name -> PromQL for one evaluation round."""
+def queries_for(
+    rules: Sequence[Rule], xid_window_seconds: float, node_label: str = "node", *, verdicts: bool = False
+) -> dict[str, str]:
+    """Query name -> PromQL for one evaluation round. ``verdicts``: also the exporter's verdict of
+    every GPU, which the repair ladder confirms a repaired GPU by, whether or not a rule reads it;
+    asked, like any signal, as the GPUs judged worse than healthy (a GPU absent reads healthy)."""
     n = node_label
     out: dict[str, str] = {
         FRESHNESS: f"max by ({n}, gpu, uuid) (timestamp(gpumon_gpu_info))",
         PODS: f'group by ({n}, namespace, pod, container, gpu, uuid) ({{__name__=~"{POD_SERIES}"}})',
     }
-    signals = {r.signal for r in rules}
+    signals = {r.signal for r in rules} | ({Signal.EXPORTER_HEALTH} if verdicts else set())
     for sig in sorted(signals & SERIES.keys()):
         out[sig.value] = bad_query(sig, rules)
         out[MISSING + sig.value] = missing_query(sig, rules, n)

@@ -264,6 +264,9 @@ class PrometheusSettings:
     stale_after_seconds: float = 60.0
     node_label: str = "node"
     bearer_token: str | None = None
+    # Also read the exporter's verdict of every GPU with no rule on it: the repair ladder waits
+    # for a repaired GPU to be judged healthy again, and without this never saw it.
+    verdicts: bool = False
 
 
 class PrometheusSource:
@@ -312,10 +315,16 @@ class PrometheusSource:
                 last = e
         raise ConnectionError(_SECRET.sub(r"\1=…", f"{promql!r}: {last!r}"))
 
+    def queries(self) -> dict[str, str]:
+        """Query name -> PromQL of each round."""
+        return queries_for(
+            self._rules, self._s.xid_window_seconds, self._s.node_label, verdicts=self._s.verdicts
+        )
+
     async def poll_once(self) -> Iterable[str]:
         """One round; returns the nodes whose reading changed."""
         now = self._clock()
-        queries = queries_for(self._rules, self._s.xid_window_seconds, self._s.node_label)
+        queries = self.queries()
         started = time.monotonic()
         try:
             answers = await asyncio.gather(*(self._query(q, now) for q in queries.values()))
