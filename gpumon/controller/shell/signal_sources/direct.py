@@ -132,7 +132,10 @@ class ExporterView:
     polled: tuple[GpuReading, ...] | None = None
 
 
-def _says_the_same(old: GpuReading | None, new: GpuReading) -> bool:
+def _unchanged(old: GpuReading | None, new: GpuReading) -> bool:
+    """The same reading but for when it was observed. Unlike a polled source's comparison
+    (core/signals.py, ``says_the_same``), an Xid's new time is a change: the stream sends a line
+    only when something changed."""
     return old is not None and replace(old, observed_at=new.observed_at) == new
 
 
@@ -148,7 +151,7 @@ def on_line(view: ExporterView, line: wire.WatchLine, now: float) -> tuple[Expor
             changed = (
                 up != view.backend_up
                 or by_uuid.keys() != view.gpus.keys()
-                or not all(_says_the_same(view.gpus[u], g) for u, g in by_uuid.items())
+                or not all(_unchanged(view.gpus[u], g) for u, g in by_uuid.items())
             )
             return replace(view, heard_at=now, backend_up=up, gpus=MappingProxyType(by_uuid)), changed
         case wire.HealthLine(gpu=status):
@@ -158,7 +161,7 @@ def on_line(view: ExporterView, line: wire.WatchLine, now: float) -> tuple[Expor
             if previous is None and len(view.gpus) >= wire.MAX_GPUS:
                 raise wire.WireError("oversize", f"a GPU beyond the {wire.MAX_GPUS} this node already has")
             gpu = gpu_reading(status, now)
-            changed = not _says_the_same(previous, gpu)
+            changed = not _unchanged(previous, gpu)
             return replace(view, heard_at=now, gpus=MappingProxyType({**view.gpus, gpu.uuid: gpu})), changed
 
 
