@@ -65,6 +65,7 @@ from bench.scale_fleet import (
     pool_target,
 )
 from bench.signal_farm import node_snapshot
+from gpumon.config.controller import ControllerConfig
 from gpumon.controller.core.contract import TAINT_KEY
 from gpumon.controller.core.objects import node_from_json
 from gpumon.devcluster import capi, kubeconfig, processes
@@ -76,6 +77,8 @@ from gpumon.kube.client import Conflict, KubeApi, KubeClient, KubeError, NotFoun
 from gpumon.wire import v1 as wire
 
 REPO = Path(__file__).resolve().parents[1]
+# The default the controller asks its exporters for (a third of the staleness window).
+HEARTBEAT_SECONDS = ControllerConfig().signals.heartbeat_seconds
 RESULTS = REPO / "bench" / "RESULTS.md"
 SECTION = "controller-scale"
 RBAC = REPO / "deploy" / "rbac" / "controller.yaml"
@@ -1409,8 +1412,9 @@ NOTES = (
     "20,000 pods do not wait for the scheduler; kwok makes them Running. The controller still receives "
     "every pod's watch events and keeps only the GPU pods.",
     "The controller runs as the ServiceAccount of `deploy/rbac/controller.yaml` with its defaults "
-    "(leader election on, 10 s exporter heartbeats, a full re-evaluation every 300 s, which the steady "
-    "window may or may not contain). Its steady API requests do not grow with the fleet: the leader "
+    f"(leader election on, exporter heartbeats every {HEARTBEAT_SECONDS:g} s, a full re-evaluation "
+    "every 300 s, which the steady window may or may not contain). Its steady API requests do not "
+    "grow with the fleet: the leader "
     "lease (a GET and a PUT every 2 s: 1/s), the pool's target and its `/scale` (read every 10 s: "
     "0.2/s) and the informers' watch restarts (every 5 min); each watch is one long-running request.",
     "The machine has 2 cores shared by the whole control plane, the farm, both controllers and other "
@@ -1578,6 +1582,9 @@ CURVE_NOTES = (
     "nodes, evicted pods, scaled pool or etcd history (docs/benchmarks.md argues this against growing "
     "one fleet). The naive controller is not run on the curve: a round at 2,000 nodes already took "
     "17 s and 0.9 GiB (the single-point section).",
+    "The controller runs with its defaults but for acting and one pool (bench/scale_fleet.py): the direct "
+    f"source, its exporters asked for a heartbeat every {HEARTBEAT_SECONDS:g} s (a third of the "
+    f"{ControllerConfig().signals.stale_after_seconds:g} s staleness), a full re-evaluation every 300 s.",
     "Test-setup tuning (not the controller's): kwok's node lease is lengthened so that the fleet "
     f"renews at most {CURVE_LEASE_RENEWALS_PER_SECOND} leases a second at any size: the kubelet's "
     f"{KUBELET_LEASE_SECONDS} s up to {CURVE_LEASE_RENEWALS_PER_SECOND * KUBELET_LEASE_SECONDS // 4:,} "

@@ -60,7 +60,9 @@ class DirectSignalsConfig(Section):
     targets_file: Path | None = None
     targets_node_label: str = Field("node", min_length=1)
     targets_refresh_seconds: Float = Field(5.0, gt=0, le=3600)
-    heartbeat_seconds: Float = Field(10.0, ge=0.1, le=300)
+    # How often a quiet exporter says "nothing changed". None: a third of stale_after_seconds
+    # (see SignalsConfig.heartbeat_seconds).
+    heartbeat_seconds: Float | None = Field(None, ge=0.1, le=300)
     poll_interval_seconds: Float = Field(5.0, gt=0, le=3600)
     timeout_seconds: Float = Field(5.0, gt=0, le=120)
     max_concurrency: Int = Field(32, ge=1, le=1024)
@@ -90,6 +92,25 @@ class SignalsConfig(Section):
     stale_after_seconds: Float = Field(60.0, gt=0)
     prometheus: PrometheusSignalsConfig = Field(default_factory=PrometheusSignalsConfig)
     direct: DirectSignalsConfig = Field(default_factory=DirectSignalsConfig)
+
+    @model_validator(mode="after")
+    def _heard_before_stale(self) -> SignalsConfig:
+        hb = self.direct.heartbeat_seconds
+        if self.source == "direct" and hb is not None and hb >= self.stale_after_seconds:
+            raise ValueError(
+                f"direct.heartbeat_seconds: {hb:g} is not less than stale_after_seconds "
+                f"({self.stale_after_seconds:g}): every quiet node would go stale between heartbeats"
+            )
+        return self
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        """The direct source's heartbeat: as configured, or three to a staleness window. Each
+        heartbeat is a line for the controller to read; at 9,000 streams, in-process, 10 s
+        heartbeats cost it 0.082 cores and 20 s ones 0.043 (bench stream-costs). Three to the
+        window keep a healthy node fresh through two late heartbeats in a row."""
+        hb = self.direct.heartbeat_seconds
+        return self.stale_after_seconds / 3 if hb is None else hb
 
 
 class PolicyConfig(Section):

@@ -547,7 +547,7 @@ def _build_source(
     assert endpoints is not None, "_endpoints gives the direct source one"
     return DirectSource(
         DirectSettings(
-            heartbeat_seconds=d.heartbeat_seconds,
+            heartbeat_seconds=s.heartbeat_seconds,
             poll_interval_seconds=d.poll_interval_seconds,
             timeout_seconds=d.timeout_seconds,
             max_concurrency=d.max_concurrency,

@@ -468,6 +468,12 @@ CASES: list[Case] = [
         "targets_file: give endpoints or targets_file, not both",
         f"from config file {C}",
     ),
+    controller_config(
+        "controller-heartbeat-not-before-stale",
+        y("signals:\n  source: direct\n  stale_after_seconds: 30\n  direct:\n    heartbeat_seconds: 30\n"),
+        "signals: direct.heartbeat_seconds: 30 is not less than stale_after_seconds (30)",
+        f"from config file {C}",
+    ),
     controller_file_value("signals.direct.targets_refresh_seconds", "true"),
     controller_file_value("signals.prometheus.retries", "true"),
     controller_file_value("leader.lease_duration_seconds", "true"),

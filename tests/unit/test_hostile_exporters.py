@@ -72,13 +72,17 @@ Script = Callable[[web.StreamResponse, int], Awaitable[None]]
 
 
 @contextlib.asynccontextmanager
-async def exporter(script: Script, *, snapshot: bytes | None = None) -> AsyncIterator[tuple[str, list[int]]]:
+async def exporter(
+    script: Script, *, snapshot: bytes | None = None, queries: list[dict[str, str]] | None = None
+) -> AsyncIterator[tuple[str, list[int]]]:
     """A watch endpoint running ``script(response, connection number)``, then heartbeats until
     the client goes (or only a snapshot endpoint, with ``snapshot``); yields its URL and the
-    connections (or snapshot requests) served."""
+    connections (or snapshot requests) served. Each watch request's query goes to ``queries``."""
     served: list[int] = []
 
     async def watch(request: web.Request) -> web.StreamResponse:
+        if queries is not None:
+            queries.append(dict(request.query))
         resp = web.StreamResponse()
         await resp.prepare(request)
         served.append(len(served))
@@ -394,6 +398,46 @@ async def test_a_refused_nodes_series_are_deleted_when_its_exporter_leaves():
             await cancel_and_wait([task])
 
 
+@contextlib.asynccontextmanager
+async def configured_source(
+    session: aiohttp.ClientSession, url: str, signals: dict[str, Any]
+) -> AsyncIterator[DirectSource]:
+    """The direct source as the controller builds it from ``signals`` (its config section),
+    reading one exporter, ``n1`` at ``url``."""
+    direct_config = {**signals.get("direct", {}), "endpoints": {"n1": url}}
+    config = ControllerConfig.model_validate(
+        {"signals": {**signals, "source": "direct", "direct": direct_config}}
+    )
+    metrics = ControllerMetrics(CollectorRegistry())
+    endpoints = StaticEndpoints(config.signals.direct.endpoints)
+    src = _build_source(config, build_policy(config), endpoints, session, metrics, time.time, None)
+    assert isinstance(src, DirectSource)
+    task = asyncio.create_task(src.run(lambda nodes: None))
+    try:
+        yield src
+    finally:
+        await cancel_and_wait([task])
+
+
+@pytest.mark.parametrize(
+    ("signals", "asked"),
+    [
+        ({}, "20"),  # a third of the default 60 s staleness
+        ({"stale_after_seconds": 30}, "10"),
+        ({"direct": {"heartbeat_seconds": 4}}, "4"),
+    ],
+)
+async def test_the_heartbeat_asked_for_follows_the_staleness(signals: dict[str, Any], asked: str):
+    queries: list[dict[str, str]] = []
+    async with (
+        exporter(good("n1"), queries=queries) as (url, _),
+        aiohttp.ClientSession() as session,
+        configured_source(session, url, signals) as src,
+    ):
+        await wait_for(lambda: "n1" in src.current().nodes, "n1 read")
+    assert [q["heartbeat"] for q in queries] == [asked]
+
+
 @pytest.mark.parametrize(("burst", "floods"), [(None, False), (100, True)])
 async def test_the_flood_limits_come_from_the_controller_config(burst: int | None, floods: bool):
     # 150 lines at once: within the default burst (2,000), a flood under a configured 100.
@@ -401,26 +445,19 @@ async def test_the_flood_limits_come_from_the_controller_config(burst: int | Non
         await resp.write(state("n1") + heartbeat("n1") * 149)
 
     limits = {} if burst is None else {"line_burst": burst, "lines_per_second": 1}
-    async with exporter(eager) as (url, _), aiohttp.ClientSession() as session:
-        config = ControllerConfig.model_validate(
-            {"signals": {"source": "direct", "direct": {"endpoints": {"n1": url}, **limits}}}
-        )
-        metrics = ControllerMetrics(CollectorRegistry())
-        endpoints = StaticEndpoints(config.signals.direct.endpoints)
-        src = _build_source(config, build_policy(config), endpoints, session, metrics, time.time, None)
-        assert isinstance(src, DirectSource)
-        task = asyncio.create_task(src.run(lambda nodes: None))
-        try:
-            if floods:
-                await wait_for(lambda: src.errors["flood"] >= 1, "a flood under the configured burst")
-            else:
-                await wait_for(lambda: "n1" in src.current().nodes, "n1 read")
-                first = src.current().nodes["n1"].observed_at
-                # A heartbeat after the 150 lines: all of them were read, none was a flood.
-                await wait_for(lambda: src.current().nodes["n1"].observed_at > first, "a later heartbeat")
-                assert src.errors["flood"] == 0
-        finally:
-            await cancel_and_wait([task])
+    async with (
+        exporter(eager) as (url, _),
+        aiohttp.ClientSession() as session,
+        configured_source(session, url, {"direct": limits}) as src,
+    ):
+        if floods:
+            await wait_for(lambda: src.errors["flood"] >= 1, "a flood under the configured burst")
+        else:
+            await wait_for(lambda: "n1" in src.current().nodes, "n1 read")
+            first = src.current().nodes["n1"].observed_at
+            # A heartbeat after the 150 lines: all of them were read, none was a flood.
+            await wait_for(lambda: src.current().nodes["n1"].observed_at > first, "a later heartbeat")
+            assert src.errors["flood"] == 0
 
 
 async def test_a_stream_gone_silent_is_ended_and_opened_again_and_a_talking_one_is_not():

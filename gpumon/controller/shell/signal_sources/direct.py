@@ -232,7 +232,7 @@ class _LazyReadings(Mapping[str, NodeReading]):
 
 @dataclass(frozen=True, slots=True)
 class DirectSettings:
-    heartbeat_seconds: float = 10.0
+    heartbeat_seconds: float = 20.0  # the config's default: a third of the 60 s staleness
     poll_interval_seconds: float = 5.0
     timeout_seconds: float = 5.0
     max_concurrency: int = 32
