@@ -6,6 +6,8 @@ ten minutes; see bench/controller_scale.py) and writes its own section of the sa
 pods (bench/autoscalers.py), its own section too.
 ``python -m bench fleet-65k``: the pure parts and the Prometheus query round at 65,000 nodes
 (bench/fleet_65k.py), its own section.
+``python -m bench stream-costs``: the direct source's streams alone, at two heartbeat periods
+(bench/stream_costs.py), its own section.
 ``python -m bench device-check`` and ``device-bundle``: gpumon on a real GPU (docs/nvml.md)."""
 
 from __future__ import annotations
@@ -90,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import fleet_65k
 
         return fleet_65k.main(argv[1:])
+    if argv[:1] == ["stream-costs"]:
+        from bench import stream_costs
+
+        return stream_costs.main(argv[1:])
     if argv[:1] == ["footprint"]:
         from bench import footprint
 
