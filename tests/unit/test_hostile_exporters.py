@@ -438,6 +438,14 @@ async def test_the_heartbeat_asked_for_follows_the_staleness(signals: dict[str, 
     assert [q["heartbeat"] for q in queries] == [asked]
 
 
+@pytest.mark.parametrize("stale_after", [30.0, 60.0, 600.0])
+def test_by_default_a_silent_stream_is_opened_again_before_its_node_goes_stale(stale_after: float):
+    signals = ControllerConfig.model_validate({"signals": {"stale_after_seconds": stale_after}}).signals
+    settings = DirectSettings(heartbeat_seconds=signals.heartbeat_seconds)
+    # Ended at most a sweep after its read timeout; then reconnected and read at once.
+    assert settings.read_timeout + settings.sweep_seconds < stale_after
+
+
 @pytest.mark.parametrize(("burst", "floods"), [(None, False), (100, True)])
 async def test_the_flood_limits_come_from_the_controller_config(burst: int | None, floods: bool):
     # 150 lines at once: within the default burst (2,000), a flood under a configured 100.
