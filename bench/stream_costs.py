@@ -36,7 +36,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.controller_scale import HEARTBEAT_SECONDS, signal_farm
+from bench.controller_scale import HEARTBEAT_SECONDS, REPO, signal_farm
 from bench.footprint import publish
 from bench.procs import cpu_seconds, memory
 from bench.report import Grid, section_markdown
@@ -50,7 +50,6 @@ from gpumon.runtime.tasks import cancel_and_wait
 SECTION = "stream-costs"
 TITLE = "Direct source: what the streams cost (issue #29)"
 BEFORE_SECONDS = 10.0  # the heartbeat before issue #29 made it a third of the staleness
-REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True, slots=True)
