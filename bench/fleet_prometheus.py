@@ -31,7 +31,8 @@ from bench.fleet_openmetrics import write_openmetrics
 from bench.procs import memory
 from gpumon.config.controller import ControllerConfig
 from gpumon.controller.configure import build_policy
-from gpumon.controller.shell.signal_sources.prometheus import queries_for
+from gpumon.controller.core.promql import detail_queries, queries_for
+from gpumon.controller.shell.signal_sources.prometheus import Sample, chunks, named, parse_vector
 from gpumon.devcluster.localservers import PrometheusProcess
 
 # The query set of main before issue #29 (gpumon/controller/shell/signal_sources/prometheus.py,
@@ -60,10 +61,28 @@ QUERY_REPEATS = 3
 MAX_TIMEOUT_SECONDS = 120.0
 
 
-def checkout_queries() -> dict[str, str]:
-    """The checkout's query set for the default rules: what its controller asks each round."""
+async def _first_step(url: str, queries: Mapping[str, str], at: float) -> dict[str, list[Sample]]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        out = {}
+        for name, promql in queries.items():
+            params = {"query": promql, "time": f"{at:.3f}"}
+            async with session.post(f"{url}/api/v1/query", data=params) as resp:
+                out[name] = parse_vector(await resp.json())
+        return out
+
+
+def checkout_queries(url: str, at: float) -> dict[str, str]:
+    """The checkout's query set for the default rules: what its controller asks each round.
+    The first step's, then the second's for the nodes its answers name (at rest, the nodes the
+    reconciler holds state on are those), a chunk at a time as the source sends them."""
     policy = build_policy(ControllerConfig())
-    return queries_for(policy.rules, policy.health.xid_window_seconds)
+    first = queries_for(policy.rules, policy.health.xid_window_seconds)
+    parts = chunks(sorted(named(asyncio.run(_first_step(url, first, at)), policy.rules)))
+    out = dict(first)
+    for i, part in enumerate(parts):
+        suffix = f" [{i + 1}/{len(parts)}]" if len(parts) > 1 else ""
+        out.update({name + suffix: promql for name, promql in detail_queries(policy.rules, part).items()})
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +165,8 @@ async def time_queries(url: str, queries: Mapping[str, str], at: float) -> list[
             walls, body = [], b""
             for _ in range(QUERY_REPEATS):
                 started = time.perf_counter()
-                async with session.get(
-                    f"{url}/api/v1/query", params={"query": promql, "time": f"{at:.3f}"}
+                async with session.post(
+                    f"{url}/api/v1/query", data={"query": promql, "time": f"{at:.3f}"}
                 ) as resp:
                     body = await resp.read()
                 walls.append(time.perf_counter() - started)
@@ -211,7 +230,7 @@ def signal_side(fleet: Fleet, marks: Marks, at: float, workdir: Path, part_nodes
         gpus = server.api("query", query="count(gpumon_gpu_info)", time=f"{at:.3f}")["result"]
         if not gpus or int(gpus[0]["value"][1]) != fleet.gpus:
             raise RuntimeError(f"Prometheus answers {gpus} GPUs, not {fleet.gpus}: are the blocks loaded?")
-        checkout = checkout_queries()
+        checkout = checkout_queries(server.url, at)
         ours = asyncio.run(time_queries(server.url, checkout, at))
         naive = asyncio.run(time_queries(server.url, NAIVE_QUERIES, at))
         default_timeout = ControllerConfig().signals.prometheus.timeout_seconds

@@ -17,7 +17,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -209,7 +209,11 @@ def make_app(
     )
     auth = guard(config.auth, on_error=_api_errors(metrics, "auth"), supervisor=supervisor, api=api)
     endpoints = _endpoints(config, informers, metrics)
-    source, session = _signals(config, policy, endpoints, metrics, wall_clock)
+    # The Prometheus source reads the nodes the reconciler holds state on GPU by GPU; it asks
+    # only once the app runs, by when the reconciler below exists.
+    source, session = _signals(
+        config, policy, endpoints, metrics, wall_clock, held=lambda: reconciler.held_nodes()
+    )
     reconciler = Reconciler(
         api=api,
         nodes=caches.nodes,
@@ -464,6 +468,7 @@ def _signals(
     endpoints: Endpoints | None,
     metrics: ControllerMetrics,
     wall_clock: Callable[[], float],
+    held: Callable[[], Collection[str]] = frozenset,
 ) -> tuple[SignalSource, aiohttp.ClientSession]:
     """The signal source and the HTTP session it reads through (the app closes it)."""
     s = config.signals
@@ -480,7 +485,8 @@ def _signals(
     )
     # Exporter streams are many and long-lived: no pool limit; snapshot fetches have their own.
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ssl=exporter_tls))
-    return _build_source(config, policy, endpoints, session, metrics, wall_clock, bearer_token), session
+    source = _build_source(config, policy, endpoints, session, metrics, wall_clock, bearer_token, held)
+    return source, session
 
 
 def _cluster_gauges(controller: Controller) -> ClusterGauges:
@@ -517,6 +523,7 @@ def _build_source(
     metrics: ControllerMetrics,
     wall_clock: Callable[[], float],
     bearer_token: str | None,
+    held: Callable[[], Collection[str]] = frozenset,
 ) -> SignalSource:
     s = config.signals
     window = policy.health.xid_window_seconds
@@ -542,6 +549,7 @@ def _build_source(
             session,
             wall_clock=wall_clock,
             on_round=on_round,
+            held=held,
         )
     d = s.direct
     assert endpoints is not None, "_endpoints gives the direct source one"

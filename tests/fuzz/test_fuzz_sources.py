@@ -14,9 +14,10 @@ from strategies import FUZZ, json_objects, json_values, strings
 
 from gpumon.config.controller import ControllerConfig
 from gpumon.controller.configure import build_policy
-from gpumon.controller.core.promql import FRESHNESS, queries_for
+from gpumon.controller.core.promql import detail_queries, queries_for
 from gpumon.controller.shell.signal_sources.prometheus import (
     Sample,
+    named,
     parse_vector,
     readings_from_results,
 )
@@ -27,7 +28,7 @@ from gpumon.exporter.podresources_client import DeviceAssignment, view_from_resp
 from gpumon.k8s.dra import NVIDIA_GPU_DRIVER, ClaimDevice
 
 RULES = build_policy(ControllerConfig()).rules
-QUERY_NAMES = [FRESHNESS, *queries_for(RULES, 600.0)]
+QUERY_NAMES = [*queries_for(RULES, 600.0), *detail_queries(RULES, ["a"])]
 LABELS = [
     "node",
     "uuid",
@@ -91,6 +92,7 @@ def test_a_query_answer_is_samples_or_a_value_error(doc: dict[str, Any]) -> None
     st.floats(),
 )
 def test_any_samples_fold_into_readings(results: dict[str, list[Sample]], now: float) -> None:
+    named(results, RULES)
     readings_from_results(results, RULES, now=now)
 
 

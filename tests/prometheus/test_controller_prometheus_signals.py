@@ -143,8 +143,8 @@ async def test_broken_gpus_get_the_right_verdicts_on_the_right_nodes(
     fleet[HOT].inject({"gpu": 1, "fault": "xid", "code": 13})  # informational: no action
 
     def xid_seen(f: FleetSignals) -> bool:
-        r = f.nodes.get(BROKEN)
-        return r is not None and any(x.code == 79 for x in r.gpus[1].xids or ())
+        r = f.nodes.get(BROKEN)  # read as a whole (no GPUs listed) until the fault shows
+        return r is not None and r.gpus_read and any(x.code == 79 for x in r.gpus[1].xids or ())
 
     fleet_now = await reader.poll_until(xid_seen, "Xid 79 read back")
     v = judge(fleet_now, BROKEN)
@@ -159,6 +159,7 @@ async def test_broken_gpus_get_the_right_verdicts_on_the_right_nodes(
         r = f.nodes.get(HOT)
         return (
             r is not None
+            and r.gpus_read
             and (r.gpus[0].temperature_celsius or 0) >= 95
             and any(x.code == 13 for x in r.gpus[1].xids or ())
         )
@@ -217,7 +218,7 @@ async def test_a_killed_exporter_is_unknown_and_never_acted_on(
 
     def hot_seen(f: FleetSignals) -> bool:
         r = f.nodes.get(KILLED)
-        return r is not None and (r.gpus[0].temperature_celsius or 0) >= 95
+        return r is not None and r.gpus_read and (r.gpus[0].temperature_celsius or 0) >= 95
 
     v = judge(await reader.poll_until(hot_seen, "the fault read back"), KILLED)
     assert v.signals is SignalStatus.FRESH and v.severity is None  # pending: the `for` runs

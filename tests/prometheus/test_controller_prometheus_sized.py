@@ -21,7 +21,15 @@ from conftest import ExporterProcess, PrometheusProcess, scraping, simulated_exp
 from gpumon.config.controller import ControllerConfig
 from gpumon.controller.configure import build_policy
 from gpumon.controller.core.policy import EMPTY_NODE_STATE, NodeRuleState, Policy, evaluate_node
-from gpumon.controller.core.promql import FRESHNESS, MISSING, SERIES, queries_for
+from gpumon.controller.core.promql import (
+    FLAG,
+    FRESHNESS,
+    MISSING,
+    SERIES,
+    detail_queries,
+    node_matcher,
+    queries_for,
+)
 from gpumon.controller.core.signals import NodeReading
 from gpumon.controller.core.verdicts import NodeVerdict
 from gpumon.controller.shell.signal_sources.prometheus import (
@@ -90,10 +98,15 @@ class Both:
     def __init__(self, url: str, session: aiohttp.ClientSession, pol: Policy) -> None:
         self.url, self.session, self.policy = url, session, pol
         self.at = 0.0
-        self.src = PrometheusSource(
-            PrometheusSettings(url, retries=1), pol.rules, session, wall_clock=lambda: self.at
-        )
         self.states: dict[bool, NodeRuleState] = {True: EMPTY_NODE_STATE, False: EMPTY_NODE_STATE}
+        # The node the policy holds state on is read GPU by GPU, as the reconciler has it read.
+        self.src = PrometheusSource(
+            PrometheusSettings(url, retries=1),
+            pol.rules,
+            session,
+            wall_clock=lambda: self.at,
+            held=lambda: {SICK[0]} if self.states[True].targets else set(),
+        )
         self.answers: dict[str, list[Sample]] = {}
 
     async def query(self, promql: str) -> list[Sample]:
@@ -101,12 +114,17 @@ class Both:
         async with self.session.get(self.url + "/api/v1/query", params=params) as resp:
             return parse_vector(await resp.json())
 
+    def every_query(self) -> dict[str, str]:
+        """Both steps' queries, the second for every node."""
+        rules = self.policy.rules
+        return {**queries_for(rules, self.policy.health.xid_window_seconds), **detail_queries(rules, NODES)}
+
     async def before(self) -> NodeReading | None:
         """What the source read before: every GPU's value of each signal (the missing-queries
         said which GPUs had none, as a None value did)."""
-        queries = queries_for(self.policy.rules, self.policy.health.xid_window_seconds)
+        queries = self.every_query()
         for sig, series in SERIES.items():
-            if sig.value in queries:
+            if sig.value in queries or FLAG + sig.value in queries:
                 queries[sig.value] = series.selector + (" == 1" if series.one_hot is not None else "")
         results = {name: await self.query(q) for name, q in queries.items()}
         return readings_from_results(results, self.policy.rules, now=self.at).get(SICK[0])
@@ -116,8 +134,7 @@ class Both:
         # between two of the round's queries would give the two reads different data.
         self.at = time.time() - SETTLE_SECONDS
         await self.src.poll_once()
-        queries = queries_for(self.policy.rules, self.policy.health.xid_window_seconds)
-        self.answers = {name: await self.query(q) for name, q in queries.items()}
+        self.answers = {name: await self.query(q) for name, q in self.every_query().items()}
         evaluations = {}
         for filtered, reading in (
             (True, self.src.current().nodes.get(SICK[0])),
@@ -140,7 +157,7 @@ class Both:
         index = {s.labels["uuid"]: s.labels["gpu"] for s in self.answers[FRESHNESS]}
         out = set()
         for name, samples in self.answers.items():
-            if name.removeprefix(MISSING) in {s.value for s in SERIES}:
+            if name.removeprefix(MISSING).removeprefix(FLAG) in {s.value for s in SERIES}:
                 out |= {(s.labels["node"], index[s.labels["uuid"]]) for s in samples}
         return out
 
@@ -169,6 +186,7 @@ async def test_only_the_bad_gpu_comes_back_and_quarantine_and_recovery_decide_as
     sick = fleet[SICK[0]]
     v = await both.until(lambda v: len(both.src.current().nodes) == len(NODES), "every node read")
     assert v.severity is None and both.bad() == set(), "a healthy fleet: empty answers"
+    assert not any(r.gpus_read for r in both.src.current().nodes.values()), "each read as a whole"
 
     # Warm: only the degraded rule (87 C, for 5 minutes) holds, pending; the loosest rule's
     # threshold is the filter, or the pending rule would not start.
@@ -177,6 +195,8 @@ async def test_only_the_bad_gpu_comes_back_and_quarantine_and_recovery_decide_as
         lambda v: both.uuid(SICK[0], WARM) in both.states[True].targets, "the degraded rule pending"
     )
     assert both.bad() == {(SICK[0], str(WARM))}
+    readings = both.src.current().nodes
+    assert readings[SICK[0]].gpus_read and not readings[NODES[1]].gpus_read, "the warm node GPU by GPU"
     sick.inject({"gpu": WARM, "fault": "clear"})
     await both.until(lambda v: not both.states[True].targets, "cool again")
 
@@ -210,10 +230,13 @@ async def test_the_exporters_verdicts_come_back_for_the_repair_ladder_and_only_t
     reads it: healthy when absent from the answer, which holds the GPUs judged worse only."""
     node, gpu = NODES[1], GPUS - 1
     async with aiohttp.ClientSession() as session:
+        # Held, as a node the repair ladder works on is (quarantined): read GPU by GPU.
+        rules = policy().rules
         src = PrometheusSource(
-            PrometheusSettings(prom.url, retries=1, verdicts=True), policy().rules, session
+            PrometheusSettings(prom.url, retries=1, verdicts=True), rules, session, held=lambda: {node}
         )
-        health_query = src.queries()["exporter_health"]
+        flag_query = src.queries()[FLAG + "exporter_health"]
+        health_query = detail_queries(rules, [node], verdicts=True)["exporter_health"]
 
         async def states() -> dict[int, HealthState | None]:
             """This node's GPUs (the other test's node may hold an Xid for minutes)."""
@@ -240,8 +263,28 @@ async def test_the_exporters_verdicts_come_back_for_the_repair_ladder_and_only_t
             assert [i for i, state in hot.items() if state is not HealthState.HEALTHY] == [gpu]
             async with session.get(prom.url + "/api/v1/query", params={"query": health_query}) as resp:
                 answer = parse_vector(await resp.json())
-            mine = [s.labels["state"] for s in answer if s.labels["node"] == node]
-            assert mine == ["unhealthy"], "this node's bad GPU only"
+            assert [s.labels["state"] for s in answer] == ["unhealthy"], "this node's bad GPU only"
+            async with session.get(prom.url + "/api/v1/query", params={"query": flag_query}) as resp:
+                flagged = parse_vector(await resp.json())
+            mine = [s.labels["gpu"] for s in flagged if s.labels["node"] == node]
+            assert mine == [str(gpu)], "the fleet-wide step names it by its healthy series alone"
         finally:
             fleet[node].inject({"gpu": gpu, "fault": "clear"})
         await until(HealthState.HEALTHY)
+
+
+async def test_a_node_matcher_selects_exactly_its_nodes(prom: PrometheusProcess) -> None:
+    """The second step's matcher, in the real Prometheus: its names are matched literally (an
+    unescaped dot would match the dash of ``sized-a``)."""
+
+    async def gpus(matcher: str) -> int:
+        query = f"count(gpumon_gpu_info{{{matcher}}}) or vector(0)"
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(prom.url + "/api/v1/query", params={"query": query}) as resp,
+        ):
+            return int(parse_vector(await resp.json())[0].value)
+
+    assert await gpus(node_matcher(list(NODES))) == GPUS * len(NODES)
+    assert await gpus(node_matcher([NODES[0]])) == GPUS
+    assert await gpus(node_matcher(["sized.a", "sized-"])) == 0, "literally: no dot, no prefix"

@@ -447,7 +447,7 @@ async def test_a_gpu_pod_found_on_the_node_calls_the_removal_off() -> None:
 def attributed(node_name: str, *pods: str) -> NodeReading:
     """The exporter's reading of a node: one GPU, the ``pods`` placed on it."""
     gpu = GpuReading("GPU-0", 0, NOW, pods=tuple(PodRef("ml", p, "c") for p in pods))
-    return NodeReading(node_name, NOW, (gpu,), pods_attributed=bool(pods))
+    return NodeReading(node_name, NOW, (gpu,), pods_attributed=bool(pods), busy=bool(pods))
 
 
 async def test_nodes_the_exporters_show_busy_are_not_listed_and_the_others_are() -> None:
@@ -457,13 +457,17 @@ async def test_nodes_the_exporters_show_busy_are_not_listed_and_the_others_are()
     kube = ScaleKube(pool, replicas=3)
     source = StaticSource()
     a = autoscaler(kube, pool, source=source)
-    for name in ("n0", "n1", "n2"):
+    for name in ("n0", "n1", "n2", "n3", "n4"):
         node(a, name)
     source.nodes["n0"] = attributed("n0", "train")
     source.nodes["n1"] = attributed("n1")  # idle, as far as its exporter knows
     gpu_pod_on(kube, "n2")  # no reading: the list finds its GPU pod
-    assert await a.busy_nodes() == {"n0", "n2"}
-    assert sorted(kube.pod_lists()) == ["n1", "n2"]
+    # Read as a whole (the Prometheus source's summary of a node nothing is wrong with): busy
+    # or not, with no GPU listed.
+    source.nodes["n3"] = NodeReading("n3", NOW, (), busy=True, gpus_read=False)
+    source.nodes["n4"] = NodeReading("n4", NOW, (), gpus_read=False)
+    assert await a.busy_nodes() == {"n0", "n2", "n3"}
+    assert sorted(kube.pod_lists()) == ["n1", "n2", "n4"]
 
 
 def idle_n0_busy_n1() -> tuple[ScaleKube, Autoscaler]:

@@ -670,3 +670,28 @@ async def test_a_new_leader_looks_again_at_the_nodes_it_may_have_to_act_on_not_t
     assert w.reconciler.take_due(w.t) == {"n0", "n1"}
     await w.reconciler.round({"n0", "n1"})
     assert w.tainted() == ["n0"]
+
+
+async def test_a_held_node_read_as_a_whole_waits_for_its_gpus_before_its_drain_goes_on() -> None:
+    """After a restart, the Prometheus source's first round may read a quarantined node as a
+    whole (it did not know yet that the reconciler holds it): its GPUs unlisted, its pods
+    unplaced. Drained on that, a partial drain would evict every GPU pod of the node."""
+    before = World()
+    before.node("n0")
+    before.signals("n0", xid=79, pods={0: "bystander", 1: "victim"})
+    await before.reconciler.round(["n0"])
+    quarantined = before.node_obj("n0")
+    assert quarantined["metadata"]["labels"][c.LABEL_STATE] == "drained", "no pods yet"
+
+    w = World()
+    written = w.api.add("/api/v1/nodes/n0", quarantined)
+    w.nodes.update_local("n0", node_from_json(written), "")
+    w.pod("victim", "n0")
+    w.pod("bystander", "n0")
+    w.source.nodes["n0"] = NodeReading("n0", w.t, (), busy=True, gpus_read=False)
+    await w.reconciler.round(["n0"])
+    assert evictions(w) == [] and not any("/pods" in p for _, p, _ in w.api.calls), "nothing listed"
+    assert w.reconciler.held_nodes() == {"n0"}, "so the source reads it GPU by GPU"
+    w.signals("n0", xid=79, pods={0: "bystander", 1: "victim"})
+    await w.reconciler.round(["n0"])
+    assert evictions(w) == ["/api/v1/namespaces/ml/pods/victim/eviction"]

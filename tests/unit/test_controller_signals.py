@@ -24,16 +24,22 @@ from gpumon.config import ExporterConfig, SamplingConfig
 from gpumon.controller.core.backoff import Backoff
 from gpumon.controller.core.policy import EMPTY_NODE_STATE, Policy, Rule, evaluate_node
 from gpumon.controller.core.promql import (
+    BUSY,
+    FLAG,
     FRESHNESS,
     MISSING,
+    NODES,
     PODS,
     SERIES,
     bad_query,
     conditions,
+    detail_queries,
     left_out,
+    node_matcher,
     queries_for,
 )
 from gpumon.controller.core.signals import GpuReading, NodeReading, XidSeen, is_news, says_the_same
+from gpumon.controller.shell.signal_sources import prometheus
 from gpumon.controller.shell.signal_sources.direct import (
     DirectSettings,
     DirectSource,
@@ -49,6 +55,7 @@ from gpumon.controller.shell.signal_sources.prometheus import (
     PrometheusSettings,
     PrometheusSource,
     Sample,
+    named,
     parse_vector,
     readings_from_results,
 )
@@ -190,29 +197,46 @@ def s(value: float, **labels: str) -> Sample:
 TEMP = 'gpumon_gpu_temperature_celsius{sensor="gpu"}'
 
 
-def test_queries_cover_the_signals_rules_use_plus_freshness_and_pods():
+def test_the_fleet_is_asked_a_sample_a_node_and_the_gpus_some_rule_could_hold_for():
     q = queries_for(load_rules(), 600)
-    signals = ("gpu_lost", "ecc_uncorrectable", "row_remap_failure", "recovery_action", "temperature")
-    assert set(q) == {FRESHNESS, PODS, "xid", *signals, *(MISSING + name for name in signals)}
-    assert q[FRESHNESS] == "max by (node, gpu, uuid) (timestamp(gpumon_gpu_info))"
+    signals = ("gpu_lost", "ecc_uncorrectable", "row_remap_failure", "temperature")
+    assert set(q) == {NODES, BUSY, "xid", FLAG + "recovery_action", *signals}
+    assert q[NODES] == "max by (node) (timestamp(gpumon_gpu_info))"
+    assert q[BUSY].startswith('group by (node) ({__name__=~"gpumon_pod_gpu_(')
     # Only the GPUs some rule could hold for: the loosest of the two thermal rules (87 and 95),
-    # any action but NONE, a lost or failed-remap flag that is set, any uncorrectable error.
+    # any action but NONE (asked by NONE's series alone), a lost or failed-remap flag that is
+    # set, any uncorrectable error.
     assert q["temperature"] == f"({TEMP} >= 87.0)"
-    assert q["recovery_action"] == 'gpumon_gpu_recovery_action{action!="none"} == 1'
+    assert q[FLAG + "recovery_action"] == 'gpumon_gpu_recovery_action{action="none"} != 1'
     assert q["gpu_lost"] == 'gpumon_gpu_health{state="lost"} != 0.0'
     assert q["ecc_uncorrectable"] == '(gpumon_gpu_ecc_errors_total{type="uncorrected"} >= 1.0)'
-    assert (
-        q[MISSING + "temperature"] == f"group by (node, uuid) (gpumon_gpu_info) unless on (node, uuid) {TEMP}"
-    )
-    assert q[MISSING + "recovery_action"].endswith(
-        'unless on (node, uuid) gpumon_gpu_recovery_action{action="none"}'
-    )
     assert "offset 600s" in q["xid"] and "increase(gpumon_gpu_xid_errors_total[600s])" in q["xid"]
     custom = Rule("nv", Signal.PROMQL, Severity.UNHEALTHY, query="sum by (node) (x)", scope=Scope.NODE)
     health = Rule("h", Signal.EXPORTER_HEALTH, Severity.UNHEALTHY, threshold=1)
     q = queries_for((custom, health), 600, node_label="host")
     assert q["rule:nv"] == "sum by (node) (x)", "a PromQL rule's answer is what its author wrote"
-    assert q["exporter_health"] == 'gpumon_gpu_health{state!="healthy"} == 1' and "__health_info" in q
+    assert q[FLAG + "exporter_health"] == 'gpumon_gpu_health{state="healthy"} != 1' and "__health_info" in q
+    assert q[NODES] == "max by (host) (timestamp(gpumon_gpu_info))"
+
+
+def test_the_nodes_of_interest_are_read_gpu_by_gpu():
+    m = 'node=~"gpu-1\\\\.zone-a|gpu-2"'
+    assert node_matcher(["gpu-1.zone-a", "gpu-2"]) == m, "the dot escaped for the regex, then the string"
+    q = detail_queries(load_rules(), ["gpu-1.zone-a", "gpu-2"])
+    signals = ("gpu_lost", "ecc_uncorrectable", "row_remap_failure", "recovery_action", "temperature")
+    assert set(q) == {FRESHNESS, PODS, "recovery_action", *(MISSING + name for name in signals)}
+    assert q[FRESHNESS] == f"max by (node, gpu, uuid) (timestamp(gpumon_gpu_info{{{m}}}))"
+    assert q[PODS].endswith(f'core_allocated_ratio)",{m}}})')
+    assert q["recovery_action"] == f'gpumon_gpu_recovery_action{{{m},action!="none"}} == 1'
+    assert q[MISSING + "temperature"] == (
+        f"group by (node, uuid) (gpumon_gpu_info{{{m}}}) unless on (node, uuid) "
+        f'gpumon_gpu_temperature_celsius{{sensor="gpu",{m}}}'
+    )
+    assert q[MISSING + "recovery_action"].endswith(
+        f'unless on (node, uuid) gpumon_gpu_recovery_action{{{m},action="none"}}'
+    )
+    health = Rule("h", Signal.EXPORTER_HEALTH, Severity.UNHEALTHY, threshold=1)
+    q = detail_queries((health,), ["a"], node_label="host")
     assert "on (host, uuid)" in q[MISSING + "exporter_health"] and "(host, gpu, uuid)" in q[FRESHNESS]
 
 
@@ -220,12 +244,13 @@ def test_the_exporters_verdicts_are_asked_for_the_repair_ladder_with_no_rule_on_
     """Repair confirms a repaired GPU by the exporter's verdict (core/repair.py); no built-in
     rule reads it, so without ``verdicts`` no GPU had one and no repair was ever confirmed."""
     rules = load_rules()
-    assert "exporter_health" not in queries_for(rules, 600)
+    assert FLAG + "exporter_health" not in queries_for(rules, 600)
     q = queries_for(rules, 600, verdicts=True)
-    assert q["exporter_health"] == 'gpumon_gpu_health{state!="healthy"} == 1', "the bad GPUs only"
-    assert (
-        q[MISSING + "exporter_health"].endswith('gpumon_gpu_health{state="healthy"}') and "__health_info" in q
-    )
+    assert q[FLAG + "exporter_health"] == 'gpumon_gpu_health{state="healthy"} != 1', "the bad GPUs only"
+    assert "__health_info" in q
+    d = detail_queries(rules, ["a"], verdicts=True)
+    assert d["exporter_health"] == 'gpumon_gpu_health{node=~"a",state!="healthy"} == 1'
+    assert d[MISSING + "exporter_health"].endswith('gpumon_gpu_health{node=~"a",state="healthy"}')
     results = {
         FRESHNESS: [s(90.0, node="a", gpu="0", uuid="A0"), s(90.0, node="a", gpu="1", uuid="A1")],
         "exporter_health": [s(1, node="a", gpu="1", uuid="A1", state="unhealthy")],
@@ -355,35 +380,48 @@ def test_a_reading_that_differs_only_in_its_time_says_the_same() -> None:
     assert is_news(first, scraped(20.0, lost=True), at=21.0, stale_after_seconds=60)
 
 
-async def test_prometheus_source_rounds_retries_and_outages():
+async def test_prometheus_source_rounds_retries_and_outages(monkeypatch: pytest.MonkeyPatch):
     """Against an HTTP server answering like Prometheus' query API (parsing is covered above;
-    here: retries, the all-or-nothing round, and readings kept through an outage)."""
+    here: the two steps, retries, the all-or-nothing round, and readings kept through an
+    outage)."""
     answers: dict[str, Any] = {}
+    asked: list[str] = []
     failures = {"left": 0}
 
     async def query(request: web.Request) -> web.Response:
         if failures["left"]:
             failures["left"] -= 1
             return web.Response(status=503, text="overloaded")
-        q = request.query["query"]
+        q = str((await request.post())["query"])
+        asked.append(q)
         result = answers.get(q, [])
         return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
 
     app = web.Application()
-    app.router.add_get("/api/v1/query", query)
+    app.router.add_post("/api/v1/query", query)
     server = TestServer(app)
     await server.start_server()
     rules = load_rules(
         builtin=False, inline=[{"name": "lost", "signal": "gpu_lost", "severity": "unhealthy"}]
     )
+    # A node a chunk: each node's second-step queries are its own, and their answers merge.
+    monkeypatch.setattr(prometheus, "DETAIL_CHUNK", 1)
     q = queries_for(rules, 600)
+    detail = {n: detail_queries(rules, [n]) for n in ("a", "b")}
     scraped = {"at": 99.0}
     clock = {"now": 100.0}
+    held: set[str] = set()
 
-    def freshness() -> list[dict[str, Any]]:
-        return [{"metric": {"node": "a", "gpu": "0", "uuid": "A0"}, "value": [100, str(scraped["at"])]}]
+    def sample(node: str, value: float | str, gpu: str = "0") -> dict[str, Any]:
+        return {"metric": {"node": node, "gpu": gpu, "uuid": node.upper() + gpu}, "value": [100, str(value)]}
 
-    answers[q["gpu_lost"]] = [{"metric": {"node": "a", "gpu": "0", "uuid": "A0"}, "value": [100, "1"]}]
+    def scrape() -> None:
+        answers[q[NODES]] = [{"metric": {"node": n}, "value": [100, str(scraped["at"])]} for n in "ab"]
+        for n in "ab":
+            answers[detail[n][FRESHNESS]] = [sample(n, scraped["at"])]
+
+    answers[q["gpu_lost"]] = [sample("a", 1)]
+    answers[q[BUSY]] = [{"metric": {"node": "b"}, "value": [100, "1"]}]
     async with aiohttp.ClientSession() as session:
         src = PrometheusSource(
             PrometheusSettings(
@@ -392,18 +430,28 @@ async def test_prometheus_source_rounds_retries_and_outages():
             rules,
             session,
             wall_clock=lambda: clock["now"],
+            held=lambda: held,
         )
-        answers[q[FRESHNESS]] = freshness()
+        scrape()
         failures["left"] = 2  # two failed attempts, then the retry succeeds
-        assert set(await src.poll_once()) == {"a"}
+        assert set(await src.poll_once()) == {"a", "b"}
         fleet = src.current()
         assert fleet.source_up and fleet.nodes["a"].gpus[0].lost
+        # b: named by no answer, held by nobody: read as a whole, busy as the pods say.
+        b = fleet.nodes["b"]
+        assert (b.gpus, b.gpus_read, b.busy, b.observed_at) == ((), False, True, 99.0)
+        assert detail["b"][FRESHNESS] not in asked and detail["a"][FRESHNESS] in asked
         scraped["at"], clock["now"] = 109.0, 110.0
-        answers[q[FRESHNESS]] = freshness()
+        scrape()
         assert list(await src.poll_once()) == []  # scraped again, nothing changed
         assert src.current().nodes["a"].observed_at == 109.0  # fresher all the same
         answers[q["gpu_lost"]] = []
-        assert set(await src.poll_once()) == {"a"}  # no longer lost
+        assert set(await src.poll_once()) == {"a"}  # no longer lost, and read as a whole now
+        assert not src.current().nodes["a"].gpus_read
+        held.add("b")  # the reconciler holds state on b: read GPU by GPU, whatever the answers
+        asked.clear()
+        assert set(await src.poll_once()) == {"b"}
+        assert src.current().nodes["b"].gpus_read and detail["b"][FRESHNESS] in asked
         failures["left"] = 100
         clock["now"] = 170.0
         assert list(await src.poll_once()) == []
@@ -411,12 +459,33 @@ async def test_prometheus_source_rounds_retries_and_outages():
         # Back after the reading went stale, with the values it left with: the reconciler
         # judged the node stale meanwhile, and only news makes it fresh again.
         failures["left"], scraped["at"], clock["now"] = 0, 179.0, 180.0
-        answers[q[FRESHNESS]] = freshness()
-        assert set(await src.poll_once()) == {"a"}
+        scrape()
+        assert set(await src.poll_once()) == {"a", "b"}
         scraped["at"], clock["now"] = 189.0, 190.0
-        answers[q[FRESHNESS]] = freshness()
+        scrape()
         assert list(await src.poll_once()) == []  # fresh again: scrapes are not news
     await server.close()
+
+
+def test_a_summary_is_a_node_no_answer_names_and_a_rule_answer_names_only_where_it_holds():
+    rules = (
+        *load_rules(),
+        Rule("nv", Signal.PROMQL, Severity.UNHEALTHY, Op.GT, 5, query="x", scope=Scope.NODE),
+    )
+    results = {
+        NODES: [s(90.0, node=n) for n in ("a", "b", "c", "d")],
+        BUSY: [s(1, node="c")],
+        "temperature": [s(99.0, node="a", gpu="0", uuid="A0")],
+        FLAG + "recovery_action": [s(0, node="d", gpu="1", uuid="D1", action="none")],
+        "rule:nv": [s(1, node="b"), s(9, node="c")],  # its author's query answers for every node
+    }
+    assert named(results, rules) == {"a", "c", "d"}, "b's value holds no rule"
+    results[FRESHNESS] = [s(90.0, node="a", gpu="0", uuid="A0")]
+    nodes = readings_from_results(results, rules, now=100.0)
+    assert nodes["a"].gpus_read and nodes["a"].gpus[0].temperature_celsius == 99.0
+    b, c = nodes["b"], nodes["c"]
+    assert (b.gpus_read, b.gpus, b.busy, b.custom, b.observed_at) == (False, (), False, {"nv": 1.0}, 90.0)
+    assert c.busy and not c.pods_attributed, "a summary places no pod: the drain must not trust it"
 
 
 # --- direct: against real exporters ------------------------------------------------------------

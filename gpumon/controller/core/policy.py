@@ -428,6 +428,20 @@ def signal_status(
     return (SignalStatus.STALE if age > policy.stale_after_seconds else SignalStatus.FRESH), age
 
 
+def waits_for_gpus(
+    reading: NodeReading, previous: NodeRuleState, quarantined: bool, now: float, policy: Policy
+) -> bool:
+    """Whether a node gpumon holds state on (findings, pending rules, a quarantine) waits for a
+    reading GPU by GPU before it is decided: on a fresh summary (a source read it as a whole)
+    its GPUs read unknown and its pods unplaced, and a partial drain would evict every GPU pod.
+    A stale summary decides as any stale reading does."""
+    return (
+        not reading.gpus_read
+        and (bool(previous.targets) or quarantined)
+        and signal_status(reading, now, policy)[0] is SignalStatus.FRESH
+    )
+
+
 def evaluate_node(
     node: str,
     labels: Mapping[str, str],

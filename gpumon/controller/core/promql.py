@@ -1,20 +1,27 @@
 """The PromQL of one Prometheus round, built from the rules (pure).
 
-Answers follow what is wrong, not the size of the fleet: each built-in signal is asked only for
-the GPUs on which some rule's condition holds (``gpumon_gpu_temperature_celsius > 87``), and,
-apart, for the GPUs that lack the series (normally none). A GPU in neither answer has the
-series and no rule holds for it: the policy judges it exactly as it judged the value itself,
-"does not hold", while a GPU without the series stays unknown (a lost GPU's temperature must
-hold a firing thermal rule, not let it recover). Hysteresis is by time (``recoverAfter`` on
-fresh data that does not hold), not by a second threshold, so the rules' own conditions are the
-whole filter: the loosest of them per signal.
+Answers follow what is wrong, not the size of the fleet. A round asks in two steps.
 
-What still grows with the fleet is what the policy needs of every GPU: which GPUs each node has,
-with the time of their last scrape (``FRESHNESS``: a GPU the controller holds as unhealthy must be
-seen present to recover, and one gone from the exporter's list must read unknown), and which
-pods each GPU holds (``PODS``: a partial drain of any quarantined node, recovering ones
-included, places pods by GPU). Only the controller knows which nodes it holds state for, so
-both stay fleet-wide, in their fewest labels.
+First, of the whole fleet: one sample per node (``NODES``: the time of its last scrape;
+``BUSY``: whether the exporter places any pod on its GPUs, which the autoscaler reads instead of
+listing an idle-looking node's pods), and per built-in signal only the GPUs on which some rule's
+condition holds (``gpumon_gpu_temperature_celsius > 87``). A one-hot signal is asked by its one
+left-out series (``{action="none"} != 1``): a series a GPU instead of one per value (at 65,000
+nodes its fleet-wide ``== 1`` was the round's slowest query, 15.2 s).
+
+Then, GPU by GPU, only of the nodes of interest: those the first answers named, and those the
+reconciler holds state on (which only it knows). For them it asks which GPUs each has, with the
+time of their last scrape (``FRESHNESS``: a GPU the controller holds as unhealthy must be seen
+present to recover, and one gone from the exporter's list must read unknown), which pods each
+GPU holds (``PODS``: a partial drain places pods by GPU), the one-hot values, and which GPUs lack
+each signal's series (normally none). A GPU of such a node in no answer has the series and no
+rule holds for it: the policy judges it exactly as it judged the value itself, "does not hold",
+while a GPU without the series stays unknown (a lost GPU's temperature must hold a firing thermal
+rule, not let it recover). Hysteresis is by time (``recoverAfter`` on fresh data that does not
+hold), not by a second threshold, so the rules' own conditions are the whole filter: the
+loosest of them per signal.
+
+Every other node is read as a whole: fresh or not, busy or not, nothing wrong.
 """
 
 from __future__ import annotations
@@ -28,11 +35,15 @@ from gpumon.controller.core.policy import Rule
 from gpumon.gpu.health import Op, Signal
 from gpumon.gpu.model import HealthState, RecoveryAction
 
+NODES = "__nodes"
+BUSY = "__busy"
 FRESHNESS = "__freshness"
 PODS = "__pods"
 HEALTH_INFO = "__health_info"
 MISSING = "missing:"
 """Prefix of the query naming the GPUs that lack a signal's series."""
+FLAG = "flag:"
+"""Prefix of the fleet-wide query naming the GPUs whose one-hot value is not the left-out one."""
 
 POD_SERIES = (
     "gpumon_pod_gpu_(allocated|memory_used_bytes|utilization_ratio|"
@@ -116,36 +127,52 @@ def conditions(rules: Sequence[Rule]) -> list[str]:
     return out
 
 
-def _with(selector: str, matcher: str) -> str:
+def _with(selector: str, matcher: str | None) -> str:
+    if matcher is None:
+        return selector
     return selector[:-1] + f",{matcher}}}" if selector.endswith("}") else selector + f"{{{matcher}}}"
 
 
-def bad_query(signal: Signal, rules: Sequence[Rule]) -> str:
-    """The GPUs on which some rule on ``signal`` could hold, with their values."""
+def bad_query(signal: Signal, rules: Sequence[Rule], matcher: str | None = None) -> str:
+    """The GPUs on which some rule on ``signal`` could hold, with their values (of the nodes
+    ``matcher`` selects, or of all)."""
     series = SERIES[signal]
     on = [r for r in rules if r.signal is signal]
     skip = left_out(signal, on)
+    selector = _with(series.selector, matcher)
     if series.one_hot is not None:
         if skip is None:
-            return f"{series.selector} == 1"
-        matcher = f'{series.one_hot.label}!="{skip}"'
-        return f"{_with(series.selector, matcher)} == 1"
+            return f"{selector} == 1"
+        other = f'{series.one_hot.label}!="{skip}"'
+        return f"{_with(selector, other)} == 1"
     if series.boolean:
-        return series.selector if skip is None else f"{series.selector} != {_number(float(skip))}"
-    return " or ".join(f"({series.selector} {c})" for c in conditions(on))
+        return selector if skip is None else f"{selector} != {_number(float(skip))}"
+    return " or ".join(f"({selector} {c})" for c in conditions(on))
 
 
-def missing_query(signal: Signal, rules: Sequence[Rule], node_label: str) -> str:
+def flag_query(signal: Signal, rules: Sequence[Rule]) -> str | None:
+    """For a one-hot signal with a left-out value: the GPUs whose value is another, read from
+    the left-out value's series alone (one a GPU, not one per value); None for any other."""
+    series = SERIES[signal]
+    skip = left_out(signal, [r for r in rules if r.signal is signal])
+    if series.one_hot is None or skip is None:
+        return None
+    left = f'{series.one_hot.label}="{skip}"'
+    return f"{_with(series.selector, left)} != 1"
+
+
+def missing_query(signal: Signal, rules: Sequence[Rule], node_label: str, matcher: str | None = None) -> str:
     """The GPUs that have no value of ``signal`` (normally none; every GPU where the GPUs or the
     driver do not support the field: a join per node instead costs the server twice as much)."""
     series = SERIES[signal]
-    present = series.selector
+    present = _with(series.selector, matcher)
     if series.one_hot is not None:
         skip = left_out(signal, rules)
         # The exporter writes a one-hot whole or not at all, so the left-out value's series says
         # the GPU has a value, as cheaply as any (`== 1` over all of them costs the server more).
         present = f"({present} == 1)" if skip is None else _with(present, f'{series.one_hot.label}="{skip}"')
-    return f"group by ({node_label}, uuid) (gpumon_gpu_info) unless on ({node_label}, uuid) {present}"
+    info = _with("gpumon_gpu_info", matcher)
+    return f"group by ({node_label}, uuid) ({info}) unless on ({node_label}, uuid) {present}"
 
 
 def xid_query(xid_window_seconds: float) -> str:
@@ -158,26 +185,61 @@ def xid_query(xid_window_seconds: float) -> str:
     )
 
 
+def _signals(rules: Sequence[Rule], verdicts: bool) -> list[Signal]:
+    asked = {r.signal for r in rules} | ({Signal.EXPORTER_HEALTH} if verdicts else set())
+    return sorted(asked & SERIES.keys())
+
+
 def queries_for(
     rules: Sequence[Rule], xid_window_seconds: float, node_label: str = "node", *, verdicts: bool = False
 ) -> dict[str, str]:
-    """Query name -> PromQL for one evaluation round. ``verdicts``: also the exporter's verdict of
-    every GPU, which the repair ladder confirms a repaired GPU by, whether or not a rule reads it;
-    asked, like any signal, as the GPUs judged worse than healthy (a GPU absent reads healthy)."""
+    """Query name -> PromQL asked of the whole fleet each round (the first step). ``verdicts``:
+    also the exporter's verdict of every GPU, which the repair ladder confirms a repaired GPU
+    by, whether or not a rule reads it; asked, like any signal, as the GPUs judged worse than
+    healthy (a GPU absent reads healthy)."""
     n = node_label
     out: dict[str, str] = {
-        FRESHNESS: f"max by ({n}, gpu, uuid) (timestamp(gpumon_gpu_info))",
-        PODS: f'group by ({n}, namespace, pod, container, gpu, uuid) ({{__name__=~"{POD_SERIES}"}})',
+        NODES: f"max by ({n}) (timestamp(gpumon_gpu_info))",
+        BUSY: f'group by ({n}) ({{__name__=~"{POD_SERIES}"}})',
     }
-    signals = {r.signal for r in rules} | ({Signal.EXPORTER_HEALTH} if verdicts else set())
-    for sig in sorted(signals & SERIES.keys()):
-        out[sig.value] = bad_query(sig, rules)
-        out[MISSING + sig.value] = missing_query(sig, rules, n)
-    if Signal.XID in signals:
+    for sig in _signals(rules, verdicts):
+        flag = flag_query(sig, rules)
+        if flag is None:
+            out[sig.value] = bad_query(sig, rules)
+        else:
+            out[FLAG + sig.value] = flag
+    if Signal.XID in {r.signal for r in rules}:
         out[Signal.XID.value] = xid_query(xid_window_seconds)
-    if Signal.EXPORTER_HEALTH in signals:
+    if Signal.EXPORTER_HEALTH in {r.signal for r in rules} or verdicts:
         out[HEALTH_INFO] = 'gpumon_gpu_health_info{reason!=""}'
     for r in rules:
         if r.signal is Signal.PROMQL and r.query is not None:
             out[f"rule:{r.name}"] = r.query
+    return out
+
+
+def node_matcher(nodes: Sequence[str], node_label: str = "node") -> str:
+    """A label matcher selecting exactly ``nodes``, which must be Kubernetes node names (DNS
+    subdomains: ``[a-z0-9.-]``, of which only the dot means something in a regular expression;
+    a PromQL string doubles the backslash that escapes it). Prometheus matches an alternation
+    of literals as a set, not by running the expression."""
+    names = "|".join(name.replace(".", "\\\\.") for name in nodes)
+    return f'{node_label}=~"{names}"'
+
+
+def detail_queries(
+    rules: Sequence[Rule], nodes: Sequence[str], node_label: str = "node", *, verdicts: bool = False
+) -> dict[str, str]:
+    """Query name -> PromQL reading ``nodes`` GPU by GPU (the second step): their GPUs and when
+    each was scraped, the pods on each, the one-hot values, and the GPUs lacking a series."""
+    n = node_label
+    m = node_matcher(nodes, n)
+    out: dict[str, str] = {
+        FRESHNESS: f"max by ({n}, gpu, uuid) (timestamp(gpumon_gpu_info{{{m}}}))",
+        PODS: f'group by ({n}, namespace, pod, container, gpu, uuid) ({{__name__=~"{POD_SERIES}",{m}}})',
+    }
+    for sig in _signals(rules, verdicts):
+        if flag_query(sig, rules) is not None:
+            out[sig.value] = bad_query(sig, rules, m)
+        out[MISSING + sig.value] = missing_query(sig, rules, n, m)
     return out

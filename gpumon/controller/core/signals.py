@@ -69,6 +69,13 @@ class NodeReading:
     pods_attributed: bool = False
     # Values of node-scoped PromQL rules, by rule name.
     custom: Mapping[str, float] = field(default_factory=lambda: _NO_VALUES)
+    # The exporter places some pod on one of the node's GPUs: the node is busy, without asking
+    # the API (the autoscaler's scale-down reads this).
+    busy: bool = False
+    # False for a summary: the Prometheus source reads a node that no answer names as wrong and
+    # that the reconciler holds nothing on as a whole (fresh, busy, nothing wrong), not GPU by
+    # GPU, so ``gpus`` is empty. A node gpumon holds is decided only on a reading GPU by GPU.
+    gpus_read: bool = True
 
     def gpu(self, uuid: str) -> GpuReading | None:
         for g in self.gpus:

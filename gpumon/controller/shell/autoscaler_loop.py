@@ -83,7 +83,7 @@ def shows_gpu_pods(reading: NodeReading | None) -> bool:
     """The exporter places pods on the node's GPUs: busy, without asking the API. Its silence
     proves nothing (an exporter that does not attribute pods, one not heard from yet), so a
     node without such a reading is asked about through the API."""
-    return reading is not None and reading.pods_attributed and any(g.pods for g in reading.gpus)
+    return reading is not None and reading.busy
 
 
 def _stays(pod: PodView) -> bool:

@@ -64,6 +64,7 @@ from gpumon.controller.core.policy import (
     Policy,
     evaluate_node,
     stale_at,
+    waits_for_gpus,
     with_records,
 )
 from gpumon.controller.core.pools import pool_of
@@ -171,13 +172,13 @@ class Reconciler:
         cache of pods to find them in."""
         pools = {(d.driver, d.pool) for view in (old, new) if view is not None for d in view.devices}
         self.mark(
-            n for n in self._watched() if any((s.driver, s.pool) in pools for s in self._slices.indexed(n))
+            n for n in self.held_nodes() if any((s.driver, s.pool) in pools for s in self._slices.indexed(n))
         )
 
     def on_slice(self, key: str, old: SliceView | None, new: SliceView | None) -> None:
-        for view in (old, new):
-            if view is not None and view.node:
-                self._mark_if_watched(view.node)
+        held = self.held_nodes()
+        if nodes := {v.node for v in (old, new) if v is not None and v.node in held}:
+            self.mark(nodes)
 
     def on_rule(self, key: str, old: RuleView | None, new: RuleView | None) -> None:
         # One of gpumon's rules changed (or a person deleted it): put its node's rules right,
@@ -192,22 +193,20 @@ class Reconciler:
             self.mark(r.node for r in self._rules.items().values() if r.node)
 
     def leadership_gained(self) -> None:
-        """Look again at the nodes a new leader may have to write to. Every replica evaluates
-        every node, so a standby's verdicts are current; what it never did is act on them, and
-        only nodes with findings or pending rules (their states), a quarantine to keep or lift,
-        or gpumon's DeviceTaintRules can have anything to act on: a healthy node's plan is
-        none. Marking every node cost a whole-fleet round per gain: at 10,000 nodes on a
-        loaded loop that round delayed the next lease renewal past its deadline, and the
-        leadership just gained was lost again (docs/benchmarks.md)."""
+        """Look again at the nodes a new leader may have to write to: a standby evaluates but
+        never acts, and only nodes with findings or pending rules, a quarantine to keep or lift,
+        or gpumon's DeviceTaintRules can have anything to act on. Marking every node cost a
+        whole-fleet round per gain: at 10,000 nodes on a loaded loop that round delayed the next
+        renewal past its deadline, and the leadership just gained was lost (docs/benchmarks.md)."""
         nodes = set(self._states)
         nodes.update(name for name, view in self._nodes.items().items() if is_quarantined(view))
         if self._rules is not None:
             nodes.update(r.node for r in self._rules.items().values() if r.node)
         self.mark(nodes)
 
-    def _watched(self) -> set[str]:
-        """The nodes with findings or a quarantine: those a change of their pods' devices could
-        matter to."""
+    def held_nodes(self) -> set[str]:
+        """The nodes with findings, pending rules or a quarantine: those a change of their pods'
+        devices could matter to, and those the Prometheus source reads GPU by GPU."""
         return {*self._states, *self._quarantined}
 
     def _note_quarantine(self, view: NodeView) -> None:
@@ -215,10 +214,6 @@ class Reconciler:
             self._quarantined.add(view.name)
         else:
             self._quarantined.discard(view.name)
-
-    def _mark_if_watched(self, name: str) -> None:
-        if name in self._states or name in self._quarantined:
-            self.mark((name,))
 
     def _schedule(self, when: float | None, node: str) -> None:
         if when is not None and when < self._due_at.get(node, math.inf):
@@ -403,6 +398,10 @@ class Reconciler:
             records = node_records(view)
             prev = with_records(self._states.get(name, EMPTY_NODE_STATE), records, policy)
             reading = fleet.nodes.get(name)
+            if reading is not None and waits_for_gpus(reading, prev, is_quarantined(view), now, policy):
+                self._states[name] = prev  # the source reads held_nodes() GPU by GPU next round
+                self._watch_staleness(name, stale_at(reading, policy))
+                continue
             ev = evaluate_node(name, view.labels, reading, prev, now, policy)
             if ev.state.targets:
                 self._states[name] = ev.state

@@ -192,7 +192,8 @@ def reading_of(view: ExporterView) -> NodeReading | None:
         at = view.heard_at
         gpus = tuple(replace(g, observed_at=at) for g in sorted(view.gpus.values(), key=lambda g: g.index))
     # The exporter places pods on GPUs when it names any; otherwise the drain takes every GPU pod.
-    return NodeReading(view.node, view.heard_at, gpus, pods_attributed=any(g.pods for g in gpus))
+    busy = any(g.pods for g in gpus)
+    return NodeReading(view.node, view.heard_at, gpus, pods_attributed=busy, busy=busy)
 
 
 class _LazyReadings(Mapping[str, NodeReading]):
