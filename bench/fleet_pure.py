@@ -16,10 +16,19 @@ import random
 import statistics
 import time
 import tracemalloc
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bench import autoscale_plan
-from bench.fleet_model import SCRAPES, Fleet, marks, node_pods, node_views, pool_name, readings
+from bench.fleet_model import (
+    GPUS_PER_NODE,
+    SCRAPES,
+    Fleet,
+    marks,
+    node_pods,
+    node_views,
+    pool_name,
+    readings,
+)
 from gpumon.config.controller import ControllerConfig
 from gpumon.controller.configure import build_policy
 from gpumon.controller.core.breaker import Candidate, PoolView, SafetyPolicy, admit
@@ -45,6 +54,9 @@ class Pure:
     drains: int  # nodes with a drain plan (unhealthy GPUs)
     state_bytes: int  # views, readings and pods as built (tracemalloc), what a round reads
     restart_cpu: float  # every node, no state held
+    # ... as the Prometheus source reads them: the nodes its answers name GPU by GPU, the others
+    # as a whole (summaries, no GPUs listed)
+    restart_summaries_cpu: float
     resync_cpu: float  # every node, the states of the round before
     healthy_cpu: float  # per healthy node evaluated, from the resync round
     bad_cpu: float  # per node with findings evaluated (median of REPEATS rounds over them)
@@ -84,6 +96,16 @@ def pure_side(fleet: Fleet) -> Pure:
 
     states: dict[str, NodeRuleState] = {}
     everyone = list(range(fleet.nodes))
+    named = {number // GPUS_PER_NODE for number in (*m.faults, *m.new_xids)}
+    full = fleet_readings
+    fleet_readings = {
+        r.node: r if i in named else replace(r, gpus=(), pods_attributed=False, busy=True, gpus_read=False)
+        for i, r in enumerate(full.values())
+    }
+    started = _cpu()
+    round_({}, everyone, NOW)
+    restart_summaries_cpu = _cpu() - started
+    fleet_readings = full
     started = _cpu()
     round_(states, everyone, NOW)
     restart_cpu = _cpu() - started
@@ -125,8 +147,8 @@ def pure_side(fleet: Fleet) -> Pure:
     plan_cpu, inputs_cpu = _scale(fleet.nodes)
     return Pure(
         fleet.nodes, fleet.gpus, len(m.faults), len(bad), len(candidates), admitted, len(draining),
-        state_bytes, restart_cpu, resync_cpu, healthy_cpu, bad_cpu, statistics.median(admit_rounds),
-        drain_cpu, plan_cpu, inputs_cpu,
+        state_bytes, restart_cpu, restart_summaries_cpu, resync_cpu, healthy_cpu, bad_cpu,
+        statistics.median(admit_rounds), drain_cpu, plan_cpu, inputs_cpu,
     )  # fmt: skip
 
 

@@ -60,7 +60,9 @@ def pure_grid(pure: Sequence[Mapping[str, Any]]) -> Grid:
     rows = [
         (
             _n(p["nodes"]), _n(p["gpus"]), _n(p["faulted_gpus"]), _n(p["nodes_with_findings"]),
-            _mib(p["state_bytes"]), _s(p["restart_cpu"]), _s(p["resync_cpu"]), _us(p["healthy_cpu"]),
+            _mib(p["state_bytes"]), _s(p["restart_cpu"]),
+            _s(p["restart_summaries_cpu"]) if "restart_summaries_cpu" in p else "—",
+            _s(p["resync_cpu"]), _us(p["healthy_cpu"]),
             _us(p["bad_cpu"]), _s(p["bad_cpu"] * p["nodes_with_findings"]),
             f"{_ms(p['admit_cpu'])} ({p['candidates']} → {p['admitted']})",
             f"{_ms(p['drain_cpu'])} ({p['drains']} nodes)",
@@ -72,7 +74,9 @@ def pure_grid(pure: Sequence[Mapping[str, Any]]) -> Grid:
         f"{TITLE}: the pure parts, in-process",
         "CPU seconds (process time, one thread) of the real functions on the generated state. "
         "Whole round: `evaluate_node` over every node, as a restart (no state held) and a resync "
-        "(the states of the round before) do. Per node: a healthy node's evaluation (from the "
+        "(the states of the round before) do; a restart's again on the readings the Prometheus "
+        "source gives: the nodes its answers name (a fault, or an Xid within the window) read GPU by "
+        "GPU, every other one as a whole, no GPU listed. Per node: a healthy node's evaluation (from the "
         "resync round, less the nodes with findings) and a node with findings (rounds over those "
         "alone: the reconciler's steady round when only they are dirty). Admission: `admit` of the "
         "candidates (default safety policy: at most 5 new quarantines per 10 minutes). Drain: "
@@ -88,6 +92,7 @@ def pure_grid(pure: Sequence[Mapping[str, Any]]) -> Grid:
             "nodes with findings",
             "state",
             "whole round, restart",
+            "whole round, restart, Prometheus readings",
             "whole round, resync",
             "per healthy node",
             "per node with findings",
