@@ -326,9 +326,10 @@ class PrometheusSettings:
     verdicts: bool = False
 
 
-# Node names per query of the second step: a matcher of ~20 KB. Prometheus matches them as a
-# set; the chunks bound one query's work and one answer.
-DETAIL_CHUNK = 1000
+# Node names per query of the second step. Prometheus turns a regex matcher into a set lookup in
+# its index only up to 256 alternatives (maxSetMatches in model/labels/regexp.go, 2.x and 3.x);
+# past that it runs the expression on every value of the label, 65,000 node names at 65,000 nodes.
+DETAIL_CHUNK = 256
 
 
 def chunks(names: Sequence[str], size: int = DETAIL_CHUNK) -> list[Sequence[str]]:
