@@ -246,9 +246,12 @@ def signal_grids(signal: Sequence[Mapping[str, Any]]) -> tuple[Grid, Grid, Grid,
             )  # fmt: skip
     queries = Grid(
         f"{TITLE}: each query alone",
-        "An instant query at the data's time as the source sends it, with aiohttp, one at a time, "
-        "median of 3: from the request to the last byte of the JSON answer (Prometheus's "
-        "evaluation, encoding and the transfer over loopback). Samples: the answer's series. "
+        "An instant query at the data's time as the source sends it (POST), with aiohttp, one at a "
+        "time, median of 3: from the request to the last byte of the JSON answer (Prometheus's "
+        "evaluation, encoding and the transfer over loopback). Samples: the answer's series. The "
+        "checkout's round has two steps: the first asks the whole fleet (the rows to `xid`), the "
+        "second reads GPU by GPU the nodes the first step's answers name, 256 names a query "
+        "(`[i/n]`: the chunk, where there are several). "
         "**ratio**: the naive answer's bytes over the checkout's (above 1: the checkout's is "
         "smaller). The naive set is main's before issue #29 (bench/fleet_prometheus.py, "
         "`NAIVE_QUERIES`).",

@@ -6,8 +6,9 @@ with the labels a scrape adds), turned into a TSDB block by ``promtool tsdb
 create-blocks-from openmetrics``, and served by ``prometheus``. Each side's queries run
 concurrently, as the source runs them; the figures are each query's answer (samples, bytes of
 the HTTP body) and the round's wall time (median of ``--rounds``). "before" is the query set of
-the source before #29, kept here as the baseline; "after" is
-:func:`gpumon.controller.core.promql.queries_for`, and the round after is also run through
+the source before #29, kept here as the baseline; "after" is the source's two steps
+(:func:`bench.fleet_prometheus.checkout_queries`: the second for the nodes the first names, both
+run at once here, one after the other in the source), and the round after is also run through
 :meth:`PrometheusSource.poll_once`, which is how another bench can run one round of the source::
 
     source = PrometheusSource(PrometheusSettings(url), policy.rules, session, wall_clock=lambda: at)
@@ -31,9 +32,10 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.fleet_prometheus import checkout_queries
 from gpumon.config.controller import ControllerConfig
 from gpumon.controller.configure import build_policy
-from gpumon.controller.core.promql import POD_SERIES, queries_for
+from gpumon.controller.core.promql import POD_SERIES
 from gpumon.controller.shell.signal_sources.prometheus import (
     PrometheusSettings,
     PrometheusSource,
@@ -170,8 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             url = f"http://127.0.0.1:{port}"
             asyncio.run(_wait(url))
-            policy = build_policy(ControllerConfig())
-            after_queries = queries_for(policy.rules, policy.health.xid_window_seconds)
+            after_queries = checkout_queries(url, at)
             before, before_s = asyncio.run(measure(url, BEFORE, at, args.rounds))
             after, after_s = asyncio.run(measure(url, after_queries, at, args.rounds))
             nodes_read, poll_s = asyncio.run(source_round(url, at))
