@@ -72,11 +72,13 @@ async def _first_step(url: str, queries: Mapping[str, str], at: float) -> dict[s
 
 
 def checkout_queries(url: str, at: float) -> dict[str, str]:
-    """The checkout's query set for the default rules: what its controller asks each round.
-    The first step's, then the second's for the nodes its answers name (at rest, the nodes the
-    reconciler holds state on are those), a chunk at a time as the source sends them."""
+    """The checkout's query set for the default rules: what its controller asks each round,
+    with autoscaled pools (``__busy``, which :mod:`bench.fleet_round`'s default config without
+    pools does not ask). The first step's, then the second's for the nodes its answers name (at
+    rest, the nodes the reconciler holds state on are those), a chunk at a time as the source
+    sends them."""
     policy = build_policy(ControllerConfig())
-    first = queries_for(policy.rules, policy.health.xid_window_seconds)
+    first = queries_for(policy.rules, policy.health.xid_window_seconds, busy=True)
     parts = chunks(sorted(named(asyncio.run(_first_step(url, first, at)), policy.rules)))
     out = dict(first)
     for i, part in enumerate(parts):

@@ -249,9 +249,10 @@ def signal_grids(signal: Sequence[Mapping[str, Any]]) -> tuple[Grid, Grid, Grid,
         "An instant query at the data's time as the source sends it (POST), with aiohttp, one at a "
         "time, median of 3: from the request to the last byte of the JSON answer (Prometheus's "
         "evaluation, encoding and the transfer over loopback). Samples: the answer's series. The "
-        "checkout's round has two steps: the first asks the whole fleet (the rows to `xid`), the "
-        "second reads GPU by GPU the nodes the first step's answers name, 256 names a query "
-        "(`[i/n]`: the chunk, where there are several). "
+        "checkout's round has two steps: the first asks the whole fleet (the rows to `xid`; "
+        "`__busy` only where pools are autoscaled, so the round above, from a config without "
+        "pools, does not ask it), the second reads GPU by GPU the nodes the first step's answers "
+        "name, 256 names a query (`[i/n]`: the chunk, where there are several). "
         "**ratio**: the naive answer's bytes over the checkout's (above 1: the checkout's is "
         "smaller). The naive set is main's before issue #29 (bench/fleet_prometheus.py, "
         "`NAIVE_QUERIES`).",

@@ -544,6 +544,7 @@ def _build_source(
                 node_label=p.node_label,
                 bearer_token=bearer_token,
                 verdicts=any(pool.repair is not None for pool in config.pools),
+                busy=bool(config.pools),
             ),
             policy.rules,
             session,

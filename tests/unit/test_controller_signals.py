@@ -200,9 +200,11 @@ TEMP = 'gpumon_gpu_temperature_celsius{sensor="gpu"}'
 def test_the_fleet_is_asked_a_sample_a_node_and_the_gpus_some_rule_could_hold_for():
     q = queries_for(load_rules(), 600)
     signals = ("gpu_lost", "ecc_uncorrectable", "row_remap_failure", "temperature")
-    assert set(q) == {NODES, BUSY, "xid", FLAG + "recovery_action", *signals}
+    assert set(q) == {NODES, "xid", FLAG + "recovery_action", *signals}
     assert q[NODES] == "max by (node) (timestamp(gpumon_gpu_info))"
-    assert q[BUSY].startswith('group by (node) ({__name__=~"gpumon_pod_gpu_(')
+    # Which nodes run pods on their GPUs: only the autoscaler reads it.
+    busy = queries_for(load_rules(), 600, busy=True)[BUSY]
+    assert busy.startswith('group by (node) ({__name__=~"gpumon_pod_gpu_(')
     # Only the GPUs some rule could hold for: the loosest of the two thermal rules (87 and 95),
     # any action but NONE (asked by NONE's series alone), a lost or failed-remap flag that is
     # set, any uncorrectable error.
@@ -406,7 +408,7 @@ async def test_prometheus_source_rounds_retries_and_outages(monkeypatch: pytest.
     )
     # A node a chunk: each node's second-step queries are its own, and their answers merge.
     monkeypatch.setattr(prometheus, "DETAIL_CHUNK", 1)
-    q = queries_for(rules, 600)
+    q = queries_for(rules, 600, busy=True)
     detail = {n: detail_queries(rules, [n]) for n in ("a", "b")}
     scraped = {"at": 99.0}
     clock = {"now": 100.0}
@@ -425,7 +427,7 @@ async def test_prometheus_source_rounds_retries_and_outages(monkeypatch: pytest.
     async with aiohttp.ClientSession() as session:
         src = PrometheusSource(
             PrometheusSettings(
-                str(server.make_url("/")), retries=2, timeout_seconds=5, stale_after_seconds=60
+                str(server.make_url("/")), retries=2, timeout_seconds=5, stale_after_seconds=60, busy=True
             ),
             rules,
             session,

@@ -282,3 +282,4 @@ async def test_a_pool_that_repairs_has_the_prometheus_source_read_the_exporters_
             src = _build_source(config, build_policy(config), None, session, metrics, time.time, None)
             assert isinstance(src, PrometheusSource)
             assert ("flag:exporter_health" in src.queries()) is asked
+            assert ("__busy" in src.queries()) is bool(pools), "only an autoscaler reads it"

@@ -2,12 +2,13 @@
 
 Answers follow what is wrong, not the size of the fleet. A round asks in two steps.
 
-First, of the whole fleet: one sample per node (``NODES``: the time of its last scrape;
-``BUSY``: whether the exporter places any pod on its GPUs, which the autoscaler reads instead of
-listing an idle-looking node's pods), and per built-in signal only the GPUs on which some rule's
-condition holds (``gpumon_gpu_temperature_celsius > 87``). A one-hot signal is asked by its one
-left-out series (``{action="none"} != 1``): a series a GPU instead of one per value (at 65,000
-nodes its fleet-wide ``== 1`` was the round's slowest query, 15.2 s).
+First, of the whole fleet: one sample per node (``NODES``: the time of its last scrape; where
+pools are autoscaled, ``BUSY``: whether the exporter places any pod on its GPUs, which the
+autoscaler reads instead of listing an idle-looking node's pods), and per built-in signal only
+the GPUs on which some rule's condition holds (``gpumon_gpu_temperature_celsius > 87``). A
+one-hot signal is asked by its one left-out series (``{action="none"} != 1``): a series a GPU
+instead of one per value (at 65,000 nodes its fleet-wide ``== 1`` was the round's slowest
+query, 15.2 s).
 
 Then, GPU by GPU, only of the nodes of interest: those the first answers named, and those the
 reconciler holds state on (which only it knows). For them it asks which GPUs each has, with the
@@ -191,17 +192,23 @@ def _signals(rules: Sequence[Rule], verdicts: bool) -> list[Signal]:
 
 
 def queries_for(
-    rules: Sequence[Rule], xid_window_seconds: float, node_label: str = "node", *, verdicts: bool = False
+    rules: Sequence[Rule],
+    xid_window_seconds: float,
+    node_label: str = "node",
+    *,
+    verdicts: bool = False,
+    busy: bool = False,
 ) -> dict[str, str]:
     """Query name -> PromQL asked of the whole fleet each round (the first step). ``verdicts``:
     also the exporter's verdict of every GPU, which the repair ladder confirms a repaired GPU
     by, whether or not a rule reads it; asked, like any signal, as the GPUs judged worse than
-    healthy (a GPU absent reads healthy)."""
+    healthy (a GPU absent reads healthy). ``busy``: also which nodes run pods on their GPUs,
+    which only the autoscaler reads (a sample a node, and the round's slowest query at 65,000
+    nodes: 8.8 s of Prometheus's time, over every pod series)."""
     n = node_label
-    out: dict[str, str] = {
-        NODES: f"max by ({n}) (timestamp(gpumon_gpu_info))",
-        BUSY: f'group by ({n}) ({{__name__=~"{POD_SERIES}"}})',
-    }
+    out: dict[str, str] = {NODES: f"max by ({n}) (timestamp(gpumon_gpu_info))"}
+    if busy:
+        out[BUSY] = f'group by ({n}) ({{__name__=~"{POD_SERIES}"}})'
     for sig in _signals(rules, verdicts):
         flag = flag_query(sig, rules)
         if flag is None:
