@@ -32,7 +32,13 @@ from bench.procs import memory
 from gpumon.config.controller import ControllerConfig
 from gpumon.controller.configure import build_policy
 from gpumon.controller.core.promql import detail_queries, queries_for
-from gpumon.controller.shell.signal_sources.prometheus import Sample, chunks, named, parse_vector
+from gpumon.controller.shell.signal_sources.prometheus import (
+    DETAIL_CHUNK,
+    Sample,
+    chunks,
+    named,
+    parse_vector,
+)
 from gpumon.devcluster.localservers import PrometheusProcess
 
 # The query set of main before issue #29 (gpumon/controller/shell/signal_sources/prometheus.py,
@@ -79,7 +85,7 @@ def checkout_queries(url: str, at: float) -> dict[str, str]:
     sends them."""
     policy = build_policy(ControllerConfig())
     first = queries_for(policy.rules, policy.health.xid_window_seconds, busy=True)
-    parts = chunks(sorted(named(asyncio.run(_first_step(url, first, at)), policy.rules)))
+    parts = chunks(sorted(named(asyncio.run(_first_step(url, first, at)), policy.rules)), DETAIL_CHUNK)
     out = dict(first)
     for i, part in enumerate(parts):
         suffix = f" [{i + 1}/{len(parts)}]" if len(parts) > 1 else ""

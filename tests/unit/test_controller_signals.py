@@ -469,6 +469,41 @@ async def test_prometheus_source_rounds_retries_and_outages(monkeypatch: pytest.
     await server.close()
 
 
+async def test_a_round_naming_most_of_the_fleet_keeps_a_bounded_number_of_queries_in_flight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rule holding on most nodes names most of the fleet: the second step's chunks are many,
+    and the source sends a bounded number of them at once, not one connection each."""
+    monkeypatch.setattr(prometheus, "DETAIL_CHUNK", 1)
+    monkeypatch.setattr(prometheus, "QUERIES_AT_ONCE", 3)
+    inflight, most, asked = [0], [0], [0]
+    hot = [f"n{i}" for i in range(12)]
+    inline = [{"name": "lost", "signal": "gpu_lost", "severity": "unhealthy"}]
+    rules = load_rules(builtin=False, inline=inline)
+
+    async def query(request: web.Request) -> web.Response:
+        inflight[0] += 1
+        asked[0] += 1
+        most[0] = max(most[0], inflight[0])
+        await asyncio.sleep(0.02)  # a query takes Prometheus a while
+        inflight[0] -= 1
+        # The lost GPUs, and each node's GPU for whatever else is asked (freshness included).
+        await request.post()
+        result = [{"metric": {"node": n, "gpu": "0", "uuid": n + "-0"}, "value": [100, "1"]} for n in hot]
+        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    app = web.Application()
+    app.router.add_post("/api/v1/query", query)
+    server = TestServer(app)
+    await server.start_server()
+    async with aiohttp.ClientSession() as session:
+        src = PrometheusSource(PrometheusSettings(str(server.make_url("/"))), rules, session)
+        assert set(await src.poll_once()) == set(hot)
+    await server.close()
+    assert asked[0] == len(queries_for(rules, 600)) + len(hot) * len(detail_queries(rules, ["n0"]))
+    assert most[0] <= 3, f"{most[0]} queries in flight at once"
+
+
 def test_a_summary_is_a_node_no_answer_names_and_a_rule_answer_names_only_where_it_holds():
     rules = (
         *load_rules(),
