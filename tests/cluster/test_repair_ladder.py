@@ -216,7 +216,7 @@ async def test_a_reset_that_never_finishes_times_out_and_a_reboot_follows(
         uuid = await scene.fault(0, "drain_and_reset")
         await scene.job_done("reboot")
         (failed,) = await scene.events("GpuRepairFailed")
-        assert "reset" in failed.message
+        assert "reset of" in failed.message and "timed_out" in failed.message, failed.message
         (escalated,) = await scene.events("GpuRepairEscalated")
         assert "now reboot" in escalated.message
         scene.exporter.fault(gpu=0, fault="clear")  # the reboot's effect

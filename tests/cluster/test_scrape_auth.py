@@ -289,8 +289,15 @@ async def test_exporter_and_controller_review_scrapers_on_the_real_api_server(
             await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_context(config.tls)).start()
             host, port = runner.addresses[0][:2]
             base = f"https://{host}:{port}"
+            controller = runner.app[CONTROLLER]
+
+            async def synced() -> bool | None:
+                return all(v.synced.is_set() for v in controller.views) or None
+
+            # /readyz answers 200 only once the caches are filled: asked before, it is 503.
+            await eventually(synced, what="the controller's caches synced")
             assert await _refusals(session, base, CONTROLLER_NAME, accounts) == [401, 403, 200, 200]
-            source = runner.app[CONTROLLER].source
+            source = controller.source
             assert isinstance(source, DirectSource)
 
             async def streaming() -> bool | None:

@@ -596,9 +596,28 @@ def test_a_jobs_state_as_the_planner_reads_it() -> None:
     assert job_work({"status": {}}) is Work.RUNNING
     assert job_work({"status": {"active": 1}}) is Work.RUNNING
     assert job_work({"status": {"succeeded": 1}}) is Work.SUCCEEDED
-    deadline = {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]}
-    assert job_work({"status": deadline}) is Work.FAILED
+    failed = {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}
+    assert job_work({"status": failed}) is Work.FAILED
     assert job_work({"status": {"failed": 1}}) is Work.FAILED
+    for kind in ("FailureTarget", "Failed"):
+        deadline = {"conditions": [{"type": kind, "status": "True", "reason": "DeadlineExceeded"}]}
+        assert job_work({"status": {**deadline, "failed": 1}}) is Work.EXPIRED, kind
+    stale = {"conditions": [{"type": "Failed", "status": "False", "reason": "DeadlineExceeded"}]}
+    assert job_work({"status": stale}) is Work.RUNNING
+
+
+def test_a_job_ended_at_its_deadline_is_a_step_timed_out_whoever_notices_first() -> None:
+    # The Job's deadline is the attempt's, but its start time is kept to the whole second: the
+    # Job controller may end it just before the attempt's own deadline, or just after.
+    for step_ in (LadderStep.RESET, LadderStep.REBOOT):
+        rec = running(step_)
+        deadline = T0 + POLICY.deadline(step_)
+        early = step(node(record=rec, work=Work.EXPIRED), deadline - 0.5)
+        assert (early.move, early.next_check_at) == (Move.WAIT, deadline), step_
+        for at in (deadline, deadline + 5):
+            late = step(node(record=rec, work=Work.EXPIRED), at)
+            assert late.record is not None, step_
+            assert late.record.attempts[0].outcome is AttemptOutcome.TIMED_OUT, (step_, at)
 
 
 def test_the_label_while_a_step_runs() -> None:

@@ -62,6 +62,10 @@ class Work(enum.StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    # Ended at its own deadline, which is the attempt's: the attempt's deadline judges it, as a
+    # Job still running. Whether the Job controller or the planner notices first is a race (the
+    # Job's start time is kept to the whole second), which must not decide failed or timed out.
+    EXPIRED = "expired"
 
 
 @dataclass(frozen=True, slots=True)

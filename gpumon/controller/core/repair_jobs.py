@@ -104,9 +104,14 @@ def job_work(job: Mapping[str, Any] | None) -> Work:
     status = job.get("status") or {}
     if int(status.get("succeeded") or 0) > 0:
         return Work.SUCCEEDED
-    for cond in status.get("conditions") or ():
-        if cond.get("type") == "Failed" and cond.get("status") == "True":
-            return Work.FAILED
-    if int(status.get("failed") or 0) > 0:
+    failing = [
+        cond
+        for cond in status.get("conditions") or ()
+        # FailureTarget comes first: the Job controller sets it, then stops the pods, then Failed.
+        if cond.get("type") in ("Failed", "FailureTarget") and cond.get("status") == "True"
+    ]
+    if any(cond.get("reason") == "DeadlineExceeded" for cond in failing):
+        return Work.EXPIRED
+    if any(cond.get("type") == "Failed" for cond in failing) or int(status.get("failed") or 0) > 0:
         return Work.FAILED
     return Work.RUNNING
